@@ -1,0 +1,32 @@
+"""KV-cache allocators under test. One file per strategy.
+
+Each follows sglang's allocator contract, so the harness drives these and
+sglang's own classes the same way:
+
+- ``alloc(n)`` returns ``n`` slot indices, or ``None`` when the pool is short;
+- ``free(index)`` and ``free_segment(index, start_pos=)`` give slots back;
+- ``free_group_begin()`` / ``free_group_end()`` batch frees: while a group is
+  open, frees are only queued, and the queue owns copies of what it queued;
+- ``available_size()``, ``clear()``, and the census ``get_all_free_pages()``.
+
+Each strategy also names its mutants: variants that re-create a known bug
+class, for checking that the harness catches it.
+"""
+
+from allocators.base import Mutant, SlotAllocator
+from allocators.paged import PAGED_MUTANTS, PagedAllocator
+from allocators.token import TOKEN_MUTANTS, TokenAllocator
+
+__all__ = [
+    "BUILTINS",
+    "Mutant",
+    "PagedAllocator",
+    "SlotAllocator",
+    "TokenAllocator",
+]
+
+# name -> (allocator class, its mutants by name)
+BUILTINS: dict[str, tuple[type[SlotAllocator], dict[str, Mutant]]] = {
+    "token": (TokenAllocator, TOKEN_MUTANTS),
+    "paged": (PagedAllocator, PAGED_MUTANTS),
+}

@@ -1,0 +1,25 @@
+"""Hypothesis profiles for the test suite, chosen with --hypothesis-profile.
+
+Registered at import, before Hypothesis's pytest plugin loads the one named
+on the command line (`make test` names `ci`).
+"""
+
+from hypothesis import HealthCheck, settings
+
+import state_machines  # noqa: F401  (sets torch's import-time environment first)
+
+# ci: the gate.  Derandomized, so a run is the same on every machine and every
+# rerun; no example database, so a clean clone behaves like CI.
+settings.register_profile(
+    "ci",
+    max_examples=200,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=False,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+# dev: quicker local iterations, random seeds, failures remembered.
+settings.register_profile("dev", max_examples=100, deadline=None)
+# long: a local soak of the same tests.
+settings.register_profile("long", max_examples=2000, deadline=None)

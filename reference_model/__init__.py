@@ -1,0 +1,18 @@
+"""The ownership model: who owns every page, in plain Python (no torch).
+
+The model predicts sets and counts, never allocation order: it records the
+pages an allocator handed out and checks them, so an allocator that keeps
+its free list in any order passes.
+"""
+
+from reference_model.invariants import CHECKS, no_slot_handed_out_twice
+from reference_model.model import CacheEntry, OwnershipModel, Owner, Request
+
+__all__ = [
+    "CHECKS",
+    "CacheEntry",
+    "Owner",
+    "OwnershipModel",
+    "Request",
+    "no_slot_handed_out_twice",
+]

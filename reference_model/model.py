@@ -1,0 +1,274 @@
+"""Page ownership: free, a request, the prefix cache, or queued in a group."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from attrs import define, field, frozen
+
+FREE = "free"
+REQUEST = "request"
+CACHE = "cache"
+QUEUED = "queued"
+
+
+@frozen
+class Owner:
+    """Who holds a page: ``kind`` is free, request, cache or queued; ``ident``
+    names the request or cache entry (or the source of a queued free)."""
+
+    kind: str
+    ident: int | None = None
+
+    def __str__(self) -> str:
+        if self.kind == REQUEST:
+            return f"req_{self.ident}"
+        if self.kind == CACHE:
+            return f"cache_{self.ident}"
+        return self.kind
+
+
+FREE_OWNER = Owner(FREE)
+
+
+@define
+class Request:
+    """A live request.  Its kv row is ``prefix`` (cache pages it holds a lock
+    on) followed by ``own`` (pages it owns), one page per ``page_size`` slots."""
+
+    rid: int
+    row: int
+    prefix: list[int] = field(factory=list)
+    own: list[int] = field(factory=list)
+    # Cache entries this request holds a lock on.
+    locks: list[int] = field(factory=list)
+
+    @property
+    def pages(self) -> list[int]:
+        return self.prefix + self.own
+
+
+@define
+class CacheEntry:
+    """A prefix-cache entry that owns ``pages`` until it is evicted."""
+
+    eid: int
+    pages: tuple[int, ...]
+    lock_count: int = 0
+
+
+@frozen
+class _Queued:
+    pages: tuple[int, ...]
+    # "free" for a request's release, "evict" for the cache's.
+    source: str
+
+
+@define
+class OwnershipModel:
+    """What a correct allocator's pool must look like after each step.
+
+    Start it from the allocator's own first census, so it assumes nothing
+    about which pages a pool reserves.  Queued frees are snapshots taken when
+    queued: that is the ownership rule, so ``end()`` releases exactly them.
+    """
+
+    owner: dict[int, Owner]
+    # Whether free_group_begin() really defers frees (HiSparse-style pools don't).
+    defers_frees: bool = True
+    # None: frees are immediate.  A list: an open group's snapshots.
+    group: list[_Queued] | None = None
+    requests: dict[int, Request] = field(factory=dict)
+    cache: dict[int, CacheEntry] = field(factory=dict)
+    # Cumulative page counts, for eviction_accounting_balances.
+    allocated: int = 0
+    evicted: int = 0
+    freed: int = 0
+    _next_rid: int = 0
+    _next_eid: int = 0
+    initial_free: int = field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.initial_free = len(self.owner)
+
+    @classmethod
+    def from_census(cls, free_pages: list[int], *, defers_frees: bool = True) -> OwnershipModel:
+        return cls(owner={p: FREE_OWNER for p in free_pages}, defers_frees=defers_frees)
+
+    # -- views --
+
+    @property
+    def capacity(self) -> int:
+        return len(self.owner)
+
+    def pages_owned_by(self, kind: str) -> set[int]:
+        return {p for p, o in self.owner.items() if o.kind == kind}
+
+    @property
+    def free_pages(self) -> set[int]:
+        return self.pages_owned_by(FREE)
+
+    @property
+    def num_free(self) -> int:
+        return sum(1 for o in self.owner.values() if o.kind == FREE)
+
+    def counts(self) -> Counter:
+        return Counter(o.kind for o in self.owner.values())
+
+    @property
+    def group_open(self) -> bool:
+        return self.group is not None
+
+    # -- requests --
+
+    def new_request(self, row: int, pages: list[int], prefix_entry: int | None = None) -> Request:
+        rid, self._next_rid = self._next_rid, self._next_rid + 1
+        req = Request(rid=rid, row=row)
+        if prefix_entry is not None:
+            req.prefix = list(self.cache[prefix_entry].pages)
+            self._lock(req, prefix_entry)
+        self.requests[rid] = req
+        self.take(rid, pages)
+        return req
+
+    def take(self, rid: int, pages: list[int]) -> None:
+        """``pages`` were handed out to request ``rid`` (checked beforehand)."""
+        for p in pages:
+            self.owner[p] = Owner(REQUEST, rid)
+        self.requests[rid].own.extend(pages)
+        self.allocated += len(pages)
+
+    def release_tail(self, rid: int, num_pages: int) -> list[int]:
+        """The request frees its last ``num_pages`` own pages."""
+        req = self.requests[rid]
+        cut = len(req.own) - num_pages
+        released, req.own = req.own[cut:], req.own[:cut]
+        self._release(released, "free")
+        return released
+
+    def finish(self, rid: int) -> list[int]:
+        """The request ends: its own pages are freed, its locks dropped."""
+        req = self.requests.pop(rid)
+        self._release(req.own, "free")
+        for eid in req.locks:
+            self.cache[eid].lock_count -= 1
+        return req.own
+
+    def rematch(self, rid: int, dup: int, entry: int | None) -> CacheEntry | None:
+        """``cache_unfinished_req``: the request's own pages go to the cache.
+
+        The first ``dup`` own pages duplicate what ``entry`` already holds, so
+        they are freed and the row now points at the entry's pages; the rest
+        become a new entry.  The request takes a lock on both entries.
+        """
+        req = self.requests[rid]
+        dup_pages, rest = req.own[:dup], req.own[dup:]
+        new_entry = self.insert(rest) if rest else None
+        self._release(dup_pages, "free")
+        # Old locks stay: the row still points at those pages, as a radix
+        # node's lock covers its ancestors.
+        if dup:
+            req.prefix.extend(self.cache[entry].pages[:dup])
+            self._lock(req, entry)
+        if new_entry is not None:
+            req.prefix.extend(new_entry.pages)
+            self._lock(req, new_entry.eid)
+        req.own = []
+        return new_entry
+
+    def _lock(self, req: Request, eid: int) -> None:
+        req.locks.append(eid)
+        self.cache[eid].lock_count += 1
+
+    # -- prefix cache --
+
+    def insert(self, pages: list[int]) -> CacheEntry:
+        eid, self._next_eid = self._next_eid, self._next_eid + 1
+        entry = self.cache[eid] = CacheEntry(eid=eid, pages=tuple(pages))
+        for p in pages:
+            self.owner[p] = Owner(CACHE, eid)
+        return entry
+
+    def evictable(self) -> list[int]:
+        return [e.eid for e in self.cache.values() if e.lock_count == 0]
+
+    def evict(self, eid: int) -> tuple[int, ...]:
+        entry = self.cache.pop(eid)
+        assert entry.lock_count == 0, f"evicting cache_{eid} with {entry.lock_count} locks"
+        self._release(list(entry.pages), "evict")
+        return entry.pages
+
+    # -- free groups --
+
+    def begin(self) -> None:
+        assert self.group is None, "free groups do not nest"
+        if self.defers_frees:
+            self.group = []
+
+    def end(self) -> None:
+        """Release every queued snapshot.  With no group open: nothing."""
+        pending, self.group = self.group, None
+        for queued in pending or ():
+            self._to_free(queued.pages, queued.source)
+
+    def _release(self, pages: list[int], source: str) -> None:
+        if not pages:
+            return
+        if self.group is None:
+            self._to_free(pages, source)
+            return
+        self.group.append(_Queued(tuple(pages), source))
+        for p in pages:
+            self.owner[p] = Owner(QUEUED)
+
+    def _to_free(self, pages, source: str) -> None:
+        for p in pages:
+            self.owner[p] = FREE_OWNER
+        if source == "evict":
+            self.evicted += len(pages)
+        else:
+            self.freed += len(pages)
+
+    # -- self-check --
+
+    def violations(self) -> list[str]:
+        """What is inconsistent inside the model; empty when healthy."""
+        out = []
+        want: dict[int, Owner] = {}
+
+        def claim(page: int, who: Owner) -> None:
+            if page in want:
+                out.append(f"page {page} claimed by {want[page]} and {who}")
+            want[page] = who
+
+        for req in self.requests.values():
+            for p in req.own:
+                claim(p, Owner(REQUEST, req.rid))
+            for eid in req.locks:
+                if eid not in self.cache:
+                    out.append(f"req_{req.rid} locks evicted cache_{eid}")
+        for entry in self.cache.values():
+            for p in entry.pages:
+                claim(p, Owner(CACHE, entry.eid))
+            holders = sum(r.locks.count(entry.eid) for r in self.requests.values())
+            if holders != entry.lock_count:
+                out.append(f"cache_{entry.eid} lock count {entry.lock_count} / held by {holders} requests")
+        for queued in self.group or ():
+            for p in queued.pages:
+                claim(p, Owner(QUEUED))
+        for p, who in self.owner.items():
+            if who.kind != FREE and want.get(p) != who:
+                out.append(f"page {p} owned by {who} / structures say {want.get(p, 'nobody')}")
+        for p in want.keys() - self.owner.keys():
+            out.append(f"page {p} is outside the pool")
+        counts = self.counts()
+        held = counts[REQUEST] + counts[CACHE] + counts[QUEUED]
+        if counts[FREE] + held != self.capacity:
+            out.append(f"free {counts[FREE]} + held {held} / capacity {self.capacity}")
+        balance = self.initial_free - self.allocated + self.evicted + self.freed
+        if balance != counts[FREE]:
+            out.append(
+                f"initial {self.initial_free} - allocated {self.allocated} + evicted {self.evicted}"
+                f" + freed {self.freed} = {balance} / free {counts[FREE]}"
+            )
+        return out

@@ -1,0 +1,160 @@
+"""``kv-lockstep``: fuzz a target, replay a trace, list targets.
+
+Exit codes: 0 no failure, 1 a failure (with a trace), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import attrs
+
+from state_machines.config import Config
+from state_machines.targets import TargetError
+
+DEFAULT_TARGET = "builtin:token"
+DEFAULT_TRACE_DIR = ".kv-lockstep/traces"
+
+
+class UsageError(Exception):
+    """Bad command-line input: one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line instead of usage + message
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kv-lockstep", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    fuzz = sub.add_parser("fuzz", help="run a target in lockstep with the ownership model")
+    fuzz.add_argument("--target", default=DEFAULT_TARGET, help="builtin:NAME, sglang:NAME or MODULE:ATTR (default %(default)s)")
+    fuzz.add_argument("--mutant", help="a named bug variant of a builtin target")
+    fuzz.add_argument("--page-size", type=_positive, default=1)
+    fuzz.add_argument("--need-sort", action="store_true", help="frees wait in release pages until an alloc runs short")
+    fuzz.add_argument("--device", default="cpu")
+    fuzz.add_argument("--size", type=_positive, help="pool size in slots (default 10 pages)")
+    fuzz.add_argument("--seed", type=int, help="Hypothesis seed; runs with the same seed are the same")
+    fuzz.add_argument("--max-examples", type=_positive, default=300)
+    fuzz.add_argument("--trace-dir", default=DEFAULT_TRACE_DIR)
+    fuzz.add_argument("--sglang-path", help="a folder holding the sglang package (a checkout's python/)")
+
+    replay = sub.add_parser("replay", help="re-run a trace step by step")
+    replay.add_argument("trace")
+    replay.add_argument("--target", help="run against this target instead of the trace's")
+    replay.add_argument("--mutant", help="with this mutant (default: none when --target is given)")
+    replay.add_argument("--sglang-path")
+
+    sub.add_parser("targets", help="list targets and mutants")
+    return parser
+
+
+def _indent(text: str, by: str = "    ") -> str:
+    return "\n".join(by + line for line in text.splitlines())
+
+
+def cmd_fuzz(args) -> int:
+    from state_machines.lockstep import Lockstep
+    from state_machines.runner import fuzz
+    from state_machines.trace import write
+
+    config = Config(
+        target=args.target,
+        mutant=args.mutant,
+        page_size=args.page_size,
+        need_sort=args.need_sort,
+        device=args.device,
+        size=args.size,
+        sglang_path=args.sglang_path,
+    )
+    Lockstep.build(config)  # bad input fails here, before any output
+    print(f"kv-lockstep fuzz: {config.label()}, up to {args.max_examples} examples, seed {args.seed if args.seed is not None else 'random'}")
+    outcome = fuzz(config, max_examples=args.max_examples, seed=args.seed, database=None, derandomize=False)
+    rec = outcome.record
+    if outcome.ok:
+        print(f"no failure: {rec.examples} examples, {rec.steps} steps in {outcome.elapsed_s:.1f} s")
+        return 0
+    print(
+        f"FAILED: first failure after {rec.first_failure_s:.2f} s ({rec.examples_to_failure} examples);"
+        f" {len(outcome.failures)} distinct failure(s), shrunk in {outcome.elapsed_s:.1f} s total"
+    )
+    for number, trace in enumerate(outcome.failures, 1):
+        path = write(trace, args.trace_dir)
+        print(f"\nfailure {number}: {trace.invariant}")
+        print(_indent(trace.detail))
+        print(f"  shrunk to {len(trace.steps)} steps:")
+        print(_indent(trace.program()))
+        print(f"  trace: {path}")
+        print(f"  replay: kv-lockstep replay {path}")
+    return 1
+
+
+def cmd_replay(args) -> int:
+    from state_machines.runner import replay
+    from state_machines.trace import Trace
+
+    trace = Trace.load(args.trace)
+    config = trace.config
+    if args.target:
+        config = attrs.evolve(config, target=args.target, mutant=args.mutant)
+    elif args.mutant:
+        config = attrs.evolve(config, mutant=args.mutant)
+    if args.sglang_path:
+        config = attrs.evolve(config, sglang_path=args.sglang_path)
+    print(f"kv-lockstep replay: {len(trace.steps)} steps of {args.trace} on {config.label()}")
+    failure = replay(trace, config)
+    if failure is None:
+        print(f"trace passes: all {len(trace.steps)} steps and the teardown check out")
+        return 0
+    index = len(failure.steps) - 1
+    step = failure.steps[-1] if failure.steps else None
+    where = f"step {index}, {step.call_text()}" if step else "building the target"
+    print(f"FAILED at {where}: {failure.invariant}")
+    print(_indent(failure.detail))
+    return 1
+
+
+def cmd_targets(args) -> int:
+    import allocators
+
+    print("built-in targets (--target builtin:NAME [--mutant M]):")
+    for name, (cls, mutants) in sorted(allocators.BUILTINS.items()):
+        print(f"  builtin:{name:<10} {(cls.__doc__ or '').strip().splitlines()[0]}")
+        for mutant in mutants.values():
+            needs = "  [needs " + ", ".join(f"{k}={v}" for k, v in mutant.needs.items()) + "]" if mutant.needs else ""
+            print(f"      --mutant {mutant.name:<22} {mutant.summary}{needs}")
+    print("sglang targets (--target sglang:NAME [--sglang-path DIR]): sglang:token, sglang:paged")
+    print("custom targets: --target MODULE:ATTR, called as factory(size=, page_size=, device=, need_sort=)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from state_machines.trace import TraceError
+
+    try:
+        args = _parser().parse_args(argv)
+        return {"fuzz": cmd_fuzz, "replay": cmd_replay, "targets": cmd_targets}[args.command](args)
+    except (UsageError, TargetError, TraceError) as exc:
+        print(f"kv-lockstep: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kv-lockstep: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

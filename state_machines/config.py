@@ -1,0 +1,46 @@
+"""What one run drives: target, mutant, pool shape, device."""
+
+from __future__ import annotations
+
+from attrs import asdict, field, fields, frozen
+
+
+@frozen
+class Config:
+    """One lockstep configuration; a trace stores it so a replay rebuilds it."""
+
+    target: str = "builtin:token"
+    mutant: str | None = None
+    page_size: int = 1
+    need_sort: bool = False
+    device: str = "cpu"
+    # Pool size in slots; the pool has size // page_size pages.
+    size: int | None = None
+    # req_to_token: `rows` rows of `row_pages * page_size` slots.
+    rows: int = 4
+    row_pages: int = 12
+    sglang_path: str | None = field(default=None)
+
+    @property
+    def pool_size(self) -> int:
+        return self.size if self.size is not None else 10 * self.page_size
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Config:
+        names = {a.name for a in fields(cls)}
+        known = {k: v for k, v in data.items() if k in names}
+        return cls(**known)
+
+    def label(self) -> str:
+        bits = [self.target]
+        if self.mutant:
+            bits.append(f"mutant={self.mutant}")
+        bits.append(f"page_size={self.page_size}")
+        if self.need_sort:
+            bits.append("need_sort")
+        if self.device != "cpu":
+            bits.append(f"device={self.device}")
+        return " ".join(bits)

@@ -1,0 +1,112 @@
+"""Running a configuration under Hypothesis, and replaying a trace."""
+
+from __future__ import annotations
+
+import time
+
+from attrs import frozen
+from hypothesis import HealthCheck, seed as hypothesis_seed, settings
+from hypothesis.reporting import with_reporter
+from hypothesis.stateful import run_state_machine_as_test
+
+from state_machines.config import Config
+from state_machines.lockstep import InvariantViolation, Lockstep
+from state_machines.machines import RunRecord, machine_for
+from state_machines.trace import Trace, run_steps
+
+# Steps in one example; long enough for begin .. free .. overwrite .. end.
+STEPS_PER_EXAMPLE = 20
+
+
+@frozen
+class Outcome:
+    """What one fuzz run found: shrunk failing traces (empty when clean)."""
+
+    config: Config
+    failures: tuple[Trace, ...]
+    record: RunRecord
+    elapsed_s: float
+    # What Hypothesis reported, for --verbose.
+    hypothesis_log: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+_INHERIT = object()
+
+
+def fuzz_settings(max_examples: int | None = None, database=_INHERIT, derandomize: bool | None = None) -> settings:
+    """The active Hypothesis profile, with what a lockstep run always needs
+    and whatever the caller names; ``None`` keeps the profile's value."""
+    chosen = {"max_examples": max_examples, "derandomize": derandomize}
+    if database is not _INHERIT:
+        chosen["database"] = database
+    return settings(
+        settings.default,
+        stateful_step_count=STEPS_PER_EXAMPLE,
+        deadline=None,
+        print_blob=False,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+        **{k: v for k, v in chosen.items() if v is not None or k == "database"},
+    )
+
+
+def violations_in(exc: BaseException) -> list[InvariantViolation]:
+    """The invariant violations inside what Hypothesis raised, in order."""
+    if isinstance(exc, InvariantViolation):
+        return [exc]
+    found = []
+    for inner in getattr(exc, "exceptions", ()):
+        found += violations_in(inner)
+    if not found and exc.__cause__ is not None:
+        found = violations_in(exc.__cause__)
+    return found
+
+
+def fuzz(
+    config: Config,
+    *,
+    max_examples: int | None = None,
+    seed: int | None = None,
+    database=_INHERIT,
+    derandomize: bool | None = None,
+) -> Outcome:
+    """Run ``config`` under Hypothesis until ``max_examples`` or a failure.
+
+    The configuration is built once first, so bad input raises
+    ``TargetError`` here rather than inside Hypothesis.
+    """
+    Lockstep.build(config)
+    record = RunRecord()
+    machine = machine_for(config, record)
+    if seed is not None:
+        machine = hypothesis_seed(seed)(machine)
+    log: list[str] = []
+    started = time.monotonic()
+    failures: tuple[Trace, ...] = ()
+    try:
+        with with_reporter(log.append):
+            run_state_machine_as_test(machine, settings=fuzz_settings(max_examples, database, derandomize))
+    except Exception as exc:
+        found = violations_in(exc)
+        if not found:
+            raise
+        failures = tuple(Trace.from_violation(v) for v in found)
+    return Outcome(config, failures, record, time.monotonic() - started, tuple(log))
+
+
+def replay(trace: Trace, config: Config | None = None) -> InvariantViolation | None:
+    """Run the trace's steps again, on its own configuration or ``config``.
+
+    Returns the violation it hits, or ``None`` when every step and the
+    teardown check out.
+    """
+    state = Lockstep.build(config or trace.config)
+    try:
+        run_steps(state, trace.steps)
+        state.teardown()
+    except InvariantViolation as exc:
+        return exc
+    return None

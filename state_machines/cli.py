@@ -52,12 +52,18 @@ def _parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--max-examples", type=_positive, default=300)
     fuzz.add_argument("--trace-dir", default=DEFAULT_TRACE_DIR)
     fuzz.add_argument("--sglang-path", help="a folder holding the sglang package (a checkout's python/)")
+    long = fuzz.add_argument_group("long runs (see README, Long runs)")
+    long.add_argument("--duration", help="run this long (20s, 10m, 2h) or until a failure, instead of --max-examples")
+    long.add_argument("-j", "--jobs", type=_positive, help="worker processes for --duration (default: all cores)")
+    long.add_argument("--db", help="shared Hypothesis example database: a directory or redis://HOST:PORT")
+    long.add_argument("--stats-json", help="write the coverage figures of a --duration run to this file")
 
     replay = sub.add_parser("replay", help="re-run a trace step by step")
     replay.add_argument("trace")
     replay.add_argument("--target", help="run against this target instead of the trace's")
     replay.add_argument("--mutant", help="with this mutant (default: none when --target is given)")
     replay.add_argument("--sglang-path")
+    replay.add_argument("--emit-pytest", metavar="FILE", help="also write a standalone pytest file that replays the trace")
 
     sub.add_parser("targets", help="list targets and mutants")
     return parser
@@ -82,8 +88,22 @@ def cmd_fuzz(args) -> int:
         sglang_path=args.sglang_path,
     )
     Lockstep.build(config)  # bad input fails here, before any output
+    if args.duration or args.jobs or args.stats_json:
+        from state_machines import longrun
+
+        if not args.duration:
+            raise UsageError("-j and --stats-json go with --duration (e.g. --duration 10m)")
+        return longrun.run(
+            config, duration_s=longrun.parse_duration(args.duration), jobs=args.jobs or longrun.default_jobs(),
+            db_spec=args.db, seed=args.seed, trace_dir=args.trace_dir, stats_json=args.stats_json,
+        )
+    database = None
+    if args.db:
+        from state_machines.longrun import open_database
+
+        database = open_database(args.db)
     print(f"kv-lockstep fuzz: {config.label()}, up to {args.max_examples} examples, seed {args.seed if args.seed is not None else 'random'}")
-    outcome = fuzz(config, max_examples=args.max_examples, seed=args.seed, database=None, derandomize=False)
+    outcome = fuzz(config, max_examples=args.max_examples, seed=args.seed, database=database, derandomize=False)
     rec = outcome.record
     if outcome.ok:
         print(f"no failure: {rec.examples} examples, {rec.steps} steps in {outcome.elapsed_s:.1f} s")
@@ -116,6 +136,10 @@ def cmd_replay(args) -> int:
     if args.sglang_path:
         config = attrs.evolve(config, sglang_path=args.sglang_path)
     print(f"kv-lockstep replay: {len(trace.steps)} steps of {args.trace} on {config.label()}")
+    if args.emit_pytest:
+        from state_machines.emit import write_pytest
+
+        print(f"pytest file: {write_pytest(trace, config, args.emit_pytest, source=args.trace)}")
     failure = replay(trace, config)
     if failure is None:
         print(f"trace passes: all {len(trace.steps)} steps and the teardown check out")
@@ -143,12 +167,13 @@ def cmd_targets(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from state_machines.longrun import BadOption
     from state_machines.trace import TraceError
 
     try:
         args = _parser().parse_args(argv)
         return {"fuzz": cmd_fuzz, "replay": cmd_replay, "targets": cmd_targets}[args.command](args)
-    except (UsageError, TargetError, TraceError) as exc:
+    except (UsageError, TargetError, TraceError, BadOption) as exc:
         print(f"kv-lockstep: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

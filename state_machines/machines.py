@@ -9,6 +9,7 @@ where it cannot apply, so no example is thrown away.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from attrs import define, field
 from hypothesis import strategies as st
@@ -33,6 +34,9 @@ class RunRecord:
     rule_counts: dict[str, int] = field(factory=dict)
     first_failure_s: float | None = None
     examples_to_failure: int | None = None
+    # An observer with before/after/failed(machine, ...) hooks around each
+    # step, e.g. ``coverage.Coverage``; None costs nothing.
+    probe: Any = None
 
     def saw_failure(self) -> None:
         if self.first_failure_s is None:
@@ -62,12 +66,20 @@ class FreeGroupMachine(RuleBasedStateMachine):
     def _do(self, name: str, fn, *args, **kwargs):
         self.record.steps += 1
         self.record.rule_counts[name] = self.record.rule_counts.get(name, 0) + 1
+        probe = self.record.probe
+        if probe is not None:
+            probe.before(self, name, args, kwargs)
         try:
-            return fn(*args, **kwargs)
-        except InvariantViolation:
+            result = fn(*args, **kwargs)
+        except InvariantViolation as exc:
             self.failed = True
             self.record.saw_failure()
+            if probe is not None:
+                probe.failed(self, exc)
             raise
+        if probe is not None:
+            probe.after(self, name)
+        return result
 
     @rule(pages=st.integers(1, MAX_PAGES), who=st.integers(0, 8))
     def alloc(self, pages, who):

@@ -72,6 +72,7 @@ def fuzz(
     seed: int | None = None,
     database=_INHERIT,
     derandomize: bool | None = None,
+    record: RunRecord | None = None,
 ) -> Outcome:
     """Run ``config`` under Hypothesis until ``max_examples`` or a failure.
 
@@ -79,7 +80,7 @@ def fuzz(
     ``TargetError`` here rather than inside Hypothesis.
     """
     Lockstep.build(config)
-    record = RunRecord()
+    record = record if record is not None else RunRecord()
     machine = machine_for(config, record)
     if seed is not None:
         machine = hypothesis_seed(seed)(machine)

@@ -1,0 +1,291 @@
+"""Coverage you can read: per rule, how often it ran and how often its
+precondition blocked it; per dangerous interleaving, how often it happened.
+
+A ``Coverage`` probe hangs on a ``RunRecord`` (``record.probe``); the
+machine calls ``before`` and ``after`` around each step and ``failed`` on a
+violation.  Interleavings are detected from the step about to run and the
+live state (group open, which rows were freed as views inside the group),
+never from the allocator's private fields, except the census containers
+``free_pages`` / ``release_pages`` that sglang's allocators also have.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from attrs import frozen
+from hypothesis import event, target
+from hypothesis.stateful import PRECONDITIONS_MARKER, RULE_MARKER
+
+from state_machines.config import Config
+
+
+@frozen
+class Interleaving:
+    """An order of steps that a known bug class needs."""
+
+    name: str
+    summary: str
+    # Config fields it needs, e.g. {"need_sort": True}; else not applicable.
+    needs: tuple = ()
+
+    def applies_to(self, config: Config) -> bool:
+        return all(check(config) for check in self.needs)
+
+
+INTERLEAVINGS = (
+    Interleaving("group_free_overwrite_end", "in one group: free of a row view, overwrite of that row, end"),
+    Interleaving("rematch_in_group", "a rematch that frees a duplicated span, inside a group"),
+    Interleaving("end_without_group", "free_group_end() with no group open"),
+    Interleaving("end_after_end", "a second end after a group that queued frees"),
+    Interleaving("evict_in_group", "a cache eviction inside a group"),
+    Interleaving(
+        "segment_ends_mid_page", "free_segment ending mid-page", needs=(lambda c: c.page_size > 1,)
+    ),
+    Interleaving(
+        "alloc_merged_release",
+        "an alloc ran short of free pages and merged release pages",
+        needs=(lambda c: c.need_sort,),
+    ),
+    Interleaving("alloc_short", "an alloc the pool could not serve"),
+)
+NEEDS_TEXT = {"segment_ends_mid_page": "--page-size > 1", "alloc_merged_release": "--need-sort"}
+
+
+def rule_preconditions(machine_cls) -> dict[str, tuple]:
+    """Each rule of a state machine class, with its precondition functions."""
+    out = {}
+    for name in dir(machine_cls):
+        fn = getattr(machine_cls, name, None)
+        rule = getattr(fn, RULE_MARKER, None)
+        if rule is not None:
+            # @precondition above @rule lands on the Rule; below it, on the function.
+            out[name] = tuple(getattr(rule, "preconditions", ())) + tuple(getattr(fn, PRECONDITIONS_MARKER, ()))
+    return out
+
+
+class Coverage:
+    """Counts rules and interleavings over any number of Hypothesis runs.
+
+    ``flush(snapshot)`` is called at most every ``flush_every_s``; ``should_stop()``
+    is asked after each step and, when true, the run is stopped with
+    ``KeyboardInterrupt`` (the one exception Hypothesis neither shrinks nor
+    saves to its database).
+    """
+
+    def __init__(self, config: Config, *, flush=None, flush_every_s: float = 0.5, should_stop=None, on_failure=None,
+                 use_hypothesis: bool = True):
+        self.config = config
+        self.applicable = [i.name for i in INTERLEAVINGS if i.applies_to(config)]
+        self.ran: Counter = Counter()
+        self.blocked: Counter = Counter()
+        self.checks = 0
+        self.seen: Counter = Counter()
+        self.examples = 0
+        self.steps = 0
+        self.failures_seen: set[str] = set()
+        self._flush = flush
+        self._flush_every_s = flush_every_s
+        self._last_flush = time.monotonic()
+        self._should_stop = should_stop
+        self._on_failure = on_failure
+        self._hypothesis = use_hypothesis
+        self._rules: dict[str, tuple] | None = None
+        self._state = None
+        self._hits_this_example = 0
+
+    # -- hooks the machine calls --
+
+    def before(self, machine, name: str, args: tuple, kwargs: dict) -> None:
+        state = machine.state
+        if state is not self._state:
+            self._new_example(state)
+        if name == "teardown":
+            return
+        self.steps += 1
+        self.ran[name] += 1
+        for hit in self._interleavings(state, name, args, kwargs):
+            self._hit(hit)
+
+    def after(self, machine, name: str) -> None:
+        if name == "teardown":
+            if self._hypothesis:
+                # Hypothesis's targeted phase steers toward examples that hit more.
+                target(float(self._hits_this_example), label="dangerous interleavings")
+            return
+        self._count_blocked(machine)
+        now = time.monotonic()
+        if self._flush is not None and now - self._last_flush >= self._flush_every_s:
+            self._last_flush = now
+            self._flush(self.snapshot())
+        if self._should_stop is not None and self._should_stop(bool(self.failures_seen)):
+            raise KeyboardInterrupt("stop requested")
+
+    def failed(self, machine, exc) -> None:
+        first = exc.invariant not in self.failures_seen
+        self.failures_seen.add(exc.invariant)
+        if first and self._on_failure is not None:
+            self._on_failure(exc)
+
+    # -- detection --
+
+    def _new_example(self, state) -> None:
+        self._state = state
+        self.examples += 1
+        self._hits_this_example = 0
+        # Rows freed as views inside the open group, and those overwritten since.
+        self._freed_rows: set[int] = set()
+        self._overwritten: set[int] = set()
+        self._group_queued = False
+        self._last_group_queued = False
+
+    def _hit(self, name: str) -> None:
+        self.seen[name] += 1
+        self._hits_this_example += 1
+        if self._hypothesis:
+            event(f"interleaving: {name}")
+
+    def _interleavings(self, state, name, args, kwargs):
+        ps = state.page_size
+        call = dict(zip(_PARAMS.get(name, ()), args), **kwargs)
+        in_group = state.in_group
+        if name == "begin":
+            self._freed_rows, self._overwritten = set(), set()
+            self._group_queued = self._last_group_queued = False
+        elif name == "end":
+            if not in_group:
+                yield "end_without_group"
+                if self._last_group_queued:
+                    yield "end_after_end"
+            else:
+                if self._overwritten:
+                    yield "group_free_overwrite_end"
+                self._last_group_queued = self._group_queued
+                self._freed_rows, self._overwritten = set(), set()
+        elif name in ("free", "free_segment", "finish", "rematch"):
+            request = state.model.requests.get(call["req"].rid)
+            if request is None:
+                return
+            frees_view = name != "rematch" or call.get("dup", 0) > 0
+            if name == "finish":
+                frees_view = bool(request.own)
+            if name == "free_segment" and ps > 1 and (call["start"] + call["n"]) % ps:
+                yield "segment_ends_mid_page"
+            if in_group and frees_view:
+                self._group_queued = True
+                self._freed_rows.add(request.row)
+                if name == "rematch":
+                    # rematch overwrites the span it just freed: the aliasing bug's own order.
+                    self._overwritten.add(request.row)
+                    yield "rematch_in_group"
+        elif name == "overwrite_row":
+            if call["row"] in self._freed_rows:
+                self._overwritten.add(call["row"])
+        elif name == "evict":
+            if in_group:
+                self._group_queued = True
+                yield "evict_in_group"
+        elif name == "alloc":
+            want = call["n"] // ps
+            if state.model.num_free < want:
+                yield "alloc_short"
+            if call.get("req") is None and state.free_rows():
+                # A new request writes into the first free row: an overwrite of it.
+                row = state.free_rows()[0]
+                if row in self._freed_rows:
+                    self._overwritten.add(row)
+            alloc = state.allocator
+            release = getattr(alloc, "release_pages", None)
+            free = getattr(alloc, "free_pages", None)
+            if state.config.need_sort and release is not None and free is not None:
+                if len(release) > 0 and len(free) < want:
+                    yield "alloc_merged_release"
+
+    def _count_blocked(self, machine) -> None:
+        if self._rules is None:
+            self._rules = rule_preconditions(type(machine))
+        self.checks += 1
+        for rule_name, preconditions in self._rules.items():
+            if preconditions and not all(p(machine) for p in preconditions):
+                self.blocked[rule_name] += 1
+
+    # -- reporting --
+
+    def snapshot(self) -> dict:
+        """The counts so far, as plain data (summed across workers by ``merge``)."""
+        rules = set(self.ran) | set(self.blocked) | set(self._rules or ())
+        return {
+            "examples": self.examples,
+            "steps": self.steps,
+            "checks": self.checks,
+            "rules": {r: {"ran": self.ran[r], "blocked": self.blocked[r]} for r in sorted(rules)},
+            "interleavings": {i: self.seen[i] for i in self.applicable},
+        }
+
+
+# The positional parameters of Lockstep's step methods, as ``_do`` passes them.
+_PARAMS = {
+    "alloc": ("n",),
+    "free": ("req", "n"),
+    "free_segment": ("req", "start", "n"),
+    "overwrite_row": ("row",),
+    "rematch": ("req", "dup", "entry"),
+    "evict": ("entry",),
+    "finish": ("req",),
+}
+
+
+def merge(snapshots) -> dict:
+    """The sum of several ``Coverage.snapshot()`` dicts."""
+    total = {"examples": 0, "steps": 0, "checks": 0, "rules": {}, "interleavings": {}}
+    for snap in snapshots:
+        for key in ("examples", "steps", "checks"):
+            total[key] += snap[key]
+        for rule, counts in snap["rules"].items():
+            mine = total["rules"].setdefault(rule, {"ran": 0, "blocked": 0})
+            mine["ran"] += counts["ran"]
+            mine["blocked"] += counts["blocked"]
+        for name, count in snap["interleavings"].items():
+            total["interleavings"][name] = total["interleavings"].get(name, 0) + count
+    return total
+
+
+def shares(total: dict) -> tuple[int, int, int, int]:
+    """(rules seen, rules, interleavings seen, interleavings applicable)."""
+    rules = total["rules"]
+    inter = total["interleavings"]
+    return (
+        sum(1 for c in rules.values() if c["ran"]),
+        len(rules),
+        sum(1 for c in inter.values() if c),
+        len(inter),
+    )
+
+
+def never_reached(total: dict) -> list[str]:
+    return [name for name, count in total["interleavings"].items() if not count]
+
+
+def summary_table(total: dict, config: Config) -> str:
+    """The coverage part of the end-of-run summary, as aligned text."""
+    lines = []
+    steps = max(total["steps"], 1)
+    checks = max(total["checks"], 1)
+    lines.append(f"  {'rule':<16}{'ran':>10}{'share':>8}{'blocked':>10}{'of checks':>11}")
+    for rule, c in sorted(total["rules"].items()):
+        lines.append(
+            f"  {rule:<16}{c['ran']:>10,}{100 * c['ran'] / steps:>7.1f}%{c['blocked']:>10,}{100 * c['blocked'] / checks:>10.1f}%"
+        )
+    examples = max(total["examples"], 1)
+    lines.append(f"  {'interleaving':<28}{'count':>10}{'per 1k examples':>17}")
+    for inter in INTERLEAVINGS:
+        if inter.name in total["interleavings"]:
+            count = total["interleavings"][inter.name]
+            lines.append(f"  {inter.name:<28}{count:>10,}{1000 * count / examples:>17.1f}")
+        else:
+            lines.append(f"  {inter.name:<28}{'n/a':>10}  (needs {NEEDS_TEXT.get(inter.name, '?')})")
+    missing = never_reached(total)
+    if missing:
+        lines.append("  NEVER REACHED: " + ", ".join(missing) + " (this run proves nothing about them)")
+    return "\n".join(lines)

@@ -1,0 +1,325 @@
+"""Long fuzzing runs: ``kv-lockstep fuzz --duration 10m -j N [--db DIR|redis://]``.
+
+N worker processes (forkserver or spawn, never threads) each run repeated
+Hypothesis runs with fresh random seeds until the time is up, a failure is
+found, or the user presses Ctrl-C.  Workers send coverage snapshots and
+failures to the parent over a queue; the parent prints progress, the summary
+and the traces.  The example database, when given, is the workers' (and
+machines') shared memory: a failure one of them found is replayed first by
+every later run.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import queue as queue_mod
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+from state_machines.config import Config
+from state_machines.coverage import INTERLEAVINGS, Coverage, merge, never_reached, shares, summary_table
+
+# Examples per Hypothesis run inside a worker; each run replays the database first.
+CHUNK_EXAMPLES = 1000
+# After the deadline, a worker still shrinking a failure gets this long to finish.
+SHRINK_GRACE_S = 120.0
+# After Ctrl-C, workers get this long to stop before they are terminated.
+INTERRUPT_GRACE_S = 3.0
+PLAIN_PROGRESS_EVERY_S = 5.0
+
+
+class BadOption(ValueError):
+    """A long-run option the user must mend (one line, exit 2)."""
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def parse_duration(text: str) -> float:
+    """``20s``, ``10m``, ``2h``, ``1.5h`` or plain seconds, as seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if not match or float(match.group(1)) <= 0:
+        raise BadOption(f"--duration {text!r}: give a positive time like 20s, 10m or 2h")
+    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+
+
+def open_database(spec: str | None):
+    """The Hypothesis example database ``spec`` names: a directory or ``redis://HOST:PORT[/DB]``."""
+    if spec is None:
+        return None
+    if spec.startswith(("redis://", "rediss://")):
+        try:
+            import redis
+        except ImportError:
+            raise BadOption(f"--db {spec} needs the redis package: pip install 'kv-lockstep[redis]'") from None
+        from hypothesis.extra.redis import RedisExampleDatabase
+
+        client = redis.Redis.from_url(spec, socket_connect_timeout=5)
+        try:
+            client.ping()
+        except redis.RedisError as exc:
+            raise BadOption(f"--db {spec}: cannot reach Redis ({exc}); start redis-server or fix the address") from None
+        return RedisExampleDatabase(client)
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    path = Path(spec)
+    if path.exists() and not path.is_dir():
+        raise BadOption(f"--db {spec} is a file; give a directory (created if missing) or redis://HOST:PORT")
+    return DirectoryBasedExampleDatabase(str(path))
+
+
+# -- the worker --
+
+
+def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messages, stop, abort) -> None:
+    """Run Hypothesis runs until told to stop; report stats and failures."""
+    # Ctrl-C reaches the whole process group: the parent alone decides what it means.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from state_machines.machines import RunRecord
+    from state_machines.runner import fuzz
+    from state_machines.trace import Trace, write
+
+    config = Config.from_dict(config_dict)
+    database = open_database(db_spec)
+
+    def on_failure(exc):
+        # Keep the unshrunk trace at once, so Ctrl-C during shrinking loses nothing.
+        trace = Trace.from_violation(exc)
+        path = Path(trace_dir) / "unshrunk"
+        written = write(trace, path)
+        messages.put(("found", index, exc.invariant, str(written)))
+
+    def should_stop(shrinking: bool) -> bool:
+        return abort.is_set() or (stop.is_set() and not shrinking)
+
+    coverage = Coverage(
+        config,
+        flush=lambda snap: messages.put(("stats", index, snap)),
+        should_stop=should_stop,
+        on_failure=on_failure,
+    )
+    run = 0
+    try:
+        while not (stop.is_set() or abort.is_set()):
+            run_seed = None if seed is None else seed * 1_000_003 + index * 10_007 + run
+            run += 1
+            outcome = fuzz(
+                config,
+                max_examples=CHUNK_EXAMPLES,
+                seed=run_seed,
+                database=database,
+                derandomize=False,
+                record=RunRecord(probe=coverage),
+            )
+            if outcome.failures:
+                paths = [str(write(trace, trace_dir)) for trace in outcome.failures]
+                messages.put(("failures", index, [t.to_json() for t in outcome.failures], paths))
+                break
+    except KeyboardInterrupt:
+        pass
+    except BaseException as exc:  # a harness bug: report it rather than vanish
+        messages.put(("error", index, f"{type(exc).__name__}: {exc}"))
+    messages.put(("stats", index, coverage.snapshot()))
+    messages.put(("done", index))
+
+
+def _context():
+    methods = multiprocessing.get_all_start_methods()
+    if "forkserver" in methods:
+        ctx = multiprocessing.get_context("forkserver")
+        # Import torch and the harness once in the server, not once per worker.
+        ctx.set_forkserver_preload(["state_machines.runner"])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+# -- the parent --
+
+
+def _progress_line(elapsed, duration, total, failures, workers_alive) -> str:
+    rules_seen, rules, inter_seen, inter = shares(total)
+    rate = total["steps"] / elapsed if elapsed > 0 else 0.0
+    return (
+        f"[{elapsed:5.0f}s/{duration:.0f}s] {total['examples']:,} examples, {rate:,.0f} steps/s,"
+        f" {failures} failure(s), rules {rules_seen}/{rules}, interleavings {inter_seen}/{inter},"
+        f" {workers_alive} worker(s)"
+    )
+
+
+def run(
+    config: Config,
+    *,
+    duration_s: float,
+    jobs: int,
+    db_spec: str | None,
+    seed: int | None,
+    trace_dir: str,
+    stats_json: str | None,
+    out=None,
+) -> int:
+    """Fuzz ``config`` with ``jobs`` workers for ``duration_s``; returns the exit code."""
+    out = out or sys.stdout
+    open_database(db_spec)  # bad --db fails here, before workers start
+    tty = out.isatty()
+    ctx = _context()
+    messages = ctx.Queue()
+    stop, abort = ctx.Event(), ctx.Event()
+    Path(trace_dir).mkdir(parents=True, exist_ok=True)
+    workers = [
+        ctx.Process(
+            target=_worker,
+            args=(i, config.to_dict(), db_spec, seed, trace_dir, messages, stop, abort),
+            name=f"kv-lockstep-worker-{i}",
+            daemon=True,
+        )
+        for i in range(jobs)
+    ]
+    print(
+        f"kv-lockstep fuzz: {config.label()}, {jobs} worker(s) for {duration_s:g} s,"
+        f" database {db_spec or 'none'}",
+        file=out,
+        flush=True,
+    )
+    started = time.monotonic()
+    deadline = started + duration_s
+    snaps: dict[int, dict] = {}
+    found: list[tuple[int, str, str]] = []
+    failures: list[tuple[str, str]] = []  # (trace json, path), shrunk
+    errors: list[str] = []
+    done: set[int] = set()
+    interrupted = False
+    last_print = 0.0
+
+    def handle(message):
+        kind, index = message[0], message[1]
+        if kind == "stats":
+            snaps[index] = message[2]
+        elif kind == "found":
+            found.append((index, message[2], message[3]))
+            stop.set()  # the others stop; the finder shrinks
+        elif kind == "failures":
+            failures.extend(zip(message[2], message[3]))
+            stop.set()
+        elif kind == "error":
+            errors.append(f"worker {index}: {message[2]}")
+            stop.set()
+        elif kind == "done":
+            done.add(index)
+
+    def drain(until: float):
+        while len(done) < jobs and time.monotonic() < until:
+            try:
+                handle(messages.get(timeout=0.2))
+            except queue_mod.Empty:
+                if not any(w.is_alive() for w in workers):
+                    break
+
+    try:
+        for w in workers:
+            w.start()
+        while len(done) < jobs:
+            try:
+                handle(messages.get(timeout=0.2))
+            except queue_mod.Empty:
+                if not any(w.is_alive() for w in workers):
+                    break
+            now = time.monotonic()
+            if now >= deadline and not stop.is_set():
+                stop.set()
+            if now >= deadline + SHRINK_GRACE_S:
+                abort.set()
+                break
+            if now - last_print >= (1.0 if tty else PLAIN_PROGRESS_EVERY_S):
+                last_print = now
+                line = _progress_line(now - started, duration_s, merge(snaps.values()), len(found), jobs - len(done))
+                print(("\r" + line) if tty else line, end="" if tty else "\n", file=out, flush=True)
+    except KeyboardInterrupt:
+        interrupted = True
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the summary short
+        abort.set()
+        stop.set()
+    drain(time.monotonic() + (INTERRUPT_GRACE_S if interrupted else 10.0))
+    for w in workers:
+        w.join(timeout=0.5)
+        if w.is_alive():
+            w.terminate()
+            w.join(timeout=2)
+    # Last messages a worker put before exiting.
+    while True:
+        try:
+            handle(messages.get_nowait())
+        except (queue_mod.Empty, OSError, EOFError):
+            break
+    if tty:
+        print(file=out)
+    elapsed = time.monotonic() - started
+    total = merge(snaps.values())
+    _summary(out, config, jobs, elapsed, total, found, failures, errors, interrupted)
+    if stats_json:
+        _write_stats(stats_json, config, jobs, duration_s, elapsed, total, found, failures, interrupted)
+    if interrupted:
+        return 130
+    return 1 if (found or failures or errors) else 0
+
+
+def _summary(out, config, jobs, elapsed, total, found, failures, errors, interrupted) -> None:
+    from state_machines.trace import Trace
+
+    why = "interrupted" if interrupted else ("stopped at a failure" if (found or failures) else "time is up")
+    rate = total["steps"] / elapsed if elapsed else 0.0
+    print(f"\nsummary: {config.label()}, {jobs} worker(s), {elapsed:.1f} s, {why}", file=out)
+    print(
+        f"  {total['examples']:,} examples, {total['steps']:,} steps ({rate:,.0f}/s),"
+        f" {len(failures) or len({f[1] for f in found})} failure(s)",
+        file=out,
+    )
+    print(summary_table(total, config), file=out)
+    for text in errors:
+        print(f"harness error in {text}", file=out)
+    for trace_json, path in failures:
+        trace = Trace.load(path)
+        print(f"\nFAILED: {trace.invariant}", file=out)
+        print(f"    {trace.detail}", file=out)
+        print("\n".join("    " + line for line in trace.program().splitlines()), file=out)
+        print(f"  shrunk to {len(trace.steps)} steps; trace: {path}", file=out)
+        print(f"  replay: kv-lockstep replay {path}", file=out)
+    if found and not failures:
+        for _, invariant, path in found:
+            print(f"\nFAILED (not shrunk, stopped first): {invariant}; trace: {path}", file=out)
+            print(f"  replay: kv-lockstep replay {path}", file=out)
+    out.flush()
+
+
+def _write_stats(path, config, jobs, duration_s, elapsed, total, found, failures, interrupted) -> None:
+    data = {
+        "config": config.to_dict(),
+        "jobs": jobs,
+        "duration_s": duration_s,
+        "elapsed_s": round(elapsed, 3),
+        "interrupted": interrupted,
+        "examples": total["examples"],
+        "steps": total["steps"],
+        "precondition_checks": total["checks"],
+        "rules": total["rules"],
+        "interleavings": {
+            i.name: {"count": total["interleavings"].get(i.name), "summary": i.summary,
+                     "applicable": i.name in total["interleavings"]}
+            for i in INTERLEAVINGS
+        },
+        "never_reached": never_reached(total),
+        "failures": [
+            {"invariant": json.loads(t)["failure"]["invariant"], "trace": p, "shrunk": True} for t, p in failures
+        ]
+        or [{"invariant": inv, "trace": p, "shrunk": False} for _, inv, p in found],
+    }
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+
+
+def default_jobs() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

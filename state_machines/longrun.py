@@ -142,6 +142,8 @@ def _context():
 
 
 def _progress_line(elapsed, duration, total, failures, workers_alive) -> str:
+    if not total["steps"]:
+        return f"[{elapsed:5.0f}s/{duration:.0f}s] starting {workers_alive} worker(s)"
     rules_seen, rules, inter_seen, inter = shares(total)
     rate = total["steps"] / elapsed if elapsed > 0 else 0.0
     return (
@@ -202,9 +204,15 @@ def run(
         elif kind == "found":
             found.append((index, message[2], message[3]))
             stop.set()  # the others stop; the finder shrinks
+            print(("\n" if tty else "") + f"found {message[2]} (worker {index}); shrinking it;"
+                  f" unshrunk trace: {message[3]}", file=out, flush=True)
         elif kind == "failures":
-            failures.extend(zip(message[2], message[3]))
+            # Workers sharing a database may shrink the same bug to the same trace file.
+            known = {path for _, path in failures}
+            failures.extend((t, p) for t, p in zip(message[2], message[3]) if p not in known)
+            # One shrunk failure is the answer; others still shrinking keep their unshrunk traces.
             stop.set()
+            abort.set()
         elif kind == "error":
             errors.append(f"worker {index}: {message[2]}")
             stop.set()
@@ -212,21 +220,31 @@ def run(
             done.add(index)
 
     def drain(until: float):
-        while len(done) < jobs and time.monotonic() < until:
+        while len(done) < len(started_workers) and time.monotonic() < until:
             try:
                 handle(messages.get(timeout=0.2))
             except queue_mod.Empty:
-                if not any(w.is_alive() for w in workers):
+                if not any(w.is_alive() for w in started_workers):
                     break
 
+    signals = {}
+
+    def interrupt(signum, frame):
+        signals["got"] = signum
+        raise KeyboardInterrupt
+
+    # Installed explicitly: a shell starts background jobs with SIGINT ignored.
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    started_workers = []
     try:
         for w in workers:
             w.start()
+            started_workers.append(w)
         while len(done) < jobs:
             try:
                 handle(messages.get(timeout=0.2))
             except queue_mod.Empty:
-                if not any(w.is_alive() for w in workers):
+                if not any(w.is_alive() for w in started_workers):
                     break
             now = time.monotonic()
             if now >= deadline and not stop.is_set():
@@ -240,11 +258,13 @@ def run(
                 print(("\r" + line) if tty else line, end="" if tty else "\n", file=out, flush=True)
     except KeyboardInterrupt:
         interrupted = True
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the summary short
         abort.set()
         stop.set()
+    # A second Ctrl-C must not cut the summary short.
+    for sig in previous:
+        signal.signal(sig, signal.SIG_IGN)
     drain(time.monotonic() + (INTERRUPT_GRACE_S if interrupted else 10.0))
-    for w in workers:
+    for w in started_workers:
         w.join(timeout=0.5)
         if w.is_alive():
             w.terminate()
@@ -262,8 +282,10 @@ def run(
     _summary(out, config, jobs, elapsed, total, found, failures, errors, interrupted)
     if stats_json:
         _write_stats(stats_json, config, jobs, duration_s, elapsed, total, found, failures, interrupted)
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
     if interrupted:
-        return 130
+        return 128 + signals.get("got", signal.SIGINT)
     return 1 if (found or failures or errors) else 0
 
 

@@ -7,8 +7,13 @@ PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check
 FUZZ_TARGET ?= builtin:token
 FUZZ_ARGS ?= --max-examples 1000
 TEST_ARGS ?=
+# make test JUNIT=report.xml writes JUnit XML (for CI test reports).
+JUNIT ?=
+# make hypofuzz: KV_LOCKSTEP_DB=redis://HOST:PORT shares one database across machines.
+KV_LOCKSTEP_DB ?=
+HYPOFUZZ_ARGS ?=
 
-.PHONY: install fuzz test clean
+.PHONY: install fuzz test hypofuzz clean
 
 # `make install` always (re)installs; the other targets run it only when
 # .venv is missing, so a torch upgraded by `make sglang` is left alone.
@@ -24,7 +29,13 @@ fuzz: $(PY)
 	$(VENV)/bin/kv-lockstep fuzz --target $(FUZZ_TARGET) $(FUZZ_ARGS)
 
 test: $(PY)
-	$(PY) -m pytest -n auto -p no:cacheprovider --hypothesis-profile=ci $(TEST_ARGS)
+	$(PY) -m pytest -n auto -p no:cacheprovider --hypothesis-profile=ci $(if $(JUNIT),--junitxml=$(JUNIT)) $(TEST_ARGS)
+
+# Coverage-guided fuzzing of tests/fuzz_targets.py with HypoFuzz and its
+# dashboard; hypofuzz (and redis, for a redis:// database) go into .venv only.
+hypofuzz: $(PY)
+	$(PIP_INSTALL) hypofuzz $(if $(findstring redis,$(KV_LOCKSTEP_DB)),redis)
+	KV_LOCKSTEP_DB=$(KV_LOCKSTEP_DB) $(VENV)/bin/hypothesis fuzz $(HYPOFUZZ_ARGS) -- tests/fuzz_targets.py -p no:cacheprovider
 
 clean:
 	rm -rf $(VENV) .kv-lockstep .hypothesis *.egg-info

@@ -92,7 +92,7 @@ def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messag
         trace = Trace.from_violation(exc)
         path = Path(trace_dir) / "unshrunk"
         written = write(trace, path)
-        messages.put(("found", index, exc.invariant, str(written)))
+        messages.put(("found", index, exc.invariant, str(written), coverage.examples))
 
     def should_stop(shrinking: bool) -> bool:
         return abort.is_set() or (stop.is_set() and not shrinking)
@@ -191,6 +191,8 @@ def run(
     deadline = started + duration_s
     snaps: dict[int, dict] = {}
     found: list[tuple[int, str, str]] = []
+    # Examples the finding worker had run when it first failed (1: replayed from the database).
+    first_examples: list[int] = []
     failures: list[tuple[str, str]] = []  # (trace json, path), shrunk
     errors: list[str] = []
     done: set[int] = set()
@@ -203,8 +205,9 @@ def run(
             snaps[index] = message[2]
         elif kind == "found":
             found.append((index, message[2], message[3]))
+            first_examples.append(message[4])
             stop.set()  # the others stop; the finder shrinks
-            print(("\n" if tty else "") + f"found {message[2]} (worker {index}); shrinking it;"
+            print(("\n" if tty else "") + f"found {message[2]} (worker {index}, its example {message[4]}); shrinking it;"
                   f" unshrunk trace: {message[3]}", file=out, flush=True)
         elif kind == "failures":
             # Workers sharing a database may shrink the same bug to the same trace file.
@@ -281,7 +284,8 @@ def run(
     total = merge(snaps.values())
     _summary(out, config, jobs, elapsed, total, found, failures, errors, interrupted)
     if stats_json:
-        _write_stats(stats_json, config, jobs, duration_s, elapsed, total, found, failures, interrupted)
+        _write_stats(stats_json, config, jobs, duration_s, elapsed, total, found, failures, interrupted,
+                     min(first_examples, default=None))
     for sig, handler in previous.items():
         signal.signal(sig, handler)
     if interrupted:
@@ -317,7 +321,7 @@ def _summary(out, config, jobs, elapsed, total, found, failures, errors, interru
     out.flush()
 
 
-def _write_stats(path, config, jobs, duration_s, elapsed, total, found, failures, interrupted) -> None:
+def _write_stats(path, config, jobs, duration_s, elapsed, total, found, failures, interrupted, first) -> None:
     data = {
         "config": config.to_dict(),
         "jobs": jobs,
@@ -334,6 +338,7 @@ def _write_stats(path, config, jobs, duration_s, elapsed, total, found, failures
             for i in INTERLEAVINGS
         },
         "never_reached": never_reached(total),
+        "first_failure_after_examples": first,
         "failures": [
             {"invariant": json.loads(t)["failure"]["invariant"], "trace": p, "shrunk": True} for t, p in failures
         ]

@@ -1,0 +1,179 @@
+"""Long runs: workers, progress, coverage, Ctrl-C, a shared example database,
+and reproducers a developer can commit."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from state_machines.config import Config
+from state_machines.coverage import INTERLEAVINGS
+from state_machines.lockstep import Step
+from state_machines.longrun import BadOption, parse_duration
+from state_machines.trace import Trace
+
+REPO = Path(__file__).resolve().parent.parent
+PAGED_ALIAS = ["--target", "builtin:paged", "--mutant", "alias", "--page-size", "4"]
+
+
+def cli(*args, cwd, **kw):
+    return subprocess.run([sys.executable, "-m", "state_machines.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300, **kw)
+
+
+def test_durations_read_like_a_person_writes_them():
+    """20s, 10m, 2h and plain seconds parse; nonsense is bad input."""
+    assert [parse_duration(t) for t in ("20s", "10m", "2h", "1.5h", "90")] == [20, 600, 7200, 5400, 90]
+    for bad in ("soon", "-5s", "0", "10d"):
+        with pytest.raises(BadOption):
+            parse_duration(bad)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--duration", "soon"], "--duration"),
+    (["-j", "2"], "go with --duration"),
+    (["--duration", "5s", "--db", "redis://127.0.0.1:1"], "redis"),
+])
+def test_bad_long_run_options_are_one_line_and_exit_2(args, message, tmp_path):
+    """A bad duration, -j without --duration, or an unusable Redis URL: one line, exit 2."""
+    run = cli("fuzz", *args, cwd=tmp_path)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr.count("\n") == 1 and message in run.stderr and "Traceback" not in run.stderr
+
+
+def test_timed_run_ends_clean_with_progress_and_coverage(tmp_path):
+    """A clean target runs until time is up, exit 0, with progress lines, a
+    summary table and the same figures in --stats-json."""
+    stats = tmp_path / "stats.json"
+    run = cli("fuzz", "--target", "builtin:paged", "--page-size", "4", "--duration", "3s", "-j", "2",
+              "--stats-json", str(stats), "--trace-dir", str(tmp_path / "traces"), cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "[" in run.stdout and "s/3s]" in run.stdout
+    assert "summary:" in run.stdout and "time is up" in run.stdout
+    data = json.loads(stats.read_text())
+    assert data["jobs"] == 2 and data["failures"] == [] and data["examples"] > 0
+    assert {"alloc", "begin", "end", "free", "rematch"} <= set(data["rules"])
+    assert all({"ran", "blocked"} == set(c) for c in data["rules"].values())
+    assert set(data["interleavings"]) == {i.name for i in INTERLEAVINGS}
+    assert data["interleavings"]["alloc_merged_release"]["applicable"] is False
+    assert set(data["never_reached"]) <= set(data["interleavings"])
+    for name in data["never_reached"]:
+        assert name in run.stdout.split("NEVER REACHED:")[1]
+
+
+def test_ctrl_c_keeps_the_trace_and_the_next_run_replays_it_first(tmp_path):
+    """SIGINT while a failure shrinks: exit 130, no traceback, the unshrunk
+    trace replays; a second run on the same --db fails on its first example,
+    exit 1, with a shrunk trace."""
+    db, traces = tmp_path / "db", tmp_path / "traces"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "state_machines.cli", "fuzz", *PAGED_ALIAS, "--duration", "5m", "-j", "2",
+         "--db", str(db), "--trace-dir", str(traces)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("found "):
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    out = "".join(lines) + out
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in err and "interrupted" in out
+    kept = list((traces / "unshrunk").glob("*.json"))
+    assert kept, out
+    assert cli("replay", str(kept[0]), cwd=tmp_path).returncode == 1
+    assert any(db.iterdir()), "the failure was not saved to the example database"
+
+    stats = tmp_path / "again.json"
+    again = cli("fuzz", *PAGED_ALIAS, "--duration", "5m", "-j", "2", "--db", str(db),
+                "--trace-dir", str(traces), "--stats-json", str(stats), cwd=tmp_path)
+    assert again.returncode == 1, again.stdout + again.stderr
+    data = json.loads(stats.read_text())
+    assert data["first_failure_after_examples"] == 1
+    shrunk = data["failures"][0]
+    assert shrunk["shrunk"] and Trace.load(shrunk["trace"]).invariant == shrunk["invariant"]
+    assert "stopped at a failure" in again.stdout
+
+
+def test_database_key_is_stable_across_processes_and_distinct_across_configs():
+    """Hypothesis keys the database by the machine's digest: the same in a
+    fresh process, different for another configuration."""
+    from hypothesis.internal.reflection import function_digest
+
+    from state_machines.machines import machine_for
+
+    code = ("from state_machines.config import Config; from state_machines.machines import machine_for;"
+            "from hypothesis.internal.reflection import function_digest;"
+            "print(function_digest(machine_for(Config(target='builtin:paged', page_size=4))).hex())")
+    there = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    here = function_digest(machine_for(Config(target="builtin:paged", page_size=4))).hex()
+    assert there.stdout.strip() == here
+    other = function_digest(machine_for(Config(target="builtin:paged", page_size=4, mutant="alias"))).hex()
+    assert other != here
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    """A redis-server on loopback, started and stopped here."""
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("no redis-server binary (apt-get install redis-server)")
+    pytest.importorskip("redis", reason="the redis package is missing (pip install 'kv-lockstep[redis]')")
+    import redis
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_a_failure_in_redis_is_replayed_first_by_the_next_run(redis_url, tmp_path):
+    """Two runs share a Redis database: the second fails on its first example."""
+    args = ["fuzz", "--target", "builtin:token", "--mutant", "flag-drift", "--db", redis_url,
+            "--trace-dir", str(tmp_path)]
+    first = cli(*args, cwd=tmp_path)
+    assert first.returncode == 1, first.stdout + first.stderr
+    again = cli(*args, cwd=tmp_path)
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert "(1 examples)" in again.stdout, again.stdout
+
+
+def test_emitted_pytest_fails_on_the_bug_and_passes_on_the_fix(tmp_path):
+    """replay --emit-pytest writes valid Python that fails on the mutant and
+    passes on the target without it."""
+    steps = (Step("alloc", {"n": 4}, "req_0"), Step("begin", {}), Step("free", {"req": "req_0", "n": 4}),
+             Step("overwrite_row", {"row": 0}), Step("end", {}))
+    trace = Trace(Config(target="builtin:paged", mutant="alias", page_size=4), steps, "free_sets_agree", "recorded")
+    path = tmp_path / "alias.json"
+    path.write_text(trace.to_json())
+    suite = tmp_path / "suite"
+    assert cli("replay", str(path), "--emit-pytest", str(suite / "test_bug.py"), cwd=tmp_path).returncode == 1
+    assert cli("replay", str(path), "--target", "builtin:paged", "--emit-pytest", str(suite / "test_fixed.py"),
+               cwd=tmp_path).returncode == 0
+    text = (suite / "test_bug.py").read_text()
+    assert "torch.tensor([" in text and "free_sets_agree" in text
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", str(suite)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert "1 failed, 1 passed" in run.stdout, run.stdout + run.stderr
+    assert "FAILED suite/test_bug.py" in run.stdout and "free_sets_agree" in run.stdout

@@ -87,16 +87,18 @@ def cmd_fuzz(args) -> int:
         size=args.size,
         sglang_path=args.sglang_path,
     )
-    Lockstep.build(config)  # bad input fails here, before any output
-    if args.duration or args.jobs or args.stats_json:
+    if (args.jobs or args.stats_json) and not args.duration:
+        raise UsageError("-j and --stats-json go with --duration (e.g. --duration 10m)")
+    if args.duration:
         from state_machines import longrun
 
-        if not args.duration:
-            raise UsageError("-j and --stats-json go with --duration (e.g. --duration 10m)")
+        duration_s = longrun.parse_duration(args.duration)
+        Lockstep.build(config)  # bad input fails here, before any output
         return longrun.run(
-            config, duration_s=longrun.parse_duration(args.duration), jobs=args.jobs or longrun.default_jobs(),
+            config, duration_s=duration_s, jobs=args.jobs or longrun.default_jobs(),
             db_spec=args.db, seed=args.seed, trace_dir=args.trace_dir, stats_json=args.stats_json,
         )
+    Lockstep.build(config)  # bad input fails here, before any output
     database = None
     if args.db:
         from state_machines.longrun import open_database

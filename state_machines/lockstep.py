@@ -202,6 +202,15 @@ class Lockstep:
     def evictable(self) -> list[EntryRef]:
         return [EntryRef(eid) for eid in self.model.evictable()]
 
+    def stale_rows(self) -> list[int]:
+        """Rows holding slot ids past what a live request uses."""
+        stale = []
+        for row, holder in enumerate(self.row_holder):
+            used = len(self.model.requests[holder].pages) * self.page_size if holder is not None else 0
+            if bool(self.rows[row, used:].any()):
+                stale.append(row)
+        return stale
+
     def room(self, req: ReqRef) -> int:
         """Pages the request's row can still take."""
         return self.config.row_pages - len(self.model.requests[req.rid].pages)

@@ -49,7 +49,7 @@ def _probe_npu() -> DeviceStatus:
     except ImportError as exc:
         if getattr(exc, "name", None) == "torch_npu":
             return DeviceStatus("npu", False, "torch_npu not installed (pip install torch_npu, with Huawei's CANN runtime)")
-        return DeviceStatus("npu", False, f"torch_npu present but its runtime is missing: {_one_line(exc)}")
+        return DeviceStatus("npu", False, f"torch_npu present but its runtime (CANN) is missing: {_one_line(exc)}")
     except OSError as exc:
         # Typically libhccl.so / libascendcl.so: CANN is not installed or not sourced.
         return DeviceStatus("npu", False, f"torch_npu present but its runtime (CANN) is missing: {_one_line(exc)}")

@@ -19,8 +19,8 @@ class DecodeRules:
     """Mixed into a machine whose target has ``alloc_decode``."""
 
     @precondition(lambda self: self.state.live())
-    @rule(mask=st.integers(1, 15), rotate=st.integers(0, 3))
-    def decode(self, mask, rotate):
+    @rule(mask=st.integers(1, 15), order=st.integers(0, 3))
+    def decode(self, mask, order):
         s = self.state
         live = s.live()
         # A request that needs a new page needs room for it in its row.
@@ -30,9 +30,13 @@ class DecodeRules:
         ]
         if not batch:
             return
-        # Rotation varies which request comes last, where a batch's edge cases sit.
-        k = rotate % len(batch)
-        batch = batch[k:] + batch[:k]
+        if order == 0:
+            # Requests taking a page first: the batch's tail then takes none,
+            # the edge where a decode kernel's page index runs past the new pages.
+            batch.sort(key=lambda r: not s.model.decode_needs_page(r.rid, s.page_size))
+        else:
+            k = order % len(batch)
+            batch = batch[k:] + batch[:k]
         self._do("decode", s.decode, ",".join(map(repr, batch)))
 
 

@@ -258,6 +258,8 @@ class Lockstep:
         batch order) grows by one token; a request takes a new page exactly
         when its length crosses a page boundary, else it gets the next slot
         of its last page."""
+        # A pasted program passes one request as a ReqRef, not a string.
+        reqs = reqs if isinstance(reqs, str) else repr(reqs)
         self._record("decode", reqs=reqs)
         ps = self.page_size
         batch = [ReqRef(int(name.strip().partition("_")[2])) for name in reqs.split(",")]

@@ -14,19 +14,30 @@ class, for checking that the harness catches it.
 """
 
 from allocators.base import Mutant, SlotAllocator
+from allocators.hisparse import HISPARSE_MUTANTS, HiSparseAllocator
+from allocators.npu import NPU_MUTANTS, NPUPagedAllocator
 from allocators.paged import PAGED_MUTANTS, PagedAllocator
+from allocators.swa import PURE_SWA_MUTANTS, SWA_MUTANTS, PureSWAAllocator, SWAAllocator
 from allocators.token import TOKEN_MUTANTS, TokenAllocator
 
 __all__ = [
     "BUILTINS",
+    "HiSparseAllocator",
     "Mutant",
+    "NPUPagedAllocator",
     "PagedAllocator",
+    "PureSWAAllocator",
+    "SWAAllocator",
     "SlotAllocator",
     "TokenAllocator",
 ]
 
 # name -> (allocator class, its mutants by name)
-BUILTINS: dict[str, tuple[type[SlotAllocator], dict[str, Mutant]]] = {
+BUILTINS: dict[str, tuple[type, dict[str, Mutant]]] = {
     "token": (TokenAllocator, TOKEN_MUTANTS),
     "paged": (PagedAllocator, PAGED_MUTANTS),
+    "swa": (SWAAllocator, SWA_MUTANTS),
+    "pure-swa": (PureSWAAllocator, PURE_SWA_MUTANTS),
+    "hisparse": (HiSparseAllocator, HISPARSE_MUTANTS),
+    "npu": (NPUPagedAllocator, NPU_MUTANTS),
 }

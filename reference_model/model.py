@@ -42,6 +42,9 @@ class Request:
     own: list[int] = field(factory=list)
     # Cache entries this request holds a lock on.
     locks: list[int] = field(factory=list)
+    # Slots of the last page not yet written by decode steps; 0 after any
+    # other step, which leaves the row page-aligned.
+    spare: int = 0
 
     @property
     def pages(self) -> list[int]:
@@ -136,13 +139,34 @@ class OwnershipModel:
         for p in pages:
             self.owner[p] = Owner(REQUEST, rid)
         self.requests[rid].own.extend(pages)
+        self.requests[rid].spare = 0
         self.allocated += len(pages)
+
+    def tokens(self, rid: int, page_size: int) -> int:
+        """The request's length in tokens."""
+        req = self.requests[rid]
+        return len(req.pages) * page_size - req.spare
+
+    def decode_needs_page(self, rid: int, page_size: int) -> bool:
+        """A decode step takes a page exactly when the new token starts one."""
+        return self.tokens(rid, page_size) % page_size == 0
+
+    def decode(self, rid: int, page: int | None, page_size: int) -> None:
+        """One decode token: on a new ``page``, or in the last page's spare slots."""
+        if page is None:
+            assert self.requests[rid].spare > 0, f"req_{rid} decodes into a full page"
+            self.requests[rid].spare -= 1
+            return
+        self.take(rid, [page])
+        self.requests[rid].spare = page_size - 1
 
     def release_tail(self, rid: int, num_pages: int) -> list[int]:
         """The request frees its last ``num_pages`` own pages."""
         req = self.requests[rid]
         cut = len(req.own) - num_pages
         released, req.own = req.own[cut:], req.own[:cut]
+        if released:
+            req.spare = 0
         self._release(released, "free")
         return released
 
@@ -174,6 +198,7 @@ class OwnershipModel:
             req.prefix.extend(new_entry.pages)
             self._lock(req, new_entry.eid)
         req.own = []
+        req.spare = 0
         return new_entry
 
     def _lock(self, req: Request, eid: int) -> None:

@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--mutant", help="a named bug variant of a builtin target")
     fuzz.add_argument("--page-size", type=_positive, default=1)
     fuzz.add_argument("--need-sort", action="store_true", help="frees wait in release pages until an alloc runs short")
-    fuzz.add_argument("--device", default="cpu")
+    fuzz.add_argument("--device", default="cpu", help="cpu, cuda or npu (`kv-lockstep devices` says which are available)")
     fuzz.add_argument("--size", type=_positive, help="pool size in slots (default 10 pages)")
     fuzz.add_argument("--seed", type=int, help="Hypothesis seed; runs with the same seed are the same")
     fuzz.add_argument("--max-examples", type=_positive, default=300)
@@ -66,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--emit-pytest", metavar="FILE", help="also write a standalone pytest file that replays the trace")
 
     sub.add_parser("targets", help="list targets and mutants")
+    sub.add_parser("devices", help="which devices (cpu, cuda, npu) can run here, and why not")
     return parser
 
 
@@ -163,8 +164,23 @@ def cmd_targets(args) -> int:
         for mutant in mutants.values():
             needs = "  [needs " + ", ".join(f"{k}={v}" for k, v in mutant.needs.items()) + "]" if mutant.needs else ""
             print(f"      --mutant {mutant.name:<22} {mutant.summary}{needs}")
-    print("sglang targets (--target sglang:NAME [--sglang-path DIR]): sglang:token, sglang:paged")
+    print("sglang targets (--target sglang:NAME [--sglang-path DIR]): sglang:token, sglang:paged"
+          " (sglang:swa, sglang:npu: an adapter whose factory has family = \"swa\" runs on the SWA harness)")
     print("custom targets: --target MODULE:ATTR, called as factory(size=, page_size=, device=, need_sort=)")
+    print("devices (--device D), every target:")
+    _print_devices()
+    return 0
+
+
+def _print_devices() -> None:
+    from state_machines import devices
+
+    for status in devices.probe_all():
+        print(f"  {status.name:<5} {'available' if status.available else 'unavailable':<12} {status.reason}")
+
+
+def cmd_devices(args) -> int:
+    _print_devices()
     return 0
 
 
@@ -174,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         args = _parser().parse_args(argv)
-        return {"fuzz": cmd_fuzz, "replay": cmd_replay, "targets": cmd_targets}[args.command](args)
+        return {"fuzz": cmd_fuzz, "replay": cmd_replay, "targets": cmd_targets, "devices": cmd_devices}[args.command](args)
     except (UsageError, TargetError, TraceError, BadOption) as exc:
         print(f"kv-lockstep: error: {exc}", file=sys.stderr)
         return 2

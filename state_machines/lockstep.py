@@ -21,7 +21,7 @@ import torch
 from attrs import define, field, frozen
 
 from reference_model import CHECKS, OwnershipModel, no_slot_handed_out_twice
-from state_machines import targets
+from state_machines import devices, targets
 from state_machines.config import Config
 
 # An allocator call that takes longer than this is reported as a hang.
@@ -153,12 +153,19 @@ class Lockstep:
     steps: list[Step] = field(factory=list)
     in_group: bool = False
     has_free_segment: bool = True
+    has_alloc_decode: bool = False
 
     @classmethod
     def build(cls, config: Config | None = None, **overrides) -> Lockstep:
         """A fresh allocator and model.  Raises ``TargetError`` on bad input."""
         config = config or Config(**overrides)
         target = targets.resolve(config.target, config.mutant, config.sglang_path)
+        if cls is Lockstep and target.family != "free_group":
+            # The target's family picks the harness, so replays rebuild the right one.
+            from state_machines.swa import lockstep_for_family
+
+            return lockstep_for_family(target.family).build(config)
+        devices.require(config.device)
         allocator = targets.build(
             target,
             size=config.pool_size,
@@ -175,6 +182,7 @@ class Lockstep:
             ),
             row_holder=[None] * config.rows,
             has_free_segment=callable(getattr(allocator, "free_segment", None)),
+            has_alloc_decode=callable(getattr(allocator, "alloc_decode", None)),
         )
         initial = state._call("get_all_free_pages", census_of, allocator)
         state.model = OwnershipModel.from_census(sorted(set(initial)), defers_frees=target.defers_frees)
@@ -223,7 +231,7 @@ class Lockstep:
         ps = self.page_size
         step = self._record("alloc", n=n, req=req, prefix=prefix)
         want_pages = n // ps
-        short = self.model.num_free < want_pages
+        short = self._short(want_pages)
         out = self._call(f"alloc({n})", self.allocator.alloc, n)
         if out is None:
             if not short:
@@ -253,6 +261,56 @@ class Lockstep:
         self.rows[row, start : start + n] = out.to(self.rows.device)
         self.check()
         return req
+
+    def decode(self, reqs: str) -> None:
+        """``alloc_decode``: each request in the batch (``'req_0,req_2'``, in
+        batch order) grows by one token; a request takes a new page exactly
+        when its length crosses a page boundary, else it gets the next slot
+        of its last page."""
+        # A pasted program passes one request as a ReqRef, not a string.
+        reqs = reqs if isinstance(reqs, str) else repr(reqs)
+        self._record("decode", reqs=reqs)
+        ps = self.page_size
+        batch = [ReqRef(int(name.strip().partition("_")[2])) for name in reqs.split(",")]
+        lengths = [self.model.tokens(r.rid, ps) for r in batch]
+        rows = [self.model.requests[r.rid].row for r in batch]
+        last = [int(self.rows[row, n - 1]) if n else -1 for row, n in zip(rows, lengths)]
+        needs = [self.model.decode_needs_page(r.rid, ps) for r in batch]
+        want = sum(needs)
+        short = self.model.num_free < want
+        seq_lens_cpu = torch.tensor([n + 1 for n in lengths], dtype=torch.int64)
+        seq_lens = seq_lens_cpu.to(self.rows.device)
+        last_loc = torch.tensor(last, dtype=torch.int64, device=self.rows.device)
+        what = f"alloc_decode(seq_lens={seq_lens_cpu.tolist()}, last_loc={last})"
+        out = self._call(what, self.allocator.alloc_decode, seq_lens, seq_lens_cpu, last_loc)
+        if out is None:
+            if not short:
+                self._fail("alloc_none_iff_short", f"{what} returned None / model has {self.model.num_free} free pages, needs {want}")
+            self.check()
+            return
+        if short:
+            self._fail("alloc_none_iff_short", f"{what} returned slots / model has only {self.model.num_free} free pages, needs {want}")
+        slots = _ids(out)
+        if len(slots) != len(batch):
+            self._fail("decode_one_slot_per_request", f"{what} returned {len(slots)} slots / {len(batch)} requests")
+        new_pages = []
+        for ref, need, prev, slot in zip(batch, needs, last, slots):
+            if need and slot % ps:
+                self._fail("decode_takes_page_boundary", f"{what} gave {ref!r} slot {slot} mid-page / the first slot of a new page of {ps}")
+            if not need and slot != prev + 1:
+                self._fail("decode_takes_page_boundary", f"{what} gave {ref!r} slot {slot} / the next slot of its page, {prev + 1}")
+            if need:
+                new_pages.append(slot // ps)
+        if problem := no_slot_handed_out_twice(new_pages, self.model):
+            self._fail("no_slot_handed_out_twice", problem)
+        offsets = torch.arange(ps, dtype=torch.int64, device=self.rows.device)
+        for ref, need, slot in zip(batch, needs, slots):
+            request = self.model.requests[ref.rid]
+            if need:
+                # The row holds whole pages; later decodes fill the rest of this one.
+                self.rows[request.row, len(request.pages) * ps : (len(request.pages) + 1) * ps] = slot + offsets
+            self.model.decode(ref.rid, slot // ps if need else None, ps)
+        self.check()
 
     def begin(self) -> None:
         self._record("begin")
@@ -355,6 +413,10 @@ class Lockstep:
             self.end()
 
     # -- helpers --
+
+    def _short(self, pages: int) -> bool:
+        """Whether an alloc of ``pages`` pages must return None."""
+        return self.model.num_free < pages
 
     def _row_of(self, req: ReqRef) -> tuple[int, int]:
         request = self.model.requests[req.rid]

@@ -169,5 +169,9 @@ class FreeGroupMachine(RuleBasedStateMachine):
 def machine_for(config: Config, record: RunRecord | None = None) -> type[FreeGroupMachine]:
     """A ``FreeGroupMachine`` bound to ``config``.  Its name spells the
     configuration, so the example database keeps configurations apart."""
-    name = "FreeGroupMachine_" + "".join(c if c.isalnum() else "_" for c in config.label())
-    return type(name, (FreeGroupMachine,), {"config": config, "record": record or RunRecord()})
+    from state_machines.family import base_machine_for
+
+    # The target decides the rules: its family, and whether it has alloc_decode.
+    base = base_machine_for(Lockstep.build(config))
+    name = base.__name__ + "_" + "".join(c if c.isalnum() else "_" for c in config.label())
+    return type(name, (base,), {"config": config, "record": record or RunRecord()})

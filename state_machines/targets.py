@@ -31,6 +31,8 @@ class Target:
     # Whether free_group_begin() defers frees (HiSparse-style pools don't).
     defers_frees: bool = True
     notes: str = ""
+    # Which harness drives it: "free_group" (one pool) or "swa" (full + SWA pools).
+    family: str = "free_group"
 
 
 def builtin_names() -> list[str]:
@@ -49,8 +51,9 @@ def _builtin(name: str, mutant: str | None) -> Target:
     return Target(
         spec=f"builtin:{name}",
         factory=cls,
-        page_sizes=(1,) if name == "token" else None,
+        page_sizes=(1,) if issubclass(allocators.BUILTINS[name][0], allocators.TokenAllocator) else None,
         defers_frees=getattr(cls, "defers_frees", True),
+        family=getattr(cls, "family", "free_group"),
     )
 
 
@@ -67,7 +70,12 @@ def _custom(spec: str) -> Target:
             raise TargetError(f"module '{module_name}' has no attribute '{attr}'")
     if not callable(factory):
         raise TargetError(f"target '{spec}' is not callable")
-    return Target(spec=spec, factory=factory, defers_frees=getattr(factory, "defers_frees", True))
+    return Target(
+        spec=spec,
+        factory=factory,
+        defers_frees=getattr(factory, "defers_frees", True),
+        family=getattr(factory, "family", "free_group"),
+    )
 
 
 def resolve(spec: str, mutant: str | None = None, sglang_path: str | None = None) -> Target:

@@ -92,7 +92,11 @@ def run_steps(state: Lockstep, steps) -> None:
             names[step.returns] = made
 
 
-RULES = ("alloc", "begin", "free", "free_segment", "overwrite_row", "rematch", "evict", "finish", "end")
+RULES = (
+    "alloc", "begin", "free", "free_segment", "overwrite_row", "rematch", "evict", "finish", "end",
+    # Where the target has alloc_decode; then the SWA family's.
+    "decode", "slide", "evict_swa",
+)
 
 
 def write(trace: Trace, trace_dir: str | Path) -> Path:

@@ -4,11 +4,15 @@ import allocators
 from state_machines.config import Config
 
 
+def _token_only(name):
+    return issubclass(allocators.BUILTINS[name][0], allocators.TokenAllocator)
+
+
 def clean_configs():
     """Every built-in target at page sizes 1 and 4, need_sort off and on."""
     for name in sorted(allocators.BUILTINS):
         for page_size in (1, 4):
-            if name == "token" and page_size != 1:
+            if _token_only(name) and page_size != 1:
                 continue
             for need_sort in (False, True):
                 yield Config(target=f"builtin:{name}", page_size=page_size, need_sort=need_sort)
@@ -18,7 +22,7 @@ def mutant_configs():
     """Every mutant of every built-in target, under the settings it needs."""
     for name, (cls, mutants) in sorted(allocators.BUILTINS.items()):
         for mutant in mutants.values():
-            page_size = mutant.needs.get("page_size", 1 if name == "token" else 4)
+            page_size = mutant.needs.get("page_size", 1 if _token_only(name) else 4)
             yield Config(
                 target=f"builtin:{name}",
                 mutant=mutant.name,

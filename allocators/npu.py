@@ -1,0 +1,86 @@
+"""Paged allocation as an NPU backend shapes it: host-side dedup, token-by-token decode."""
+
+from __future__ import annotations
+
+import torch
+
+from allocators.base import AliasMixin, Mutant
+from allocators.paged import PagedAllocator
+
+
+class NPUPagedAllocator(PagedAllocator):
+    """Paged pool whose ``free()`` dedups pages on the host and which has
+    ``alloc_decode``: a batch grows by one token per request, and a request
+    takes a new page exactly when its new token starts one."""
+
+    def free(self, free_index: torch.Tensor) -> None:
+        if free_index.numel() == 0:
+            return
+        if self.free_group is not None:
+            self.free_group.append(self._own(free_index))
+            return
+        # A data-dependent unique is cheap on the host and costly on the device.
+        pages = torch.unique(free_index.cpu() // self.page_size)
+        self._release_pages(pages.to(self.free_pages.device))
+
+    def alloc_decode(
+        self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
+    ) -> torch.Tensor | None:
+        """``seq_lens``: each request's length after this step; ``last_loc``:
+        the slot of its current last token (-1 when it has none).  Returns one
+        slot per request, or ``None`` when the pool is short."""
+        ps = self.page_size
+        num_new = int(self._starts_page(seq_lens_cpu).sum())
+        if self.need_sort and num_new > len(self.free_pages):
+            self.merge_and_sort_free()
+        if num_new > len(self.free_pages):
+            return None
+        needs = self._starts_page(seq_lens.to(torch.int64)).to(torch.int64)
+        if num_new == 0:
+            out = last_loc + 1
+        else:
+            # Request i's new page is the (number of earlier requests needing one)-th taken.
+            which = torch.cumsum(needs, 0) - needs
+            which = self._in_range(which, num_new)
+            out = torch.where(needs.bool(), self.free_pages[which] * ps, last_loc + 1)
+        self.free_pages = self.free_pages[num_new:]
+        return out
+
+    def _starts_page(self, seq_lens: torch.Tensor) -> torch.Tensor:
+        return (seq_lens - 1) % self.page_size == 0
+
+    @staticmethod
+    def _in_range(which: torch.Tensor, num_new: int) -> torch.Tensor:
+        # Requests after the last one needing a page point one past the taken
+        # pages; their value is discarded, but the read must stay in bounds.
+        return which.clamp(max=num_new - 1)
+
+
+class AliasNPUPagedAllocator(AliasMixin, NPUPagedAllocator):
+    pass
+
+
+class DecodeUnclampedNPUPagedAllocator(NPUPagedAllocator):
+    """Mutant: alloc_decode reads one past the new pages when the last
+    requests of the batch need none (out of bounds when they were the last free ones)."""
+
+    @staticmethod
+    def _in_range(which: torch.Tensor, num_new: int) -> torch.Tensor:
+        return which
+
+
+class DecodeBoundaryNPUPagedAllocator(NPUPagedAllocator):
+    """Mutant: a new page when the old length, not the new token, sits on a boundary."""
+
+    def _starts_page(self, seq_lens: torch.Tensor) -> torch.Tensor:
+        return seq_lens % self.page_size == 0
+
+
+NPU_MUTANTS = {
+    m.name: m
+    for m in (
+        Mutant("alias", AliasNPUPagedAllocator, "free()'s group queue keeps the caller's row view"),
+        Mutant("decode-unclamped", DecodeUnclampedNPUPagedAllocator, "alloc_decode indexes one past the new pages"),
+        Mutant("decode-boundary", DecodeBoundaryNPUPagedAllocator, "alloc_decode takes a page one token late", needs={"page_size": 4}),
+    )
+}

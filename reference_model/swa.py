@@ -1,0 +1,130 @@
+"""The SWA side of a sliding-window hybrid pool, in plain Python (no torch).
+
+The full pool is an ``OwnershipModel``; this tracks the SWA pool beside it:
+which full page maps to which live SWA page, which SWA pages are free or
+queued, and the logical frees and evictions.  It offers the views the
+named invariants read (``free_pages``, ``owner``, ``counts()``, the
+counters), so every check on the full pool runs on the SWA pool too.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from attrs import define, field
+
+from reference_model.model import CACHE, FREE_OWNER, QUEUED, REQUEST, Owner, OwnershipModel, _Queued
+
+
+@define
+class SWASide:
+    """SWA pages: free, queued in a group, or the live peer of a held full page."""
+
+    full: OwnershipModel
+    universe: frozenset[int]
+    free: set[int]
+    # Full page -> its live SWA page.  A full page whose window slid, or
+    # which is free or queued, maps to nothing.
+    mapping: dict[int, int] = field(factory=dict)
+    group: list[_Queued] | None = None
+    allocated: int = 0
+    evicted: int = 0
+    freed: int = 0
+    initial_free: int = field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.initial_free = len(self.free)
+
+    @classmethod
+    def from_census(cls, full: OwnershipModel, free_pages: list[int]) -> SWASide:
+        return cls(full=full, universe=frozenset(free_pages), free=set(free_pages))
+
+    # -- the views the invariants read --
+
+    @property
+    def capacity(self) -> int:
+        return len(self.universe)
+
+    @property
+    def free_pages(self) -> set[int]:
+        return set(self.free)
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    @property
+    def owner(self) -> dict[int, Owner]:
+        out = {p: FREE_OWNER for p in self.universe}
+        for full_page, swa_page in self.mapping.items():
+            out[swa_page] = self.full.owner.get(full_page, Owner("unknown"))
+        for queued in self.group or ():
+            for p in queued.pages:
+                out[p] = Owner(QUEUED)
+        return out
+
+    def counts(self) -> Counter:
+        return Counter(o.kind for o in self.owner.values())
+
+    def live(self, full_page: int) -> bool:
+        return full_page in self.mapping
+
+    # -- steps --
+
+    def take(self, full_pages: list[int], swa_pages: list[int]) -> None:
+        for full_page, swa_page in zip(full_pages, swa_pages, strict=True):
+            self.mapping[full_page] = swa_page
+            self.free.discard(swa_page)
+        self.allocated += len(swa_pages)
+
+    def release(self, full_pages, source: str) -> list[int]:
+        """The SWA peers of ``full_pages`` that are still live go (or queue);
+        ``source`` is "free" for a request's release, "evict" for a window
+        slide or a cache eviction."""
+        pages = [self.mapping.pop(p) for p in full_pages if p in self.mapping]
+        if not pages:
+            return pages
+        if self.group is None:
+            self._to_free(pages, source)
+        else:
+            self.group.append(_Queued(tuple(pages), source))
+        return pages
+
+    def begin(self) -> None:
+        if self.full.defers_frees:
+            self.group = []
+
+    def end(self) -> None:
+        pending, self.group = self.group, None
+        for queued in pending or ():
+            self._to_free(queued.pages, queued.source)
+
+    def _to_free(self, pages, source: str) -> None:
+        self.free.update(pages)
+        if source == "evict":
+            self.evicted += len(pages)
+        else:
+            self.freed += len(pages)
+
+    # -- self-check --
+
+    def violations(self) -> list[str]:
+        out = []
+        queued = [p for q in self.group or () for p in q.pages]
+        mapped = list(self.mapping.values())
+        seen = Counter(mapped + queued + list(self.free))
+        if twice := sorted(p for p, n in seen.items() if n > 1):
+            out.append(f"SWA pages {twice} are mapped, queued or free more than once")
+        if set(seen) != set(self.universe):
+            out.append(f"SWA pages tracked {len(seen)} / SWA pool {len(self.universe)}")
+        for full_page in self.mapping:
+            kind = self.full.owner.get(full_page, Owner("outside the pool")).kind
+            if kind not in (REQUEST, CACHE):
+                out.append(f"full page {full_page} is {kind} but still maps to SWA page {self.mapping[full_page]}")
+        balance = self.initial_free - self.allocated + self.evicted + self.freed
+        if balance != len(self.free):
+            out.append(
+                f"SWA initial {self.initial_free} - allocated {self.allocated} + evicted {self.evicted}"
+                f" + freed {self.freed} = {balance} / free {len(self.free)}"
+            )
+        return out

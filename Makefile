@@ -13,7 +13,10 @@ JUNIT ?=
 KV_LOCKSTEP_DB ?=
 HYPOFUZZ_ARGS ?=
 
-.PHONY: install fuzz test hypofuzz clean
+# Releases `make sglang-matrix` gates; each installs with `make sglang V=...`.
+SGLANG_RELEASES ?= 0.5.17 0.5.18 0.5.23
+
+.PHONY: install fuzz test hypofuzz sglang-matrix clean
 
 # `make install` always (re)installs; the other targets run it only when
 # .venv is missing, so a torch upgraded by `make sglang` is left alone.
@@ -36,6 +39,15 @@ test: $(PY)
 hypofuzz: $(PY)
 	$(PIP_INSTALL) hypofuzz $(if $(findstring redis,$(KV_LOCKSTEP_DB)),redis)
 	KV_LOCKSTEP_DB=$(KV_LOCKSTEP_DB) $(VENV)/bin/hypothesis fuzz $(HYPOFUZZ_ARGS) -- tests/fuzz_targets.py -p no:cacheprovider
+
+include mk/sglang.mk
+
+# The gate on each release's token (page size 1), paged (4), SWA and NPU
+# allocators; one table row per release and target.
+sglang-matrix: $(PY)
+	for v in $(SGLANG_RELEASES); do $(MAKE) --no-print-directory sglang V=$$v || exit 1; done
+	@mkdir -p .kv-lockstep
+	$(PY) -m state_machines.matrix $(SGLANG_RELEASES) --json .kv-lockstep/matrix.json
 
 clean:
 	rm -rf $(VENV) .kv-lockstep .hypothesis *.egg-info

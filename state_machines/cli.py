@@ -194,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, TargetError, TraceError, BadOption) as exc:
         print(f"kv-lockstep: error: {exc}", file=sys.stderr)
         return 2
+    except InvariantViolation as exc:
+        # Raised outside a run: the freshly built allocator already disagrees.
+        print(f"FAILED before any step: {exc.invariant}")
+        print(_indent(exc.detail))
+        return 1
     except KeyboardInterrupt:
         print("kv-lockstep: interrupted", file=sys.stderr)
         return 130

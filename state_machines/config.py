@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from attrs import asdict, field, fields, frozen
 
 
@@ -43,4 +45,6 @@ class Config:
             bits.append("need_sort")
         if self.device != "cpu":
             bits.append(f"device={self.device}")
+        if self.sglang_path:
+            bits.append(f"sglang={Path(self.sglang_path).name}")
         return " ".join(bits)

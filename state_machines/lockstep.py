@@ -154,6 +154,8 @@ class Lockstep:
     in_group: bool = False
     has_free_segment: bool = True
     has_alloc_decode: bool = False
+    # Rules the target cannot run here, with the reason (Target.rule_gate).
+    disabled_rules: dict[str, str] = field(factory=dict)
 
     @classmethod
     def build(cls, config: Config | None = None, **overrides) -> Lockstep:
@@ -182,9 +184,10 @@ class Lockstep:
             ),
             row_holder=[None] * config.rows,
             has_free_segment=callable(getattr(allocator, "free_segment", None)),
-            has_alloc_decode=callable(getattr(allocator, "alloc_decode", None)),
+            disabled_rules=target.rule_gate(allocator) if target.rule_gate else {},
         )
-        initial = state._call("get_all_free_pages", census_of, allocator)
+        state.has_alloc_decode = callable(getattr(allocator, "alloc_decode", None)) and "decode" not in state.disabled_rules
+        initial = state._call("get_all_free_pages", census_of, state.pool())
         state.model = OwnershipModel.from_census(sorted(set(initial)), defers_frees=target.defers_frees)
         state.check()
         return state
@@ -192,6 +195,10 @@ class Lockstep:
     @property
     def page_size(self) -> int:
         return self.config.page_size
+
+    def pool(self):
+        """The allocator whose census the model starts from (SWA: the full pool)."""
+        return self.allocator
 
     # -- what a rule may act on --
 

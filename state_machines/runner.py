@@ -104,8 +104,8 @@ def replay(trace: Trace, config: Config | None = None) -> InvariantViolation | N
     Returns the violation it hits, or ``None`` when every step and the
     teardown check out.
     """
-    state = Lockstep.build(config or trace.config)
     try:
+        state = Lockstep.build(config or trace.config)
         run_steps(state, trace.steps)
         state.teardown()
     except InvariantViolation as exc:

@@ -43,8 +43,7 @@ CLASSES = {
 }
 
 
-class TargetError(Exception):
-    """A target cannot be used; the message is one user-facing line."""
+from state_machines.targets import Target, TargetError
 
 
 @dataclasses.dataclass
@@ -420,19 +419,35 @@ def describe_capabilities(allocator) -> dict:
     }
 
 
-def free_census(allocator):
-    """Sorted list of free page ids, whichever census the release offers."""
-    import torch
+_GATES: dict[tuple, dict[str, str]] = {}
 
-    get = getattr(allocator, "get_all_free_pages", None)
-    if callable(get):
-        pages = get()
-    else:
-        parts = [getattr(allocator, f, None) for f in ("free_pages", "release_pages")]
-        parts += list(getattr(allocator, "staged_pages", None) or [])
-        parts = [p for p in parts if p is not None and len(p)]
-        pages = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
-    return sorted(int(x) for x in pages) if pages is not None else []
+
+def rule_gate(allocator) -> dict[str, str]:
+    """Rules this allocator cannot run here, each with the reason: a method
+    that raises on a throwaway copy (a device kernel, a missing kernel
+    package, or a base class's NotImplementedError) disables its rule.
+    Probed once per class and pool shape."""
+    key = (type(allocator), allocator.page_size, allocator.need_sort)
+    if key not in _GATES:
+        cant = _probe_cpu_methods(allocator)
+        _GATES[key] = {"decode": f"alloc_decode: {cant['alloc_decode']}"} if "alloc_decode" in cant else {}
+    return _GATES[key]
+
+
+def resolve(kind: str, sglang_path: str | None) -> Target:
+    """``sglang:KIND`` as a target: the class of the sglang that
+    ``sglang_path`` (or ``import sglang``) finds."""
+    make = factory(kind)
+    load_sglang(sglang_path)
+    _cls(kind)  # an unavailable kind fails here, with its reason
+    return Target(
+        spec=f"sglang:{kind}",
+        factory=make,
+        # The token allocator, and SWA's alloc(), work at page size 1 only.
+        page_sizes=(1,) if kind in ("token", "swa") else None,
+        family="swa" if kind == "swa" else "free_group",
+        rule_gate=rule_gate,
+    )
 
 
 __all__ = [
@@ -445,5 +460,6 @@ __all__ = [
     "make_swa",
     "make_npu",
     "describe_capabilities",
-    "free_census",
+    "resolve",
+    "rule_gate",
 ]

@@ -30,6 +30,9 @@ class SWALockstep(Lockstep):
     # While set, check() waits: a base step is half done on the SWA side.
     holding: bool = False
 
+    def pool(self):
+        return self.allocator.full_attn_allocator
+
     @classmethod
     def build(cls, config=None, **overrides) -> SWALockstep:
         state = super().build(config, **overrides)

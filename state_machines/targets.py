@@ -33,6 +33,9 @@ class Target:
     notes: str = ""
     # Which harness drives it: "free_group" (one pool) or "swa" (full + SWA pools).
     family: str = "free_group"
+    # allocator -> {rule: reason} for rules it cannot run here (e.g. a method
+    # that needs a device kernel); those rules are disabled, not failed.
+    rule_gate: Callable[[Any], dict[str, str]] | None = None
 
 
 def builtin_names() -> list[str]:

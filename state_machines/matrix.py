@@ -1,0 +1,129 @@
+"""The gate across sglang releases: one row per release and target.
+
+``python -m state_machines.matrix 0.5.17 0.5.18 0.5.23`` runs each release
+in a fresh process (one process can import only one sglang), fuzzes every
+sglang target of it, and prints the table.  ``--json FILE`` keeps the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from state_machines.config import Config
+from state_machines.targets import TargetError
+
+# (kind, page size) per row, in table order.
+KINDS = (("token", 1), ("paged", 4), ("swa", 1), ("npu", 4))
+SGLANG_ROOT = Path(".sglang")
+COLUMNS = ("release", "target", "result", "examples", "s to first failure", "shrunk length", "failing invariant")
+
+
+def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str | None, kinds=None) -> list[dict]:
+    """Fuzz every kind of one release (or those in ``kinds``), in this process."""
+    from state_machines.runner import fuzz
+    from state_machines.trace import write
+
+    rows = []
+    for kind, page_size in KINDS:
+        if kinds and kind not in kinds:
+            continue
+        row = {"release": Path(release_dir).name, "target": f"sglang:{kind} page_size={page_size}"}
+        config = Config(target=f"sglang:{kind}", page_size=page_size, sglang_path=release_dir)
+        started = time.monotonic()
+        try:
+            outcome = fuzz(config, max_examples=max_examples, seed=seed, database=None, derandomize=False)
+        except TargetError as exc:
+            rows.append({**row, "result": f"unavailable: {exc}"})
+            continue
+        rec = outcome.record
+        row.update(examples=rec.examples, seconds=round(time.monotonic() - started, 1))
+        if outcome.ok:
+            row["result"] = "pass"
+        else:
+            row.update(
+                result="FAIL",
+                first_failure_s=round(rec.first_failure_s, 2),
+                failures=[
+                    {
+                        "invariant": t.invariant,
+                        "length": len(t.steps),
+                        "rules": [s.rule for s in t.steps],
+                        "trace": str(write(t, trace_dir)) if trace_dir else None,
+                    }
+                    for t in outcome.failures
+                ],
+            )
+        rows.append(row)
+    return rows
+
+
+def _cell(row: dict, column: str) -> str:
+    failures = row.get("failures", [])
+    if column == "release":
+        return row["release"]
+    if column == "target":
+        return row["target"]
+    if column == "result":
+        return row["result"] if len(row["result"]) < 70 else row["result"][:67] + "..."
+    if column == "examples":
+        return str(row.get("examples", "-"))
+    if column == "s to first failure":
+        return str(row.get("first_failure_s", "-"))
+    if column == "shrunk length":
+        return ", ".join(str(f["length"]) for f in failures) or "-"
+    return ", ".join(f["invariant"] for f in failures) or "-"
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_cell(r, c) for c in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m state_machines.matrix", description=__doc__.splitlines()[0])
+    parser.add_argument("releases", nargs="+", help="release versions under .sglang/, or folders holding sglang")
+    parser.add_argument("--max-examples", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trace-dir", default=".kv-lockstep/traces/matrix")
+    parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--kinds", help="comma-separated subset of " + ",".join(k for k, _ in KINDS))
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.one:  # the child: one release, rows as JSON on the last line
+        kinds = args.kinds.split(",") if args.kinds else None
+        print(json.dumps(run_release(args.releases[0], args.max_examples, args.seed, args.trace_dir, kinds)))
+        return 0
+
+    rows = []
+    for release in args.releases:
+        folder = Path(release) if Path(release, "sglang").is_dir() else SGLANG_ROOT / release
+        if not (folder / "sglang").is_dir():
+            rows.append({"release": release, "target": "all", "result": f"not installed: run `make sglang V={release}`"})
+            continue
+        print(f"matrix: {release} ...", file=sys.stderr, flush=True)
+        child = subprocess.run(
+            [sys.executable, "-m", "state_machines.matrix", "--one", str(folder),
+             "--max-examples", str(args.max_examples), "--seed", str(args.seed), "--trace-dir", args.trace_dir,
+             *(["--kinds", args.kinds] if args.kinds else [])],
+            capture_output=True, text=True,
+        )
+        try:
+            rows += json.loads(child.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            reason = (child.stderr.strip().splitlines() or ["no output"])[-1]
+            rows.append({"release": release, "target": "all", "result": f"error: {reason}"})
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

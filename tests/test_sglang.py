@@ -1,0 +1,97 @@
+"""The gate on real sglang releases finds the two historical bugs.
+
+Each release runs in a fresh process (one process imports one sglang).  The
+releases come from `make sglang V=...`; without them these tests skip.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.sglang
+
+REPO = Path(__file__).resolve().parent.parent
+# The free_group bugs live in free(); these rules free a view of a row.
+FREES_A_VIEW = {"free", "free_segment", "finish", "rematch"}
+# These overwrite a row a queued view may point into.
+OVERWRITES_A_ROW = {"overwrite_row", "rematch", "alloc"}
+
+
+def release_dir(version: str) -> Path:
+    folder = REPO / ".sglang" / version
+    if not (folder / "sglang").is_dir():
+        pytest.skip(f"sglang {version} not installed: run `make sglang V={version}`")
+    import torch
+
+    if not torch.__version__.startswith("2.14.1"):
+        pytest.skip(f"sglang's import set needs torch 2.14.1, this venv has {torch.__version__}: run `make sglang V={version}`")
+    return folder
+
+
+def gate(version: str, trace_dir: Path, kinds: str = "token,paged") -> dict[str, dict]:
+    """The matrix rows of one release, by target kind."""
+    run = subprocess.run(
+        [sys.executable, "-m", "state_machines.matrix", "--one", str(release_dir(version)),
+         "--kinds", kinds, "--max-examples", "200", "--seed", "0", "--trace-dir", str(trace_dir)],
+        cwd=REPO, capture_output=True, text=True, timeout=1200,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(run.stdout.strip().splitlines()[-1])
+    return {row["target"].split()[0].split(":")[1]: row for row in rows}
+
+
+def is_aliasing_story(rules: list[str]) -> bool:
+    """begin, then a free of a row view, then an overwrite of a row, then end."""
+    if "begin" not in rules or rules[-1] != "end":
+        return False
+    inside = rules[rules.index("begin") + 1 : -1]
+    if "end" in inside:
+        return False
+    frees = [i for i, r in enumerate(inside) if r in FREES_A_VIEW]
+    return any(r in OVERWRITES_A_ROW for r in inside[frees[0] + 1 :]) if frees else False
+
+
+def test_0_5_17_fails_on_aliasing_and_its_trace_passes_on_0_5_23(tmp_path):
+    """0.5.17 frees an overwritten row view at end; the fixed release replays that trace clean."""
+    rows = gate("0.5.17", tmp_path)
+    for kind in ("token", "paged"):
+        row = rows[kind]
+        assert row["result"] == "FAIL", row
+        aliasing = [f for f in row["failures"] if is_aliasing_story(f["rules"])]
+        assert aliasing, f"sglang:{kind} on 0.5.17: no aliasing trace among {row['failures']}"
+    fixed = release_dir("0.5.23")
+    trace = aliasing[0]["trace"]
+    replay = subprocess.run(
+        [sys.executable, "-m", "state_machines.cli", "replay", trace, "--sglang-path", str(fixed)],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert "trace passes" in replay.stdout
+    buggy = subprocess.run(
+        [sys.executable, "-m", "state_machines.cli", "replay", trace],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    assert buggy.returncode == 1, buggy.stdout + buggy.stderr
+
+
+def test_0_5_18_fails_on_a_repeated_end(tmp_path):
+    """0.5.18 clones what it queues but frees again on a second free_group_end()."""
+    rows = gate("0.5.18", tmp_path)
+    for kind in ("token", "paged"):
+        row = rows[kind]
+        assert row["result"] == "FAIL", row
+        assert [f["invariant"] for f in row["failures"]] == ["no_page_freed_twice"], row
+        assert row["failures"][0]["rules"][-2:] == ["end", "end"]
+
+
+def test_0_5_23_runs_its_whole_budget_clean(tmp_path):
+    """The fixed release raises no alarm on any target it has."""
+    rows = gate("0.5.23", tmp_path, kinds="token,paged,swa,npu")
+    for kind, row in rows.items():
+        assert row["result"] == "pass", row
+        assert row["examples"] >= 200

@@ -7,8 +7,9 @@ PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check
 FUZZ_TARGET ?= builtin:token
 FUZZ_ARGS ?= --max-examples 1000
 TEST_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: install fuzz test clean
+.PHONY: install fuzz test bench clean
 
 # `make install` always (re)installs; the other targets run it only when
 # .venv is missing, so a torch upgraded by `make sglang` is left alone.
@@ -25,6 +26,11 @@ fuzz: $(PY)
 
 test: $(PY)
 	$(PY) -m pytest -n auto -p no:cacheprovider --hypothesis-profile=ci $(TEST_ARGS)
+
+# Not a test: measures time to failure, shrinking, throughput and scaling,
+# and writes bench/results.json and bench/RESULTS.md (about 10 minutes on 2 cores).
+bench: $(PY)
+	$(PY) -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .kv-lockstep .hypothesis *.egg-info

@@ -33,11 +33,13 @@ class RunRecord:
     rule_counts: dict[str, int] = field(factory=dict)
     first_failure_s: float | None = None
     examples_to_failure: int | None = None
+    steps_to_failure: int | None = None
 
     def saw_failure(self) -> None:
         if self.first_failure_s is None:
             self.first_failure_s = time.monotonic() - self.started
             self.examples_to_failure = self.examples
+            self.steps_to_failure = self.steps
 
 
 def _pick(items, index):

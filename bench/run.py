@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 CI_BUDGET = 200
 # Both fuzzers stop here; past it a seed counts as not found.
 CAP_EXAMPLES = 1000
-SHRINK_SEEDS = 3
+SHRINK_SEEDS = 2
 THROUGHPUT_EXAMPLES = 100
 THROUGHPUT_REPEATS = 3
 COSTS_EXAMPLES = 100

@@ -16,7 +16,9 @@ HYPOFUZZ_ARGS ?=
 # Releases `make sglang-matrix` gates; each installs with `make sglang V=...`.
 SGLANG_RELEASES ?= 0.5.17 0.5.18 0.5.23
 
-.PHONY: install fuzz test hypofuzz sglang-matrix clean
+BENCH_ARGS ?=
+
+.PHONY: install fuzz test hypofuzz sglang-matrix bench clean
 
 # `make install` always (re)installs; the other targets run it only when
 # .venv is missing, so a torch upgraded by `make sglang` is left alone.
@@ -48,6 +50,11 @@ sglang-matrix: $(PY)
 	for v in $(SGLANG_RELEASES); do $(MAKE) --no-print-directory sglang V=$$v || exit 1; done
 	@mkdir -p .kv-lockstep
 	$(PY) -m state_machines.matrix $(SGLANG_RELEASES) --json .kv-lockstep/matrix.json
+
+# Not a test: measures time to failure, shrinking, throughput and scaling,
+# and writes bench/results.json and bench/RESULTS.md (about 10 minutes on 2 cores).
+bench: $(PY)
+	$(PY) -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .kv-lockstep .hypothesis *.egg-info

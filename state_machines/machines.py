@@ -34,6 +34,7 @@ class RunRecord:
     rule_counts: dict[str, int] = field(factory=dict)
     first_failure_s: float | None = None
     examples_to_failure: int | None = None
+    steps_to_failure: int | None = None
     # An observer with before/after/failed(machine, ...) hooks around each
     # step, e.g. ``coverage.Coverage``; None costs nothing.
     probe: Any = None
@@ -42,6 +43,7 @@ class RunRecord:
         if self.first_failure_s is None:
             self.first_failure_s = time.monotonic() - self.started
             self.examples_to_failure = self.examples
+            self.steps_to_failure = self.steps
 
 
 def _pick(items, index):

@@ -1,0 +1,121 @@
+"""The baseline: a plain random-sequence fuzzer over the same rules.
+
+It drives the very machine the harness runs (``machine_for``), so rules,
+preconditions, argument normalization and invariants are the harness's own;
+only the choosing differs.  ``random.Random(seed)`` picks a rule uniformly
+among those whose preconditions hold and each argument uniformly in the
+range its strategy names.  No Hypothesis engine, no shrinking: the style of
+a ``parametrize("seed", range(10))`` test.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from contextlib import nullcontext
+
+from attrs import frozen
+
+from state_machines.config import Config
+from state_machines.lockstep import InvariantViolation, Lockstep
+from state_machines.machines import RunRecord, machine_for
+from state_machines.runner import STEPS_PER_EXAMPLE
+from state_machines.trace import Trace
+
+_INTEGERS = re.compile(r"^integers\(min_value=(-?\d+), max_value=(-?\d+)\)$")
+
+
+class BaselineError(Exception):
+    """The machine has a rule argument the baseline cannot draw."""
+
+
+@frozen
+class RandomRule:
+    """One rule of the machine, as the baseline draws it."""
+
+    name: str
+    function: object
+    # argument -> inclusive (low, high); booleans are (False, True)
+    ranges: dict
+    preconditions: tuple
+
+    def applies(self, machine) -> bool:
+        return all(p(machine) for p in self.preconditions)
+
+    def draw(self, rng: random.Random) -> dict:
+        return {arg: type(low)(rng.randint(low, high)) for arg, (low, high) in self.ranges.items()}
+
+
+def random_rules(machine) -> list[RandomRule]:
+    """The machine's rules, with the range of each argument read off its
+    strategy (``integers(min_value=.., max_value=..)`` or ``booleans()``)."""
+    out = []
+    for rule in sorted(machine.rules, key=lambda r: r.function.__name__):
+        ranges = {}
+        for arg, strategy in sorted(rule.arguments.items()):
+            if repr(strategy) == "booleans()":
+                ranges[arg] = (False, True)
+                continue
+            match = _INTEGERS.match(repr(strategy))
+            if not match:
+                raise BaselineError(
+                    f"rule {rule.function.__name__} argument {arg} draws {strategy!r}; the baseline draws "
+                    "only st.integers(a, b) and st.booleans(): teach bench/baseline.py that strategy"
+                )
+            ranges[arg] = (int(match[1]), int(match[2]))
+        out.append(RandomRule(rule.function.__name__, rule.function, ranges, tuple(rule.preconditions)))
+    return out
+
+
+@frozen
+class BaselineOutcome:
+    """What one random run found: the first failure, unshrunk, or none."""
+
+    config: Config
+    failure: Trace | None
+    record: RunRecord
+    elapsed_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+def random_fuzz(
+    config: Config,
+    *,
+    seed: int,
+    max_examples: int,
+    steps_per_example: int = STEPS_PER_EXAMPLE,
+    state_class: type[Lockstep] | None = None,
+    around_step=None,
+) -> BaselineOutcome:
+    """Run ``max_examples`` random examples of ``steps_per_example`` steps
+    each, stopping at the first failure.
+
+    ``state_class`` swaps in a ``Lockstep`` subclass (the bench's timers);
+    ``around_step(name)`` is a context manager each rule runs inside.
+    """
+    Lockstep.build(config)
+    rng = random.Random(seed)
+    record = RunRecord()
+    machine_class = machine_for(config, record)
+    rules = None
+    started = time.monotonic()
+    failure = None
+    try:
+        for _ in range(max_examples):
+            machine = machine_class()
+            if state_class is not None:
+                machine.state = state_class.build(config)
+            rules = rules or random_rules(machine)
+            for _ in range(steps_per_example):
+                chosen = rng.choice([r for r in rules if r.applies(machine)])
+                args = chosen.draw(rng)
+                with around_step(chosen.name) if around_step else nullcontext():
+                    chosen.function(machine, **args)
+            machine.teardown()
+    except InvariantViolation as exc:
+        failure = Trace.from_violation(exc)
+    return BaselineOutcome(config, failure, record, time.monotonic() - started)

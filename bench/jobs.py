@@ -1,0 +1,119 @@
+"""One measurement each: run in a worker process, return plain values."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+from hypothesis import Phase, settings
+
+from bench import costs
+from bench.baseline import random_fuzz
+from state_machines.config import Config
+from state_machines.runner import fuzz
+
+# Timing runs stop at the first failure: no shrinking, no example database.
+settings.register_profile(
+    "bench-timing", database=None, deadline=None, derandomize=False, phases=(Phase.explicit, Phase.generate)
+)
+# Shrinking runs: what `kv-lockstep fuzz` does, without the database, and
+# shrinking only the first distinct failure (the bench compares one length).
+settings.register_profile("bench-shrink", database=None, deadline=None, derandomize=False, report_multiple_bugs=False)
+# Clean runs: nothing fails, so nothing shrinks.
+settings.register_profile("bench-clean", database=None, deadline=None, derandomize=False)
+
+
+def init_worker() -> None:
+    """One torch thread per process (the bench runs a process per core), and
+    a warm-up, so the first timed run pays no import or first-call costs."""
+    import torch
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    random_fuzz(Config(), seed=0, max_examples=3)
+
+
+def run(job: dict) -> dict:
+    kind = job["kind"]
+    config = Config.from_dict(job["config"])
+    started = time.monotonic()
+    result = _RUNNERS[kind](config, job)
+    return {**job, **result, "job_s": time.monotonic() - started}
+
+
+def _harness(config: Config, job: dict) -> dict:
+    """Hypothesis up to the first failure, shrinking off."""
+    settings.load_profile("bench-timing")
+    outcome = fuzz(config, max_examples=job["max_examples"], seed=job["seed"])
+    r = outcome.record
+    return {
+        "found": not outcome.ok,
+        "seconds": r.first_failure_s,
+        "examples": r.examples_to_failure,
+        "steps": r.steps_to_failure,
+        "invariant": outcome.failures[0].invariant if outcome.failures else None,
+        "length": len(outcome.failures[0].steps) if outcome.failures else None,
+        "examples_run": r.examples,
+    }
+
+
+def _baseline(config: Config, job: dict) -> dict:
+    outcome = random_fuzz(config, seed=job["seed"], max_examples=job["max_examples"])
+    r = outcome.record
+    return {
+        "found": not outcome.ok,
+        "seconds": r.first_failure_s,
+        "examples": r.examples_to_failure,
+        "steps": r.steps_to_failure,
+        "invariant": outcome.failure.invariant if outcome.failure else None,
+        "length": len(outcome.failure.steps) if outcome.failure else None,
+        "examples_run": r.examples,
+    }
+
+
+def _shrink(config: Config, job: dict) -> dict:
+    """Hypothesis with shrinking, as `kv-lockstep fuzz` runs it."""
+    settings.load_profile("bench-shrink")
+    outcome = fuzz(config, max_examples=job["max_examples"], seed=job["seed"])
+    r = outcome.record
+    return {
+        "found": not outcome.ok,
+        "seconds": r.first_failure_s,
+        "elapsed_s": outcome.elapsed_s,
+        "shrink_s": outcome.elapsed_s - r.first_failure_s if r.first_failure_s is not None else None,
+        "failures": [{"invariant": t.invariant, "length": len(t.steps), "program": t.program()} for t in outcome.failures],
+    }
+
+
+def _throughput(config: Config, job: dict) -> dict:
+    """Steps per second of a clean run, under Hypothesis and under the baseline."""
+    settings.load_profile("bench-clean")
+    harness, baseline = [], []
+    for seed in range(job["repeats"]):
+        outcome = fuzz(config, max_examples=job["max_examples"], seed=seed)
+        harness.append(outcome.record.steps / outcome.elapsed_s)
+        plain = random_fuzz(config, seed=seed, max_examples=job["max_examples"])
+        baseline.append(plain.record.steps / plain.elapsed_s)
+        if not (outcome.ok and plain.ok):
+            return {"error": f"clean target failed: {(outcome.failures or (plain.failure,))[0].invariant}"}
+    return {"harness_steps_per_s": statistics.median(harness), "baseline_steps_per_s": statistics.median(baseline)}
+
+
+def _costs(config: Config, job: dict) -> dict:
+    """Where a step's time goes, under the baseline driver with timers."""
+    timer = costs.reset()
+    with costs.timed_checks():
+        outcome = random_fuzz(
+            config, seed=0, max_examples=job["max_examples"], state_class=costs.TimedLockstep, around_step=timer.step
+        )
+    if not outcome.ok:
+        return {"error": f"clean target failed: {outcome.failure.invariant}: {outcome.failure.detail}"}
+    us = {what: 1e6 * s / timer.steps for what, s in sorted(timer.seconds.items())}
+    step_us = 1e6 * timer.step_s / timer.steps
+    # Census and allocator calls are inside the step; checks are too.
+    us["model and harness (the rest)"] = step_us - sum(us.values())
+    return {"steps": timer.steps, "step_us": step_us, "us_per_step": us}
+
+
+_RUNNERS = {"harness": _harness, "baseline": _baseline, "shrink": _shrink, "throughput": _throughput, "costs": _costs}

@@ -1,0 +1,131 @@
+"""The shortest trace known to trigger each bug, written by hand once.
+
+Each is a program of ``Lockstep`` steps the machine's own rules can produce
+(an alloc takes at most ``MAX_PAGES`` pages), with the invariant it breaks
+and why nothing shorter can.  The bench sets Hypothesis's shrunk length
+beside it; ``tests/test_known_shortest.py`` replays each one.
+"""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+from state_machines.config import Config
+from state_machines.lockstep import Step
+from state_machines.trace import Trace
+
+
+def bug_name(config: Config) -> str:
+    """A configuration's name in the bench: its label, and the sglang
+    checkout it loads, if any (two sglang releases share a label)."""
+    return config.label() + (f" @ {config.sglang_path}" if config.sglang_path else "")
+
+
+def _s(rule: str, returns: str | None = None, **args) -> Step:
+    return Step(rule, args, returns)
+
+
+# The aliasing story: a view of row 0 is queued, the row changes, the group ends.
+_ALIAS_TOKEN = (_s("begin"), _s("alloc", "req_0", n=1), _s("finish", req="req_0"), _s("overwrite_row", row=0), _s("end"))
+_ALIAS_PAGED = (_s("begin"), _s("alloc", "req_0", n=4), _s("finish", req="req_0"), _s("overwrite_row", row=0), _s("end"))
+# The flag-drift story: a group queues a free, and end() runs twice.
+_DRIFT_TOKEN = (_s("begin"), _s("alloc", "req_0", n=1), _s("finish", req="req_0"), _s("end"), _s("end"))
+_DRIFT_PAGED = (_s("begin"), _s("alloc", "req_0", n=4), _s("finish", req="req_0"), _s("end"), _s("end"))
+
+_WHY_ALIAS = (
+    "a group must be opened, a slot allocated, freed as a view, the row changed, the group ended: "
+    "five distinct actions, none of which can double as another"
+)
+_WHY_DRIFT = "begin, an alloc, a free queued in the group, then end twice; the first end is correct"
+
+# The configuration a hand-written trace fails on, and where it must pass.
+_TOKEN = Config(target="builtin:token")
+_PAGED = Config(target="builtin:paged", page_size=4)
+
+
+@frozen
+class KnownShortest:
+    """A hand-written shortest failing trace for one bug."""
+
+    config: Config
+    steps: tuple[Step, ...]
+    # The invariant its last step breaks.
+    invariant: str
+    # Why no shorter trace can trigger the bug.
+    why: str
+    # Targets without the bug, where the same steps must pass.
+    fixed: tuple[Config, ...]
+
+    @property
+    def name(self) -> str:
+        return bug_name(self.config)
+
+    def trace(self) -> Trace:
+        return Trace(self.config, self.steps, self.invariant)
+
+
+def _mutant(base: Config, mutant: str, steps, invariant: str, why: str, **needs) -> KnownShortest:
+    config = Config(target=base.target, mutant=mutant, page_size=base.page_size, **needs)
+    return KnownShortest(config, tuple(steps), invariant, why, (Config(target=base.target, page_size=base.page_size, **needs),))
+
+
+def _sglang(version: str, steps, invariant: str, why: str) -> KnownShortest:
+    return KnownShortest(
+        Config(target="sglang:token", sglang_path=f".sglang/{version}"),
+        tuple(steps),
+        invariant,
+        why,
+        # Fixed: the built-in token allocator, and sglang 0.5.23 where installed.
+        (_TOKEN, Config(target="sglang:token", sglang_path=".sglang/0.5.23")),
+    )
+
+
+KNOWN: tuple[KnownShortest, ...] = (
+    _mutant(_TOKEN, "alias", _ALIAS_TOKEN, "free_sets_agree", _WHY_ALIAS),
+    _mutant(_TOKEN, "flag-drift", _DRIFT_TOKEN, "no_page_freed_twice", _WHY_DRIFT),
+    _mutant(
+        _TOKEN,
+        "alloc-off-by-one",
+        [_s("alloc", "req_0", n=1)],
+        "free_sets_agree",
+        "the first alloc leaves its last slot in the free list",
+    ),
+    _mutant(
+        _TOKEN,
+        "merge-drops-release",
+        [_s("alloc", "req_0", n=4), _s("alloc", "req_1", n=4), _s("finish", req="req_0"), _s("alloc", "req_2", n=3)],
+        "alloc_none_iff_short",
+        "the merge runs only when free_pages runs short: with 10 slots and at most 4 a call, "
+        "two allocs must come first, then a free to fill release_pages, then the short alloc",
+        need_sort=True,
+    ),
+    _mutant(_PAGED, "alias", _ALIAS_PAGED, "free_sets_agree", _WHY_ALIAS),
+    _mutant(
+        _PAGED,
+        "reps-alias",
+        [_s("begin"), _s("alloc", "req_0", n=4), _s("free_segment", req="req_0", start=0, n=4), _s("overwrite_row", row=0), _s("end")],
+        "free_sets_agree",
+        _WHY_ALIAS.replace("freed as a view", "freed by free_segment as a view"),
+    ),
+    _mutant(_PAGED, "flag-drift", _DRIFT_PAGED, "no_page_freed_twice", _WHY_DRIFT),
+    _mutant(
+        _PAGED,
+        "segment-drops-tail",
+        [_s("alloc", "req_0", n=4), _s("free_segment", req="req_0", start=0, n=3)],
+        "free_sets_agree",
+        "an alloc, then a segment ending mid-page",
+    ),
+    _mutant(
+        _PAGED,
+        "free-no-dedup",
+        [_s("alloc", "req_0", n=4), _s("finish", req="req_0")],
+        "no_page_freed_twice",
+        "an alloc of one page, then a free of its slots",
+    ),
+    # sglang 0.5.17 has both bugs (a flag beside the queue, and a queue of
+    # views); flag drift shows in as few steps as aliasing.
+    _sglang("0.5.17", _DRIFT_TOKEN, "no_page_freed_twice", _WHY_DRIFT),
+    _sglang("0.5.18", _DRIFT_TOKEN, "no_page_freed_twice", _WHY_DRIFT),
+)
+
+BY_NAME = {k.name: k for k in KNOWN}

@@ -1,0 +1,235 @@
+"""`python -m bench`: measure, summarize, write results.json and RESULTS.md."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import multiprocessing
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from bench import report, targets
+from bench.known_shortest import BY_NAME, bug_name
+from state_machines.config import Config
+
+HERE = Path(__file__).resolve().parent
+# The `ci` profile's budget: a bug found within it is caught by `make test`.
+CI_BUDGET = 200
+# Both fuzzers stop here; past it a seed counts as not found.
+CAP_EXAMPLES = 1000
+SHRINK_SEEDS = 2
+THROUGHPUT_EXAMPLES = 100
+THROUGHPUT_REPEATS = 3
+COSTS_EXAMPLES = 100
+# Pool sizes in slots, and examples at each (fewer where a step costs more).
+SCALING = {64: 60, 1024: 30, 16384: 10}
+
+
+def machine() -> dict:
+    """Which machine and which date the figures come from."""
+    import hypothesis
+    import torch
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        cpu = platform.processor() or "unknown"
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "hypothesis": hypothesis.__version__,
+        # Other work on the machine slows every figure alike; ratios survive it better than times.
+        "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+
+
+def plan(bugs, clean, seeds: int) -> list[dict]:
+    jobs = []
+    for config in bugs:
+        c = config.to_dict()
+        # Shrinking runs are the longest: queue them first so both cores stay busy.
+        jobs += [{"kind": "shrink", "config": c, "seed": s, "max_examples": CAP_EXAMPLES} for s in range(SHRINK_SEEDS)]
+    for config in clean:
+        c = config.to_dict()
+        jobs.append({"kind": "throughput", "config": c, "max_examples": THROUGHPUT_EXAMPLES, "repeats": THROUGHPUT_REPEATS})
+        jobs.append({"kind": "costs", "config": c, "max_examples": COSTS_EXAMPLES, "size": None})
+        for size, examples in SCALING.items():
+            jobs.append({"kind": "costs", "config": {**c, "size": size}, "max_examples": examples, "size": size})
+    for config in bugs:
+        c = config.to_dict()
+        for s in range(seeds):
+            jobs.append({"kind": "harness", "config": c, "seed": s, "max_examples": CAP_EXAMPLES})
+            jobs.append({"kind": "baseline", "config": c, "seed": s, "max_examples": CAP_EXAMPLES})
+    return jobs
+
+
+def spread(values: list[float | None]) -> dict:
+    """Median, min and max over every seed; a seed that found nothing counts
+    as beyond the cap (``None`` in the output)."""
+    xs = sorted(math.inf if v is None else v for v in values)
+    fin = lambda v: None if math.isinf(v) else v  # noqa: E731
+    return {"median": fin(statistics.median(xs)), "min": fin(xs[0]), "max": fin(xs[-1])}
+
+
+def summarize_fuzzer(runs: list[dict]) -> dict:
+    return {
+        "seeds": len(runs),
+        "found_share": sum(r["found"] for r in runs) / len(runs),
+        "found_within_ci_share": sum(r["found"] and r["examples"] <= CI_BUDGET for r in runs) / len(runs),
+        "seconds": spread([r["seconds"] if r["found"] else None for r in runs]),
+        "examples": spread([r["examples"] if r["found"] else None for r in runs]),
+        "steps": spread([r["steps"] if r["found"] else None for r in runs]),
+        "unshrunk_length": spread([r["length"] for r in runs]),
+        "invariants": sorted({r["invariant"] for r in runs if r["invariant"]}),
+        "runs": [{k: r[k] for k in ("seed", "found", "seconds", "examples", "steps", "invariant", "length")} for r in runs],
+    }
+
+
+def summarize_shrink(runs: list[dict], known) -> dict:
+    lengths, shrink_s, chosen = [], [], []
+    for r in runs:
+        if not r["failures"]:
+            lengths.append(None)
+            continue
+        # Compare like with like: the failure on the known trace's invariant, if Hypothesis found it.
+        same = [f for f in r["failures"] if known and f["invariant"] == known.invariant]
+        best = min(same or r["failures"], key=lambda f: f["length"])
+        lengths.append(best["length"])
+        chosen.append(best)
+        shrink_s.append(r["shrink_s"])
+    return {
+        "seeds": len(runs),
+        "length": spread(lengths),
+        "shrink_s": spread(shrink_s) if shrink_s else None,
+        "invariants": sorted({f["invariant"] for r in runs for f in r["failures"]}),
+        "shortest_program": min(chosen, key=lambda f: f["length"])["program"] if chosen else None,
+    }
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def geomean(xs) -> float | None:
+    xs = [x for x in xs if x]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+def collect(bugs, clean, results: list[dict]) -> tuple[list[dict], list[dict]]:
+    by = {}
+    for r in results:
+        by.setdefault((r["kind"], json.dumps(r["config"], sort_keys=True)), []).append(r)
+    key = lambda kind, c: (kind, json.dumps(c.to_dict(), sort_keys=True))  # noqa: E731
+    bug_rows = []
+    for config in bugs:
+        name = bug_name(config)
+        known = BY_NAME.get(name)
+        harness = summarize_fuzzer(sorted(by[key("harness", config)], key=lambda r: r["seed"]))
+        baseline = summarize_fuzzer(sorted(by[key("baseline", config)], key=lambda r: r["seed"]))
+        bug_rows.append(
+            {
+                "name": name,
+                "config": config.to_dict(),
+                "harness": harness,
+                "baseline": baseline,
+                "ratio_seconds": ratio(harness["seconds"]["median"], baseline["seconds"]["median"]),
+                "ratio_steps": ratio(harness["steps"]["median"], baseline["steps"]["median"]),
+                "shrink": summarize_shrink(by[key("shrink", config)], known),
+                "known_shortest": None
+                if known is None
+                else {"length": len(known.steps), "invariant": known.invariant, "program": known.trace().program(), "why": known.why},
+            }
+        )
+    clean_rows = []
+    for config in clean:
+        throughput = by[key("throughput", config)][0]
+        costs = by[key("costs", config)][0]
+        scaling = {}
+        for size in SCALING:
+            scaling[size] = by[("costs", json.dumps({**config.to_dict(), "size": size}, sort_keys=True))][0]
+        clean_rows.append(
+            {
+                "name": bug_name(config),
+                "config": config.to_dict(),
+                "throughput": {k: v for k, v in throughput.items() if k.endswith("per_s") or k == "error"},
+                "costs": {k: costs.get(k) for k in ("steps", "step_us", "us_per_step", "error")},
+                "scaling": {str(s): {k: r.get(k) for k in ("steps", "step_us", "us_per_step", "error")} for s, r in scaling.items()},
+            }
+        )
+    return bug_rows, clean_rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--seeds", type=int, default=20, help="seeds per bug for time to failure (default 20, at least 10 for the report)")
+    parser.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default: 2, or 1 on one core)")
+    parser.add_argument("--out", default=str(HERE), help="where results.json and RESULTS.md go (default bench/)")
+    parser.add_argument("--verbose", action="store_true", help="print each run as it ends")
+    args = parser.parse_args(argv)
+    if args.seeds < 1 or args.processes < 1:
+        parser.error("--seeds and --processes take a positive number")
+
+    started = time.monotonic()
+    bugs, skipped_bugs = targets.bugs()
+    clean, skipped_clean = targets.clean()
+    for config, reason in skipped_bugs + skipped_clean:
+        print(f"skip {bug_name(config)}: {reason}", file=sys.stderr)
+    jobs = plan(bugs, clean, args.seeds)
+    print(f"bench: {len(bugs)} bugs, {len(clean)} clean targets, {len(jobs)} runs on {args.processes} processes", file=sys.stderr)
+
+    from bench import jobs as job_module
+
+    results = []
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(args.processes, initializer=job_module.init_worker) as pool:
+        for i, result in enumerate(pool.imap_unordered(job_module.run, jobs), 1):
+            results.append(result)
+            if args.verbose:
+                print(f"  {result['kind']} {bug_name(Config.from_dict(result['config']))} {result['job_s']:.1f} s", file=sys.stderr)
+            if i % 50 == 0 or i == len(jobs):
+                print(f"  {i}/{len(jobs)} runs, {time.monotonic() - started:.0f} s", file=sys.stderr)
+
+    bug_rows, clean_rows = collect(bugs, clean, results)
+    data = {
+        "machine": machine(),
+        "settings": {
+            "seeds": args.seeds,
+            "processes": args.processes,
+            "ci_budget_examples": CI_BUDGET,
+            "cap_examples": CAP_EXAMPLES,
+            "shrink_seeds": SHRINK_SEEDS,
+            "throughput_examples": THROUGHPUT_EXAMPLES,
+            "costs_examples": COSTS_EXAMPLES,
+            "scaling_examples": SCALING,
+        },
+        "headline": {
+            "geomean_ratio_seconds": geomean(r["ratio_seconds"] for r in bug_rows),
+            "geomean_ratio_steps": geomean(r["ratio_steps"] for r in bug_rows),
+        },
+        "skipped": [{"name": bug_name(c), "reason": why} for c, why in skipped_bugs + skipped_clean],
+        "bugs": bug_rows,
+        "clean": clean_rows,
+        "wall_s": time.monotonic() - started,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
+    (out / "RESULTS.md").write_text(report.markdown(data))
+    print(f"bench: wrote {out / 'results.json'} and {out / 'RESULTS.md'} in {data['wall_s']:.0f} s", file=sys.stderr)
+    return 0

@@ -1,0 +1,57 @@
+"""What the bench runs: every bug and every clean target it can build here.
+
+Built-in mutants and clean targets come from the suite's catalogue
+(``tests/catalogue.py``), so a new allocator family or mutant is benched as
+soon as the suite knows it.  sglang releases join where ``.sglang/VERSION``
+is installed; one that cannot be built is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from state_machines.config import Config
+from state_machines.lockstep import Lockstep
+from tests.catalogue import clean_configs, mutant_configs
+
+# sglang releases with a free-group bug (0.5.17: flag drift and aliasing;
+# 0.5.18: flag drift), and one without.
+SGLANG_BUGGY = ("0.5.17", "0.5.18")
+SGLANG_FIXED = ("0.5.23",)
+
+
+def sglang_config(version: str) -> Config:
+    return Config(target="sglang:token", sglang_path=f".sglang/{version}")
+
+
+def unavailable(config: Config) -> str | None:
+    """Why ``config`` cannot run here, or ``None`` when it builds."""
+    if config.sglang_path and not Path(config.sglang_path).is_dir():
+        version = Path(config.sglang_path).name
+        return f"{config.sglang_path} is not installed (make sglang V={version})"
+    try:
+        Lockstep.build(config)
+    except Exception as exc:  # any failure to build is a reason to skip, and is reported
+        return f"cannot build: {type(exc).__name__}: {exc}"
+    return None
+
+
+def _split(configs) -> tuple[list[Config], list[tuple[Config, str]]]:
+    ready, skipped = [], []
+    for config in configs:
+        reason = unavailable(config)
+        if reason is None:
+            ready.append(config)
+        else:
+            skipped.append((config, reason))
+    return ready, skipped
+
+
+def bugs() -> tuple[list[Config], list[tuple[Config, str]]]:
+    """Every built-in mutant and buggy sglang release; and those skipped, with why."""
+    return _split([*mutant_configs(), *(sglang_config(v) for v in SGLANG_BUGGY)])
+
+
+def clean() -> tuple[list[Config], list[tuple[Config, str]]]:
+    """Every clean built-in target and fixed sglang release; and those skipped."""
+    return _split([*clean_configs(), *(sglang_config(v) for v in SGLANG_FIXED)])

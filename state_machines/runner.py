@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import time
 
+import attrs
+
 from attrs import frozen
-from hypothesis import HealthCheck, seed as hypothesis_seed, settings
+from hypothesis import HealthCheck, Phase, seed as hypothesis_seed, settings
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
 from state_machines.config import Config
 from state_machines.lockstep import InvariantViolation, Lockstep
 from state_machines.machines import RunRecord, machine_for
-from state_machines.trace import Trace, run_steps
+from state_machines.trace import Trace, TraceError, run_steps
 
 # Steps in one example; long enough for begin .. free .. overwrite .. end.
 STEPS_PER_EXAMPLE = 20
@@ -37,10 +39,14 @@ class Outcome:
 _INHERIT = object()
 
 
-def fuzz_settings(max_examples: int | None = None, database=_INHERIT, derandomize: bool | None = None) -> settings:
+def fuzz_settings(
+    max_examples: int | None = None, database=_INHERIT, derandomize: bool | None = None, shrink: bool = True
+) -> settings:
     """The active Hypothesis profile, with what a lockstep run always needs
     and whatever the caller names; ``None`` keeps the profile's value."""
     chosen = {"max_examples": max_examples, "derandomize": derandomize}
+    if not shrink:
+        chosen["phases"] = [p for p in settings.default.phases if p not in (Phase.shrink, Phase.explain)]
     if database is not _INHERIT:
         chosen["database"] = database
     return settings(
@@ -73,6 +79,7 @@ def fuzz(
     database=_INHERIT,
     derandomize: bool | None = None,
     record: RunRecord | None = None,
+    shrink: bool = True,
 ) -> Outcome:
     """Run ``config`` under Hypothesis until ``max_examples`` or a failure.
 
@@ -89,12 +96,14 @@ def fuzz(
     failures: tuple[Trace, ...] = ()
     try:
         with with_reporter(log.append):
-            run_state_machine_as_test(machine, settings=fuzz_settings(max_examples, database, derandomize))
+            run_state_machine_as_test(machine, settings=fuzz_settings(max_examples, database, derandomize, shrink))
     except Exception as exc:
         found = violations_in(exc)
         if not found:
             raise
-        failures = tuple(Trace.from_violation(v) for v in found)
+        failures = tuple(minimize(Trace.from_violation(v)) for v in found) if shrink else tuple(
+            Trace.from_violation(v) for v in found
+        )
     return Outcome(config, failures, record, time.monotonic() - started, tuple(log))
 
 
@@ -111,3 +120,35 @@ def replay(trace: Trace, config: Config | None = None) -> InvariantViolation | N
     except InvariantViolation as exc:
         return exc
     return None
+
+
+def minimize(trace: Trace) -> Trace:
+    """Delete steps Hypothesis's shrinker left behind, while the trace still
+    fails on the same invariant.
+
+    The shrinker works on the integers the rules draw; deleting a ``begin``
+    there can disable the step after it, so a pair that does nothing can
+    survive.  Here steps are deleted directly (two, then one at a time) and
+    each candidate is replayed; the result is re-recorded, so its names run
+    ``req_0``, ``req_1``, ... again.
+    """
+    best = trace
+    changed = True
+    while changed:
+        changed = False
+        for width in (2, 1):
+            i = 0
+            while i + width <= len(best.steps):
+                candidate = attrs.evolve(best, steps=best.steps[:i] + best.steps[i + width :])
+                try:
+                    again = replay(candidate)
+                except TraceError:  # a later step names what this deleted
+                    again = None
+                # Strictly shorter: a replay's teardown may close the group with
+                # an `end` of its own, which would give back the step deleted.
+                if again is not None and again.invariant == best.invariant and len(again.steps) < len(best.steps):
+                    best = Trace.from_violation(again)
+                    changed = True
+                else:
+                    i += 1
+    return best

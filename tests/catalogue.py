@@ -28,4 +28,5 @@ def mutant_configs():
                 mutant=mutant.name,
                 page_size=page_size,
                 need_sort=mutant.needs.get("need_sort", False),
+                size=mutant.needs.get("size"),
             )

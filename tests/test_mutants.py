@@ -10,10 +10,11 @@ from tests.catalogue import mutant_configs
 
 @pytest.mark.parametrize("config", list(mutant_configs()), ids=lambda c: f"{c.target}-{c.mutant}")
 def test_mutant_is_caught_and_its_trace_replays(config, tmp_path):
-    """The ci budget finds the mutant; the shrunk trace fails again on
-    replay (read back from disk), at its last step, on the same invariant,
-    and passes on the target without the mutant."""
-    outcome = fuzz(config)
+    """The ci budget finds the mutant; its trace fails again on replay (read
+    back from disk), at its last step, on the same invariant, and passes on
+    the target without the mutant.  (Unshrunk, to keep the suite quick;
+    test_shrinking_yields_a_short_trace covers shrinking.)"""
+    outcome = fuzz(config, shrink=False)
     assert not outcome.ok, f"{config.label()} was not caught"
     for trace in outcome.failures:
         path = tmp_path / "trace.json"
@@ -25,3 +26,24 @@ def test_mutant_is_caught_and_its_trace_replays(config, tmp_path):
         assert (again.invariant, again.detail) == (trace.invariant, trace.detail)
         assert len(again.steps) == len(trace.steps)
         assert replay(loaded, attrs.evolve(config, mutant=None)) is None
+
+
+# One mutant per bug class: aliasing of free()'s queue, of free_segment's,
+# a repeated end, and a leak; with the longest trace each may shrink to.
+SHRINK_CASES = {
+    ("builtin:token", "alias"): 6,
+    ("builtin:paged", "reps-alias"): 10,
+    ("builtin:token", "flag-drift"): 8,
+    ("builtin:paged", "segment-drops-tail"): 6,
+}
+
+
+@pytest.mark.parametrize("config", [c for c in mutant_configs() if (c.target, c.mutant) in SHRINK_CASES],
+                         ids=lambda c: f"{c.target}-{c.mutant}")
+def test_shrinking_yields_a_short_trace(config):
+    """Shrinking cuts a failure to a few steps, ending at the failing one, and it still fails."""
+    outcome = fuzz(config)
+    assert not outcome.ok
+    shortest = min(outcome.failures, key=lambda t: len(t.steps))
+    assert len(shortest.steps) <= SHRINK_CASES[(config.target, config.mutant)], shortest.program()
+    assert replay(shortest) is not None

@@ -182,19 +182,20 @@ class AliasSWASideSWAAllocator(SWAAllocator):
 
     def free_swa(self, free_index: torch.Tensor) -> None:
         if free_index.numel() and self.free_group is not None:
-            self.free_group.append(self._expand(free_index))
+            # The view itself: expanding to whole pages here would copy it.
+            self.free_group.append(free_index)
             return
         super().free_swa(free_index)
 
     def free_swa_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
         if free_index.numel() and self.free_group is not None:
             # A strided view of the row, like free_segment's representatives.
-            self.free_group.append(free_index if self.page_size == 1 else self._expand(free_index[:: self.page_size]))
+            self.free_group.append(free_index[:: self.page_size])
             return
         super().free_swa_segment(free_index, start_pos=start_pos)
 
     def _resolve_queued(self, pending: list[torch.Tensor]) -> torch.Tensor:
-        return self._take_mapping(torch.cat(pending))
+        return self._take_mapping(self._expand(torch.cat(pending)))
 
 
 class KeepsMappingSWAAllocator(SWAAllocator):

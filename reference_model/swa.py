@@ -27,6 +27,9 @@ class SWASide:
     # which is free or queued, maps to nothing.
     mapping: dict[int, int] = field(factory=dict)
     group: list[_Queued] | None = None
+    # Full page -> the SWA page its queued release will free.  Until the group
+    # ends an allocator may still read that mapping (sglang <= 0.5.18 do).
+    pending_map: dict[int, int] = field(factory=dict)
     allocated: int = 0
     evicted: int = 0
     freed: int = 0
@@ -77,17 +80,19 @@ class SWASide:
             self.free.discard(swa_page)
         self.allocated += len(swa_pages)
 
-    def release(self, full_pages, source: str) -> list[int]:
-        """The SWA peers of ``full_pages`` that are still live go (or queue);
-        ``source`` is "free" for a request's release, "evict" for a window
-        slide or a cache eviction."""
-        pages = [self.mapping.pop(p) for p in full_pages if p in self.mapping]
+    def release(self, full_pages, source: str, *, defer: bool = True) -> list[int]:
+        """The SWA peers of ``full_pages`` that are still live go (or queue,
+        when a group is open and ``defer``); ``source`` is "free" for a
+        request's release, "evict" for a window slide or a cache eviction."""
+        pairs = [(p, self.mapping.pop(p)) for p in full_pages if p in self.mapping]
+        pages = [swa for _, swa in pairs]
         if not pages:
             return pages
-        if self.group is None:
+        if self.group is None or not defer:
             self._to_free(pages, source)
         else:
             self.group.append(_Queued(tuple(pages), source))
+            self.pending_map.update(pairs)
         return pages
 
     def begin(self) -> None:
@@ -96,6 +101,7 @@ class SWASide:
 
     def end(self) -> None:
         pending, self.group = self.group, None
+        self.pending_map.clear()
         for queued in pending or ():
             self._to_free(queued.pages, queued.source)
 

@@ -74,6 +74,12 @@ def _indent(text: str, by: str = "    ") -> str:
     return "\n".join(by + line for line in text.splitlines())
 
 
+def _report_disabled(state, config) -> None:
+    """One line per rule the target cannot run here, so a skipped rule is never silent."""
+    for rule, reason in sorted(state.disabled_rules.items()):
+        print(f"rule {rule} disabled for {config.target}: {reason}")
+
+
 def cmd_fuzz(args) -> int:
     from state_machines.lockstep import Lockstep
     from state_machines.runner import fuzz
@@ -94,12 +100,12 @@ def cmd_fuzz(args) -> int:
         from state_machines import longrun
 
         duration_s = longrun.parse_duration(args.duration)
-        Lockstep.build(config)  # bad input fails here, before any output
+        _report_disabled(Lockstep.build(config), config)  # bad input fails here, before any output
         return longrun.run(
             config, duration_s=duration_s, jobs=args.jobs or longrun.default_jobs(),
             db_spec=args.db, seed=args.seed, trace_dir=args.trace_dir, stats_json=args.stats_json,
         )
-    Lockstep.build(config)  # bad input fails here, before any output
+    _report_disabled(Lockstep.build(config), config)  # bad input fails here, before any output
     database = None
     if args.db:
         from state_machines.longrun import open_database

@@ -20,11 +20,12 @@ from state_machines.targets import TargetError
 # (kind, page size) per row, in table order.
 KINDS = (("token", 1), ("paged", 4), ("swa", 1), ("npu", 4))
 SGLANG_ROOT = Path(".sglang")
-COLUMNS = ("release", "target", "result", "examples", "s to first failure", "shrunk length", "failing invariant")
+COLUMNS = ("release", "target", "result", "examples", "s to first failure", "shrunk length", "failing invariant", "rules disabled")
 
 
 def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str | None, kinds=None) -> list[dict]:
     """Fuzz every kind of one release (or those in ``kinds``), in this process."""
+    from state_machines.lockstep import Lockstep
     from state_machines.runner import fuzz
     from state_machines.trace import write
 
@@ -36,6 +37,7 @@ def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str |
         config = Config(target=f"sglang:{kind}", page_size=page_size, sglang_path=release_dir)
         started = time.monotonic()
         try:
+            row["disabled"] = _disabled(Lockstep, config)
             outcome = fuzz(config, max_examples=max_examples, seed=seed, database=None, derandomize=False)
         except TargetError as exc:
             rows.append({**row, "result": f"unavailable: {exc}"})
@@ -62,6 +64,17 @@ def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str |
     return rows
 
 
+def _disabled(lockstep, config) -> dict[str, str]:
+    """Rules the target cannot run here, with reasons; a fresh pool that
+    already fails its checks is left for the run to report."""
+    from state_machines.lockstep import InvariantViolation
+
+    try:
+        return lockstep.build(config).disabled_rules
+    except InvariantViolation:
+        return {}
+
+
 def _cell(row: dict, column: str) -> str:
     failures = row.get("failures", [])
     if column == "release":
@@ -76,6 +89,8 @@ def _cell(row: dict, column: str) -> str:
         return str(row.get("first_failure_s", "-"))
     if column == "shrunk length":
         return ", ".join(str(f["length"]) for f in failures) or "-"
+    if column == "rules disabled":
+        return "; ".join(f"{rule} ({reason[:60]})" for rule, reason in row.get("disabled", {}).items()) or "-"
     return ", ".join(f["invariant"] for f in failures) or "-"
 
 

@@ -384,8 +384,21 @@ def _probe_cpu_methods(allocator) -> dict[str, str]:
         except NotImplementedError:
             out[name] = "not provided"
         except Exception as exc:  # noqa: BLE001
-            out[name] = _one_line(exc)
+            out[name] = _one_line(exc) + _raised_at(exc)
     return out
+
+
+def _raised_at(exc: BaseException) -> str:
+    """Where a bare exception (an ``assert`` with no message) came from."""
+    if str(exc).strip():
+        return ""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" at {Path(last.filename).name}:{last.lineno} ({(last.line or '').strip()[:60]})"
 
 
 def describe_capabilities(allocator) -> dict:

@@ -8,12 +8,17 @@ already slid, ``free`` for the rest (slid pages are always the oldest).
 
 The target must offer sglang's SWA names: ``full_attn_allocator`` and
 ``swa_attn_allocator`` (each with a census), ``full_to_swa_index_mapping``,
-``free_swa`` / ``free_full`` and, where it has ``free_segment``,
-``free_swa_segment`` / ``free_full_segment``.  An adapter for sglang's own
-SWA classes (``sglang:swa``) plugs in by giving its factory ``family = "swa"``.
+``free_swa`` and ``free``; ``free_full``, ``free_segment``,
+``free_swa_segment`` and ``free_full_segment`` are used where it has them
+(older sglang has only ``free`` and ``free_swa``: its ``free()`` skips slots
+whose window slid, so it stands in for ``free_full``).  An adapter for
+sglang's own SWA classes (``sglang:swa``) plugs in by giving its factory
+``family = "swa"``.
 """
 
 from __future__ import annotations
+
+import copy
 
 import attrs
 import torch
@@ -29,6 +34,9 @@ class SWALockstep(Lockstep):
     swa: SWASide | None = None
     # While set, check() waits: a base step is half done on the SWA side.
     holding: bool = False
+    # Whether free_swa() inside an open group queues the SWA release (see
+    # free_swa_defers); a free() queues it either way.
+    swa_defers: bool = True
 
     def pool(self):
         return self.allocator.full_attn_allocator
@@ -38,6 +46,7 @@ class SWALockstep(Lockstep):
         state = super().build(config, **overrides)
         initial = state._call("swa census", census_of, state.allocator.swa_attn_allocator)
         state.swa = SWASide.from_census(state.model, sorted(set(initial)))
+        state.swa_defers = free_swa_defers(state.allocator)
         state.check()
         return state
 
@@ -67,7 +76,9 @@ class SWALockstep(Lockstep):
 
     def _mapping_problem(self, swa_free: set[int]) -> str | None:
         """Every live full page with a live window maps, slot by slot, to its
-        SWA page, which is not free; every other full page maps to nothing."""
+        SWA page, which is not free; a page whose release (or whose SWA
+        peer's) is queued in the open group maps to that queued SWA page or
+        to nothing; every other full page maps to nothing."""
         ps = self.page_size
         mapping = _ids(self.allocator.full_to_swa_index_mapping)
         for page in sorted(self.model.owner):
@@ -79,6 +90,15 @@ class SWALockstep(Lockstep):
                     return f"full page {page} ({self.model.owner[page]}) maps to SWA slots {got} / its SWA page {swa_page}: {want}"
                 if swa_page in swa_free:
                     return f"full page {page} ({self.model.owner[page]}) maps to SWA page {swa_page}, free in the SWA pool / a held SWA page"
+            elif page in self.swa.pending_map and any(got):
+                # The allocator may clear the mapping at free time or at
+                # free_group_end(); until then only the queued peer will do.
+                swa_page = self.swa.pending_map[page]
+                want = [swa_page * ps + k for k in range(ps)]
+                if got != want:
+                    return f"full page {page} ({self.model.owner[page]}) maps to SWA slots {got} / nothing or its queued SWA page {swa_page}: {want}"
+                if swa_page in swa_free:
+                    return f"full page {page} ({self.model.owner[page]}) maps to SWA page {swa_page}, free in the SWA pool / nothing, or its still-queued SWA page"
             elif any(got):
                 why = "its window slid" if self.model.owner[page].kind != "free" else "it is free"
                 return f"full page {page} ({self.model.owner[page]}) maps to SWA slots {got} / nothing: {why}"
@@ -185,7 +205,8 @@ class SWALockstep(Lockstep):
         pages = self.model.cache[entry.eid].pages
         dead = self._slid(pages) * self.page_size
         if dead:
-            self._call(f"free_full({entry!r} slots[:{dead}])", self.allocator.free_full, slots[:dead])
+            name, fn = self._free_full_fn()
+            self._call(f"{name}({entry!r} slots[:{dead}])", fn, slots[:dead])
         if dead < len(slots):
             self._call(f"free({entry!r} slots[{dead}:])", self.allocator.free, slots[dead:])
         self.swa.release(pages, "evict")
@@ -203,12 +224,12 @@ class SWALockstep(Lockstep):
         row = request.row
         start, end = first * ps, (first + pages) * ps
         view = self.rows[row, start:end]
-        if segment:
+        if segment and callable(getattr(self.allocator, "free_swa_segment", None)):
             self._call(f"free_swa_segment(req_to_token[{row}, {start}:{end}], start_pos={start})",
                        lambda: self.allocator.free_swa_segment(view, start_pos=start))
         else:
             self._call(f"free_swa(req_to_token[{row}, {start}:{end}])", self.allocator.free_swa, view)
-        self.swa.release(request.pages[first : first + pages], "evict")
+        self.swa.release(request.pages[first : first + pages], "evict", defer=self.swa_defers)
         self.check()
 
     def evict_swa(self, entry: EntryRef) -> None:
@@ -219,7 +240,7 @@ class SWALockstep(Lockstep):
         dead = self._slid(pages) * self.page_size
         slots = self.entry_slots[entry.eid][dead:]
         self._call(f"free_swa({entry!r} slots[{dead}:])", self.allocator.free_swa, slots)
-        self.swa.release(pages, "evict")
+        self.swa.release(pages, "evict", defer=self.swa_defers)
         self.check()
 
     # -- what the SWA rules may act on --
@@ -250,18 +271,52 @@ class SWALockstep(Lockstep):
         if end <= start:
             return
         cut = min(start + self._slid(pages) * self.page_size, end)
-        a = self.allocator
-        for lo, hi, whole, part in ((start, cut, "free_full", a.free_full), (cut, end, "free", a.free)):
+        for lo, hi, full in ((start, cut, True), (cut, end, False)):
             if hi <= lo:
                 continue
             view = self.rows[row, lo:hi]
-            if segment and self.has_free_segment:
-                name = whole.replace("free", "free_segment") if whole == "free" else "free_full_segment"
-                fn = getattr(a, name)
+            name, fn = self._free_full_fn(segment) if full else self._free_fn(segment)
+            if name.endswith("_segment"):
                 self._call(f"{name}(req_to_token[{row}, {lo}:{hi}], start_pos={lo})",
                            lambda fn=fn, view=view, lo=lo: fn(view, start_pos=lo))
             else:
-                self._call(f"{whole}(req_to_token[{row}, {lo}:{hi}])", part, view)
+                self._call(f"{name}(req_to_token[{row}, {lo}:{hi}])", fn, view)
+
+    def _method(self, *names: str):
+        """The first of ``names`` the allocator has: (name, bound method)."""
+        for name in names:
+            fn = getattr(self.allocator, name, None)
+            if callable(fn):
+                return name, fn
+        raise AttributeError(f"{type(self.allocator).__name__} has none of {', '.join(names)}")
+
+    def _free_fn(self, segment: bool = False):
+        return self._method(*(["free_segment"] if segment and self.has_free_segment else []), "free")
+
+    def _free_full_fn(self, segment: bool = False):
+        """``free_full`` (or its segment form); where the allocator has none,
+        ``free``, whose SWA half skips slots that map to nothing."""
+        names = ["free_full_segment", "free_full"] if segment else ["free_full"]
+        return self._method(*names, *(["free_segment"] if segment and self.has_free_segment else []), "free")
+
+
+def free_swa_defers(allocator) -> bool:
+    """Whether ``free_swa()`` inside an open free group queues the SWA
+    release (True) or releases the slots at once (False), probed on a
+    throwaway copy.  Both keep ownership sound: an immediate release frees
+    exactly the slid slots and clears their mapping.  A probe that cannot
+    run reads as queuing, the stricter model."""
+    try:
+        probe = copy.deepcopy(allocator)
+        slots = probe.alloc(probe.page_size)
+        if slots is None:
+            return True
+        before = int(probe.swa_attn_allocator.available_size())
+        probe.free_group_begin()
+        probe.free_swa(slots.clone())
+        return int(probe.swa_attn_allocator.available_size()) == before
+    except Exception:  # noqa: BLE001 - the run itself reports what raises
+        return True
 
 
 FAMILIES = {"swa": SWALockstep}

@@ -60,13 +60,14 @@ class AliasNPUPagedAllocator(AliasMixin, NPUPagedAllocator):
     pass
 
 
-class DecodeUnclampedNPUPagedAllocator(NPUPagedAllocator):
-    """Mutant: alloc_decode reads one past the new pages when the last
-    requests of the batch need none (out of bounds when they were the last free ones)."""
+class DecodeOnePastNPUPagedAllocator(NPUPagedAllocator):
+    """Mutant: each request's new page is indexed with an inclusive count of
+    the requests needing one, so it reads one past its own page: that page
+    stays on the free list while handed out (or the read runs off the end)."""
 
     @staticmethod
     def _in_range(which: torch.Tensor, num_new: int) -> torch.Tensor:
-        return which
+        return which + 1
 
 
 class DecodeBoundaryNPUPagedAllocator(NPUPagedAllocator):
@@ -80,13 +81,7 @@ NPU_MUTANTS = {
     m.name: m
     for m in (
         Mutant("alias", AliasNPUPagedAllocator, "free()'s group queue keeps the caller's row view"),
-        Mutant(
-            "decode-unclamped",
-            DecodeUnclampedNPUPagedAllocator,
-            "alloc_decode indexes one past the new pages",
-            # It shows only when a decode takes the very last free pages.
-            needs={"page_size": 4, "size": 16},
-        ),
+        Mutant("decode-one-past", DecodeOnePastNPUPagedAllocator, "alloc_decode indexes one past each new page", needs={"page_size": 4}),
         Mutant("decode-boundary", DecodeBoundaryNPUPagedAllocator, "alloc_decode takes a page one token late", needs={"page_size": 4}),
     )
 }

@@ -46,28 +46,23 @@ def _harness(config: Config, job: dict) -> dict:
     """Hypothesis up to the first failure, shrinking off."""
     settings.load_profile("bench-timing")
     outcome = fuzz(config, max_examples=job["max_examples"], seed=job["seed"])
-    r = outcome.record
-    return {
-        "found": not outcome.ok,
-        "seconds": r.first_failure_s,
-        "examples": r.examples_to_failure,
-        "steps": r.steps_to_failure,
-        "invariant": outcome.failures[0].invariant if outcome.failures else None,
-        "length": len(outcome.failures[0].steps) if outcome.failures else None,
-        "examples_run": r.examples,
-    }
+    return _first_failure(outcome.record, outcome.failures[0] if outcome.failures else None)
 
 
 def _baseline(config: Config, job: dict) -> dict:
     outcome = random_fuzz(config, seed=job["seed"], max_examples=job["max_examples"])
-    r = outcome.record
+    return _first_failure(outcome.record, outcome.failure)
+
+
+def _first_failure(r, failure) -> dict:
+    """The figures both fuzzers report: where the first failure came, if any."""
     return {
-        "found": not outcome.ok,
+        "found": failure is not None,
         "seconds": r.first_failure_s,
         "examples": r.examples_to_failure,
         "steps": r.steps_to_failure,
-        "invariant": outcome.failure.invariant if outcome.failure else None,
-        "length": len(outcome.failure.steps) if outcome.failure else None,
+        "invariant": failure.invariant if failure else None,
+        "length": len(failure.steps) if failure else None,
         "examples_run": r.examples,
     }
 

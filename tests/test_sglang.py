@@ -79,14 +79,23 @@ def test_0_5_17_fails_on_aliasing_and_its_trace_passes_on_0_5_23(tmp_path):
     assert buggy.returncode == 1, buggy.stdout + buggy.stderr
 
 
+def is_repeated_end(rules: list[str]) -> bool:
+    """The trace fails at an end that follows an end with no begin between."""
+    if rules[-1] != "end" or "end" not in rules[:-1]:
+        return False
+    previous_end = len(rules) - 2 - rules[-2::-1].index("end")
+    return "begin" not in rules[previous_end:]
+
+
 def test_0_5_18_fails_on_a_repeated_end(tmp_path):
-    """0.5.18 clones what it queues but frees again on a second free_group_end()."""
+    """0.5.18 clones what it queues but frees again on a second free_group_end():
+    the same page twice, or a page a later request already holds."""
     rows = gate("0.5.18", tmp_path)
     for kind in ("token", "paged"):
         row = rows[kind]
         assert row["result"] == "FAIL", row
-        assert [f["invariant"] for f in row["failures"]] == ["no_page_freed_twice"], row
-        assert row["failures"][0]["rules"][-2:] == ["end", "end"]
+        assert all(is_repeated_end(f["rules"]) for f in row["failures"]), row["failures"]
+        assert not any(is_aliasing_story(f["rules"]) for f in row["failures"]), row["failures"]
 
 
 def test_0_5_23_runs_its_whole_budget_clean(tmp_path):

@@ -375,6 +375,11 @@ class Lockstep:
         if dup:
             self._free_segment(row, protected, dup * ps)
             self.rows[row, protected:dup_end] = self.entry_slots[entry.eid][: dup * ps]
+        return self._cache_rest(step, req, dup, entry, new_slots)
+
+    def _cache_rest(self, step: Step, req: ReqRef, dup: int, entry: EntryRef | None, new_slots) -> EntryRef | None:
+        """The model side of a rematch: the request's pages past ``dup``
+        become a cache entry holding ``new_slots``; then every check."""
         made = self.model.rematch(req.rid, dup, entry.eid if entry is not None else None)
         result = None
         if made is not None:

@@ -190,14 +190,7 @@ class SWALockstep(Lockstep):
             self._free_split(row, protected, dup_end, dup_pages, segment=True)
             self.swa.release(dup_pages, "free")
             self.rows[row, protected:dup_end] = self.entry_slots[entry.eid][: dup * ps]
-        made = self.model.rematch(req.rid, dup, entry.eid if entry is not None else None)
-        result = None
-        if made is not None:
-            self.entry_slots[made.eid] = new_slots
-            result = EntryRef(made.eid)
-            self._returns(step, result)
-        self.check()
-        return result
+        return self._cache_rest(step, req, dup, entry, new_slots)
 
     def evict(self, entry: EntryRef) -> None:
         self._record("evict", entry=entry)

@@ -13,15 +13,9 @@ class NPUPagedAllocator(PagedAllocator):
     ``alloc_decode``: a batch grows by one token per request, and a request
     takes a new page exactly when its new token starts one."""
 
-    def free(self, free_index: torch.Tensor) -> None:
-        if free_index.numel() == 0:
-            return
-        if self.free_group is not None:
-            self.free_group.append(self._own(free_index))
-            return
+    def _pages_of(self, slots: torch.Tensor) -> torch.Tensor:
         # A data-dependent unique is cheap on the host and costly on the device.
-        pages = torch.unique(free_index.cpu() // self.page_size)
-        self._release_pages(pages.to(self.free_pages.device))
+        return torch.unique(slots.cpu() // self.page_size).to(self.free_pages.device)
 
     def alloc_decode(
         self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor

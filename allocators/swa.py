@@ -226,27 +226,15 @@ class PureSWAAllocator(TokenAllocator):
     """Every layer windowed: one pool, the full-to-SWA mapping is the
     identity, and ``free_full`` has nothing to release."""
 
-    def free(self, free_index: torch.Tensor) -> None:
-        if free_index.numel() == 0:
-            return
-        if self.free_group is not None:
-            self.free_group.append(self._own(free_index))
-            return
-        self._release_pages(free_index[free_index > 0])
+    def _pages_of(self, slots: torch.Tensor) -> torch.Tensor:
+        # Slots that map to nothing read as the padding slot 0.
+        return slots[slots > 0]
 
     def free_swa(self, free_index: torch.Tensor) -> None:
         self.free(free_index)
 
     def free_full(self, free_index: torch.Tensor) -> None:
         return
-
-    def free_group_end(self) -> None:
-        pending, self.free_group = self._pending(), None
-        if pending:
-            self.free(torch.cat(pending))
-
-    def _pending(self):
-        return self.free_group
 
 
 class AliasPureSWAAllocator(AliasMixin, PureSWAAllocator):

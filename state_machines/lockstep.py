@@ -240,14 +240,10 @@ class Lockstep:
         want_pages = n // ps
         short = self._short(want_pages)
         out = self._call(f"alloc({n})", self.allocator.alloc, n)
-        if out is None:
-            if not short:
-                self._fail("alloc_none_iff_short", f"alloc({n}) returned None / model has {self.model.num_free} free pages, needs {want_pages}")
+        if self._none_iff_short(f"alloc({n})", out, short, want_pages):
             self.check()
             return None
         slots = _ids(out)
-        if short:
-            self._fail("alloc_none_iff_short", f"alloc({n}) returned {len(slots)} slots / model has only {self.model.num_free} free pages, needs {want_pages}")
         pages = self._pages_of_alloc(n, slots)
         if problem := no_slot_handed_out_twice(pages, self.model):
             self._fail("no_slot_handed_out_twice", problem)
@@ -284,19 +280,15 @@ class Lockstep:
         last = [int(self.rows[row, n - 1]) if n else -1 for row, n in zip(rows, lengths)]
         needs = [self.model.decode_needs_page(r.rid, ps) for r in batch]
         want = sum(needs)
-        short = self.model.num_free < want
+        short = self._short(want)
         seq_lens_cpu = torch.tensor([n + 1 for n in lengths], dtype=torch.int64)
         seq_lens = seq_lens_cpu.to(self.rows.device)
         last_loc = torch.tensor(last, dtype=torch.int64, device=self.rows.device)
         what = f"alloc_decode(seq_lens={seq_lens_cpu.tolist()}, last_loc={last})"
         out = self._call(what, self.allocator.alloc_decode, seq_lens, seq_lens_cpu, last_loc)
-        if out is None:
-            if not short:
-                self._fail("alloc_none_iff_short", f"{what} returned None / model has {self.model.num_free} free pages, needs {want}")
+        if self._none_iff_short(what, out, short, want):
             self.check()
             return
-        if short:
-            self._fail("alloc_none_iff_short", f"{what} returned slots / model has only {self.model.num_free} free pages, needs {want}")
         slots = _ids(out)
         if len(slots) != len(batch):
             self._fail("decode_one_slot_per_request", f"{what} returned {len(slots)} slots / {len(batch)} requests")
@@ -425,6 +417,15 @@ class Lockstep:
             self.end()
 
     # -- helpers --
+
+    def _none_iff_short(self, what: str, out, short: bool, want: int) -> bool:
+        """Whether the call returned None, which it must exactly when the
+        model is short of ``want`` pages; fails the run otherwise."""
+        if (out is None) != short:
+            got = "None" if out is None else f"{len(_ids(out))} slots"
+            only = "only " if short else ""
+            self._fail("alloc_none_iff_short", f"{what} returned {got} / model has {only}{self.model.num_free} free pages, needs {want}")
+        return out is None
 
     def _short(self, pages: int) -> bool:
         """Whether an alloc of ``pages`` pages must return None."""

@@ -84,24 +84,28 @@ class SWALockstep(Lockstep):
         for page in sorted(self.model.owner):
             got = mapping[page * ps : (page + 1) * ps]
             if page in self.swa.mapping:
-                swa_page = self.swa.mapping[page]
-                want = [swa_page * ps + k for k in range(ps)]
-                if got != want:
-                    return f"full page {page} ({self.model.owner[page]}) maps to SWA slots {got} / its SWA page {swa_page}: {want}"
-                if swa_page in swa_free:
-                    return f"full page {page} ({self.model.owner[page]}) maps to SWA page {swa_page}, free in the SWA pool / a held SWA page"
+                problem = self._maps_to(page, got, self.swa.mapping[page], swa_free, "")
             elif page in self.swa.pending_map and any(got):
                 # The allocator may clear the mapping at free time or at
                 # free_group_end(); until then only the queued peer will do.
-                swa_page = self.swa.pending_map[page]
-                want = [swa_page * ps + k for k in range(ps)]
-                if got != want:
-                    return f"full page {page} ({self.model.owner[page]}) maps to SWA slots {got} / nothing or its queued SWA page {swa_page}: {want}"
-                if swa_page in swa_free:
-                    return f"full page {page} ({self.model.owner[page]}) maps to SWA page {swa_page}, free in the SWA pool / nothing, or its still-queued SWA page"
+                problem = self._maps_to(page, got, self.swa.pending_map[page], swa_free, "nothing or ")
             elif any(got):
                 why = "its window slid" if self.model.owner[page].kind != "free" else "it is free"
-                return f"full page {page} ({self.model.owner[page]}) maps to SWA slots {got} / nothing: {why}"
+                problem = f"full page {page} ({self.model.owner[page]}) maps to SWA slots {got} / nothing: {why}"
+            else:
+                problem = None
+            if problem:
+                return problem
+        return None
+
+    def _maps_to(self, page: int, got: list[int], swa_page: int, swa_free: set[int], alternative: str) -> str | None:
+        """Full ``page`` maps slot by slot to ``swa_page``, which is not free."""
+        ps = self.page_size
+        want = [swa_page * ps + k for k in range(ps)]
+        if got != want:
+            return f"full page {page} ({self.model.owner[page]}) maps to SWA slots {got} / {alternative}its SWA page {swa_page}: {want}"
+        if swa_page in swa_free:
+            return f"full page {page} ({self.model.owner[page]}) maps to SWA page {swa_page}, free in the SWA pool / {alternative}its SWA page, held"
         return None
 
     def _held(self, fn, *args, **kwargs):

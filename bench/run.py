@@ -197,13 +197,20 @@ def main(argv: list[str] | None = None) -> int:
 
     results = []
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(args.processes, initializer=job_module.init_worker) as pool:
-        for i, result in enumerate(pool.imap_unordered(job_module.run, jobs), 1):
-            results.append(result)
-            if args.verbose:
-                print(f"  {result['kind']} {bug_name(Config.from_dict(result['config']))} {result['job_s']:.1f} s", file=sys.stderr)
-            if i % 50 == 0 or i == len(jobs):
-                print(f"  {i}/{len(jobs)} runs, {time.monotonic() - started:.0f} s", file=sys.stderr)
+    # A process can import one sglang release only, so each release's runs
+    # get worker processes of their own; the built-in runs share the rest.
+    by_release: dict[str | None, list[dict]] = {}
+    for job in jobs:
+        by_release.setdefault(job["config"].get("sglang_path"), []).append(job)
+    for group in by_release.values():
+        with ctx.Pool(args.processes, initializer=job_module.init_worker) as pool:
+            for result in pool.imap_unordered(job_module.run, group):
+                results.append(result)
+                i = len(results)
+                if args.verbose:
+                    print(f"  {result['kind']} {bug_name(Config.from_dict(result['config']))} {result['job_s']:.1f} s", file=sys.stderr)
+                if i % 50 == 0 or i == len(jobs):
+                    print(f"  {i}/{len(jobs)} runs, {time.monotonic() - started:.0f} s", file=sys.stderr)
 
     bug_rows, clean_rows = collect(bugs, clean, results)
     data = {

@@ -8,6 +8,9 @@ is installed; one that cannot be built is skipped with the reason.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 from state_machines.config import Config
@@ -29,11 +32,28 @@ def unavailable(config: Config) -> str | None:
     if config.sglang_path and not Path(config.sglang_path).is_dir():
         version = Path(config.sglang_path).name
         return f"{config.sglang_path} is not installed (make sglang V={version})"
+    if config.sglang_path:
+        # In a process of its own: this one must not import any sglang, since
+        # a process can hold only one release and the bench compares several.
+        probe = subprocess.run(
+            [sys.executable, "-c", _PROBE, json.dumps(config.to_dict())], capture_output=True, text=True
+        )
+        if probe.returncode:
+            return "cannot build: " + (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        return None
     try:
         Lockstep.build(config)
     except Exception as exc:  # any failure to build is a reason to skip, and is reported
         return f"cannot build: {type(exc).__name__}: {exc}"
     return None
+
+
+_PROBE = (
+    "import json, sys\n"
+    "from state_machines.config import Config\n"
+    "from state_machines.lockstep import Lockstep\n"
+    "Lockstep.build(Config.from_dict(json.loads(sys.argv[1])))\n"
+)
 
 
 def _split(configs) -> tuple[list[Config], list[tuple[Config, str]]]:

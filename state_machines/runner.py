@@ -28,8 +28,6 @@ class Outcome:
     failures: tuple[Trace, ...]
     record: RunRecord
     elapsed_s: float
-    # What Hypothesis reported, for --verbose.
-    hypothesis_log: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -91,11 +89,11 @@ def fuzz(
     machine = machine_for(config, record)
     if seed is not None:
         machine = hypothesis_seed(seed)(machine)
-    log: list[str] = []
     started = time.monotonic()
     failures: tuple[Trace, ...] = ()
     try:
-        with with_reporter(log.append):
+        # Hypothesis's own report is replaced by the trace's program form.
+        with with_reporter(lambda _: None):
             run_state_machine_as_test(machine, settings=fuzz_settings(max_examples, database, derandomize, shrink))
     except Exception as exc:
         found = violations_in(exc)
@@ -104,7 +102,7 @@ def fuzz(
         failures = tuple(minimize(Trace.from_violation(v)) for v in found) if shrink else tuple(
             Trace.from_violation(v) for v in found
         )
-    return Outcome(config, failures, record, time.monotonic() - started, tuple(log))
+    return Outcome(config, failures, record, time.monotonic() - started)
 
 
 def replay(trace: Trace, config: Config | None = None) -> InvariantViolation | None:

@@ -54,9 +54,6 @@ class SglangInfo:
     modules: dict[str, ModuleType]  # kind -> imported module
     unavailable: dict[str, str]  # kind -> one-line reason (optional kinds only)
 
-    def kinds(self) -> list[str]:
-        return sorted(self.modules)
-
 
 _loaded: SglangInfo | None = None
 

@@ -30,7 +30,6 @@ class Target:
     page_sizes: tuple[int, ...] | None = None
     # Whether free_group_begin() defers frees (HiSparse-style pools don't).
     defers_frees: bool = True
-    notes: str = ""
     # Which harness drives it: "free_group" (one pool) or "swa" (full + SWA pools).
     family: str = "free_group"
     # allocator -> {rule: reason} for rules it cannot run here (e.g. a method

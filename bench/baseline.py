@@ -88,13 +88,11 @@ def random_fuzz(
     seed: int,
     max_examples: int,
     steps_per_example: int = STEPS_PER_EXAMPLE,
-    state_class: type[Lockstep] | None = None,
     around_step=None,
 ) -> BaselineOutcome:
     """Run ``max_examples`` random examples of ``steps_per_example`` steps
     each, stopping at the first failure.
 
-    ``state_class`` swaps in a ``Lockstep`` subclass (the bench's timers);
     ``around_step(name)`` is a context manager each rule runs inside.
     """
     Lockstep.build(config)
@@ -107,8 +105,6 @@ def random_fuzz(
     try:
         for _ in range(max_examples):
             machine = machine_class()
-            if state_class is not None:
-                machine.state = state_class.build(config)
             rules = rules or random_rules(machine)
             for _ in range(steps_per_example):
                 chosen = rng.choice([r for r in rules if r.applies(machine)])

@@ -1,10 +1,10 @@
 """Where a step's time goes: the allocator, the census, each invariant, the rest.
 
-``TimedLockstep`` times every allocator call it makes; ``timed_checks``
-swaps each predicate the harness checks for a timed wrapper of the same
-name.  The baseline driver runs the machine with both and times each rule,
-so the rest of a step (model updates, row writes, argument normalization)
-is what is left over.
+``timed_checks`` swaps each predicate the harness checks, and the call
+through which it reaches the allocator, for timed wrappers.  The baseline
+driver runs the machine with them and times each rule, so the rest of a
+step (model updates, row writes, argument normalization) is what is left
+over.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 
-from state_machines import lockstep
+from state_machines import lockstep, swa
 from state_machines.lockstep import Lockstep, census_of
 
 ALLOCATOR = "allocator calls"
@@ -51,16 +51,20 @@ class Timer:
 TIMER = Timer()
 
 
-class TimedLockstep(Lockstep):
-    """``Lockstep`` that charges each allocator call to ``TIMER``."""
+def _timed_call(call):
+    """``Lockstep._call`` (inherited by every family's harness), charging
+    each allocator call to ``TIMER``."""
 
-    def _call(self, what, fn, *args):
+    @functools.wraps(call)
+    def wrapper(self, what, fn, *args):
         t0 = time.perf_counter()
         try:
-            return super()._call(what, fn, *args)
+            return call(self, what, fn, *args)
         finally:
             census = fn is census_of or getattr(fn, "__name__", "") == "available_size"
             TIMER.add(CENSUS if census else ALLOCATOR, time.perf_counter() - t0)
+
+    return wrapper
 
 
 def _timed(predicate):
@@ -78,14 +82,16 @@ def _timed(predicate):
 @contextmanager
 def timed_checks():
     """Every predicate the harness checks (``CHECKS`` after each step, and
-    the check after each alloc), timed while the block runs."""
-    saved = lockstep.CHECKS, lockstep.no_slot_handed_out_twice
-    lockstep.CHECKS = tuple(_timed(p) for p in saved[0])
+    the check after each alloc) and every allocator call, timed while the
+    block runs."""
+    saved = lockstep.CHECKS, lockstep.no_slot_handed_out_twice, swa.CHECKS, Lockstep._call
+    lockstep.CHECKS = swa.CHECKS = tuple(_timed(p) for p in saved[0])
     lockstep.no_slot_handed_out_twice = _timed(saved[1])
+    Lockstep._call = _timed_call(saved[3])
     try:
         yield
     finally:
-        lockstep.CHECKS, lockstep.no_slot_handed_out_twice = saved
+        lockstep.CHECKS, lockstep.no_slot_handed_out_twice, swa.CHECKS, Lockstep._call = saved
 
 
 def reset() -> Timer:

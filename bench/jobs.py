@@ -99,9 +99,7 @@ def _costs(config: Config, job: dict) -> dict:
     """Where a step's time goes, under the baseline driver with timers."""
     timer = costs.reset()
     with costs.timed_checks():
-        outcome = random_fuzz(
-            config, seed=0, max_examples=job["max_examples"], state_class=costs.TimedLockstep, around_step=timer.step
-        )
+        outcome = random_fuzz(config, seed=0, max_examples=job["max_examples"], around_step=timer.step)
     if not outcome.ok:
         return {"error": f"clean target failed: {outcome.failure.invariant}: {outcome.failure.detail}"}
     us = {what: 1e6 * s / timer.steps for what, s in sorted(timer.seconds.items())}

@@ -49,7 +49,7 @@ include mk/sglang.mk
 sglang-matrix: $(PY)
 	for v in $(SGLANG_RELEASES); do $(MAKE) --no-print-directory sglang V=$$v || exit 1; done
 	@mkdir -p .kv-lockstep
-	$(PY) -m state_machines.matrix $(SGLANG_RELEASES) --json .kv-lockstep/matrix.json
+	$(PY) -m state_machines.runs.matrix $(SGLANG_RELEASES) --json .kv-lockstep/matrix.json
 
 # Not a test: measures time to failure, shrinking, throughput and scaling,
 # and writes bench/results.json and bench/RESULTS.md (about 10 minutes on 2 cores).

@@ -18,10 +18,10 @@ from contextlib import nullcontext
 from attrs import frozen
 
 from state_machines.config import Config
-from state_machines.lockstep import InvariantViolation, Lockstep
-from state_machines.machines import RunRecord, machine_for
-from state_machines.runner import STEPS_PER_EXAMPLE
-from state_machines.trace import Trace
+from state_machines.harness.lockstep import InvariantViolation, Lockstep
+from state_machines.harness.machines import RunRecord, machine_for
+from state_machines.runs.runner import STEPS_PER_EXAMPLE
+from state_machines.runs.trace import Trace
 
 _INTEGERS = re.compile(r"^integers\(min_value=(-?\d+), max_value=(-?\d+)\)$")
 

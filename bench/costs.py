@@ -14,8 +14,8 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 
-from state_machines import lockstep, swa
-from state_machines.lockstep import Lockstep, census_of
+from state_machines.harness import lockstep, swa
+from state_machines.harness.lockstep import Lockstep, census_of
 
 ALLOCATOR = "allocator calls"
 CENSUS = "census (get_all_free_pages, available_size)"

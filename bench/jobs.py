@@ -11,7 +11,7 @@ from hypothesis import Phase, settings
 from bench import costs
 from bench.baseline import random_fuzz
 from state_machines.config import Config
-from state_machines.runner import fuzz
+from state_machines.runs.runner import fuzz
 
 # Timing runs stop at the first failure: no shrinking, no example database.
 settings.register_profile(

@@ -11,8 +11,8 @@ from __future__ import annotations
 from attrs import frozen
 
 from state_machines.config import Config
-from state_machines.lockstep import Step
-from state_machines.trace import Trace
+from state_machines.harness.lockstep import Step
+from state_machines.runs.trace import Trace
 
 
 def bug_name(config: Config) -> str:

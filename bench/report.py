@@ -36,7 +36,7 @@ def markdown(data: dict) -> str:
         "",
         "## Time to failure: harness against a plain random fuzzer",
         "",
-        f"Each bug, {st['seeds']} seeds per fuzzer. **Harness**: `state_machines.runner.fuzz` under Hypothesis with "
+        f"Each bug, {st['seeds']} seeds per fuzzer. **Harness**: `state_machines.runs.runner.fuzz` under Hypothesis with "
         "the shrink phase off (phases explicit + generate, no example database), so the time is to the *first* "
         "failing example; shrinking is measured separately below. **Baseline**: `bench/baseline.py`, "
         "`random.Random(seed)` choosing uniformly among the machine's applicable rules and each argument uniformly "

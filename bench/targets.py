@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from state_machines.config import Config
-from state_machines.lockstep import Lockstep
-from tests.catalogue import clean_configs, mutant_configs
+from state_machines.harness.lockstep import Lockstep
+from state_machines.targets.catalogue import clean_configs, mutant_configs
 
 # sglang releases with a free-group bug (0.5.17: flag drift and aliasing;
 # 0.5.18: flag drift), and one without.
@@ -51,7 +51,7 @@ def unavailable(config: Config) -> str | None:
 _PROBE = (
     "import json, sys\n"
     "from state_machines.config import Config\n"
-    "from state_machines.lockstep import Lockstep\n"
+    "from state_machines.harness.lockstep import Lockstep\n"
     "Lockstep.build(Config.from_dict(json.loads(sys.argv[1])))\n"
 )
 

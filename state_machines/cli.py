@@ -81,9 +81,9 @@ def _report_disabled(state, config) -> None:
 
 
 def cmd_fuzz(args) -> int:
-    from state_machines.lockstep import Lockstep
-    from state_machines.runner import fuzz
-    from state_machines.trace import write
+    from state_machines.harness.lockstep import Lockstep
+    from state_machines.runs.runner import fuzz
+    from state_machines.runs.trace import write
 
     config = Config(
         target=args.target,
@@ -97,7 +97,7 @@ def cmd_fuzz(args) -> int:
     if (args.jobs or args.stats_json) and not args.duration:
         raise UsageError("-j and --stats-json go with --duration (e.g. --duration 10m)")
     if args.duration:
-        from state_machines import longrun
+        from state_machines.runs import longrun
 
         duration_s = longrun.parse_duration(args.duration)
         _report_disabled(Lockstep.build(config), config)  # bad input fails here, before any output
@@ -108,7 +108,7 @@ def cmd_fuzz(args) -> int:
     _report_disabled(Lockstep.build(config), config)  # bad input fails here, before any output
     database = None
     if args.db:
-        from state_machines.longrun import open_database
+        from state_machines.runs.longrun import open_database
 
         database = open_database(args.db)
     print(f"kv-lockstep fuzz: {config.label()}, up to {args.max_examples} examples, seed {args.seed if args.seed is not None else 'random'}")
@@ -133,8 +133,8 @@ def cmd_fuzz(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from state_machines.runner import replay
-    from state_machines.trace import Trace
+    from state_machines.runs.runner import replay
+    from state_machines.runs.trace import Trace
 
     trace = Trace.load(args.trace)
     config = trace.config
@@ -146,7 +146,7 @@ def cmd_replay(args) -> int:
         config = attrs.evolve(config, sglang_path=args.sglang_path)
     print(f"kv-lockstep replay: {len(trace.steps)} steps of {args.trace} on {config.label()}")
     if args.emit_pytest:
-        from state_machines.emit import write_pytest
+        from state_machines.runs.emit import write_pytest
 
         print(f"pytest file: {write_pytest(trace, config, args.emit_pytest, source=args.trace)}")
     failure = replay(trace, config)
@@ -179,7 +179,7 @@ def cmd_targets(args) -> int:
 
 
 def _print_devices() -> None:
-    from state_machines import devices
+    from state_machines.targets import devices
 
     for status in devices.probe_all():
         print(f"  {status.name:<5} {'available' if status.available else 'unavailable':<12} {status.reason}")
@@ -191,8 +191,8 @@ def cmd_devices(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from state_machines.longrun import BadOption
-    from state_machines.trace import TraceError
+    from state_machines.runs.longrun import BadOption
+    from state_machines.runs.trace import TraceError
 
     try:
         args = _parser().parse_args(argv)

@@ -12,9 +12,9 @@ import os
 from hypothesis import settings
 
 from state_machines.config import Config
-from state_machines.machines import machine_for
-from state_machines.runner import fuzz_settings
-from tests.catalogue import clean_configs
+from state_machines.harness.machines import machine_for
+from state_machines.runs.runner import fuzz_settings
+from state_machines.targets.catalogue import clean_configs
 
 
 def _configs():
@@ -26,7 +26,7 @@ def _configs():
 
 
 if os.environ.get("KV_LOCKSTEP_DB"):
-    from state_machines.longrun import open_database
+    from state_machines.runs.longrun import open_database
 
     _database = open_database(os.environ["KV_LOCKSTEP_DB"])
 else:

@@ -4,8 +4,8 @@ import pytest
 
 from bench.baseline import random_fuzz, random_rules
 from state_machines.config import Config
-from state_machines.machines import machine_for
-from state_machines.trace import RULES
+from state_machines.harness.machines import machine_for
+from state_machines.runs.trace import RULES
 
 
 def test_baseline_draws_every_rule_of_the_machine():

@@ -2,8 +2,8 @@
 
 import pytest
 
-from state_machines.runner import fuzz
-from tests.catalogue import clean_configs
+from state_machines.runs.runner import fuzz
+from state_machines.targets.catalogue import clean_configs
 
 
 @pytest.mark.parametrize("config", list(clean_configs()), ids=lambda c: c.label())

@@ -2,9 +2,9 @@
 
 import pytest
 
-from state_machines import devices
-from state_machines.lockstep import Lockstep
-from state_machines.runner import fuzz
+from state_machines.targets import devices
+from state_machines.harness.lockstep import Lockstep
+from state_machines.runs.runner import fuzz
 from state_machines.config import Config
 from state_machines.targets import TargetError
 from tests.test_cli import kv_lockstep

@@ -10,7 +10,7 @@ import pytest
 
 from bench.known_shortest import KNOWN
 from bench.targets import unavailable
-from state_machines.runner import replay
+from state_machines.runs.runner import replay
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -3,9 +3,9 @@
 import attrs
 import pytest
 
-from state_machines.runner import fuzz, replay
-from state_machines.trace import Trace
-from tests.catalogue import mutant_configs
+from state_machines.runs.runner import fuzz, replay
+from state_machines.runs.trace import Trace
+from state_machines.targets.catalogue import mutant_configs
 
 
 @pytest.mark.parametrize("config", list(mutant_configs()), ids=lambda c: f"{c.target}-{c.mutant}")

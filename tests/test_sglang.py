@@ -35,7 +35,7 @@ def release_dir(version: str) -> Path:
 def gate(version: str, trace_dir: Path, kinds: str = "token,paged") -> dict[str, dict]:
     """The matrix rows of one release, by target kind."""
     run = subprocess.run(
-        [sys.executable, "-m", "state_machines.matrix", "--one", str(release_dir(version)),
+        [sys.executable, "-m", "state_machines.runs.matrix", "--one", str(release_dir(version)),
          "--kinds", kinds, "--max-examples", "200", "--seed", "0", "--trace-dir", str(trace_dir)],
         cwd=REPO, capture_output=True, text=True, timeout=1200,
         env=dict(os.environ, PYTHONPATH=str(REPO)),

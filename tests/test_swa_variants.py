@@ -10,7 +10,7 @@ import torch
 
 from allocators.swa import SWAAllocator
 from state_machines.config import Config
-from state_machines.runner import fuzz
+from state_machines.runs.runner import fuzz
 
 
 class OlderSWA(SWAAllocator):

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from state_machines.config import Config
-from state_machines.coverage import INTERLEAVINGS, Coverage, merge, never_reached, shares, summary_table
+from state_machines.runs.coverage import INTERLEAVINGS, Coverage, merge, never_reached, shares, summary_table
 
 # Examples per Hypothesis run inside a worker; each run replays the database first.
 CHUNK_EXAMPLES = 1000
@@ -80,9 +80,9 @@ def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messag
     """Run Hypothesis runs until told to stop; report stats and failures."""
     # Ctrl-C reaches the whole process group: the parent alone decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from state_machines.machines import RunRecord
-    from state_machines.runner import fuzz
-    from state_machines.trace import Trace, write
+    from state_machines.harness.machines import RunRecord
+    from state_machines.runs.runner import fuzz
+    from state_machines.runs.trace import Trace, write
 
     config = Config.from_dict(config_dict)
     database = open_database(db_spec)
@@ -133,7 +133,7 @@ def _context():
     if "forkserver" in methods:
         ctx = multiprocessing.get_context("forkserver")
         # Import torch and the harness once in the server, not once per worker.
-        ctx.set_forkserver_preload(["state_machines.runner"])
+        ctx.set_forkserver_preload(["state_machines.runs.runner"])
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -294,7 +294,7 @@ def run(
 
 
 def _summary(out, config, jobs, elapsed, total, found, failures, errors, interrupted) -> None:
-    from state_machines.trace import Trace
+    from state_machines.runs.trace import Trace
 
     why = "interrupted" if interrupted else ("stopped at a failure" if (found or failures) else "time is up")
     rate = total["steps"] / elapsed if elapsed else 0.0

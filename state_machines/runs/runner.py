@@ -12,9 +12,9 @@ from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
 from state_machines.config import Config
-from state_machines.lockstep import InvariantViolation, Lockstep
-from state_machines.machines import RunRecord, machine_for
-from state_machines.trace import Trace, run_steps
+from state_machines.harness.lockstep import InvariantViolation, Lockstep
+from state_machines.harness.machines import RunRecord, machine_for
+from state_machines.runs.trace import Trace, run_steps
 
 # Steps in one example; long enough for begin .. free .. overwrite .. end.
 STEPS_PER_EXAMPLE = 20

@@ -90,7 +90,7 @@ def resolve(spec: str, mutant: str | None = None, sglang_path: str | None = None
     if mutant is not None:
         raise TargetError(f"--mutant applies to builtin targets only, not '{spec}'")
     if kind == "sglang":
-        from state_machines import sglang_targets
+        from state_machines.targets import sglang as sglang_targets
 
         return sglang_targets.resolve(name, sglang_path)
     return _custom(spec)

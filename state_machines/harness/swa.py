@@ -26,7 +26,7 @@ from attrs import define
 
 from reference_model import CHECKS, no_slot_handed_out_twice
 from reference_model.swa import SWASide
-from state_machines.lockstep import EntryRef, Lockstep, ReqRef, _ids, census_of
+from state_machines.harness.lockstep import EntryRef, Lockstep, ReqRef, _ids, census_of
 
 
 @define

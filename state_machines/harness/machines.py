@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from state_machines.config import Config
-from state_machines.lockstep import InvariantViolation, Lockstep
+from state_machines.harness.lockstep import InvariantViolation, Lockstep
 
 # How many pages one alloc or free takes at most.
 MAX_PAGES = 4
@@ -170,7 +170,7 @@ class FreeGroupMachine(RuleBasedStateMachine):
 def machine_for(config: Config, record: RunRecord | None = None) -> type[FreeGroupMachine]:
     """A ``FreeGroupMachine`` bound to ``config``.  Its name spells the
     configuration, so the example database keeps configurations apart."""
-    from state_machines.family import base_machine_for
+    from state_machines.harness.family import base_machine_for
 
     # The target decides the rules: its family, and whether it has alloc_decode.
     base = base_machine_for(Lockstep.build(config))

@@ -1,6 +1,6 @@
 """The gate across sglang releases: one row per release and target.
 
-``python -m state_machines.matrix 0.5.17 0.5.18 0.5.23`` runs each release
+``python -m state_machines.runs.matrix 0.5.17 0.5.18 0.5.23`` runs each release
 in a fresh process (one process can import only one sglang), fuzzes every
 sglang target of it, and prints the table.  ``--json FILE`` keeps the rows.
 """
@@ -25,9 +25,9 @@ COLUMNS = ("release", "target", "result", "examples", "s to first failure", "shr
 
 def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str | None, kinds=None) -> list[dict]:
     """Fuzz every kind of one release (or those in ``kinds``), in this process."""
-    from state_machines.lockstep import Lockstep
-    from state_machines.runner import fuzz
-    from state_machines.trace import write
+    from state_machines.harness.lockstep import Lockstep
+    from state_machines.runs.runner import fuzz
+    from state_machines.runs.trace import write
 
     rows = []
     for kind, page_size in KINDS:
@@ -67,7 +67,7 @@ def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str |
 def _disabled(lockstep, config) -> dict[str, str]:
     """Rules the target cannot run here, with reasons; a fresh pool that
     already fails its checks is left for the run to report."""
-    from state_machines.lockstep import InvariantViolation
+    from state_machines.harness.lockstep import InvariantViolation
 
     try:
         return lockstep.build(config).disabled_rules
@@ -101,7 +101,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m state_machines.matrix", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m state_machines.runs.matrix", description=__doc__.splitlines()[0])
     parser.add_argument("releases", nargs="+", help="release versions under .sglang/, or folders holding sglang")
     parser.add_argument("--max-examples", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
             continue
         print(f"matrix: {release} ...", file=sys.stderr, flush=True)
         child = subprocess.run(
-            [sys.executable, "-m", "state_machines.matrix", "--one", str(folder),
+            [sys.executable, "-m", "state_machines.runs.matrix", "--one", str(folder),
              "--max-examples", str(args.max_examples), "--seed", str(args.seed), "--trace-dir", args.trace_dir,
              *(["--kinds", args.kinds] if args.kinds else [])],
             capture_output=True, text=True,

@@ -9,7 +9,7 @@ from pathlib import Path
 from attrs import frozen
 
 from state_machines.config import Config
-from state_machines.lockstep import EntryRef, InvariantViolation, Lockstep, ReqRef, Step
+from state_machines.harness.lockstep import EntryRef, InvariantViolation, Lockstep, ReqRef, Step
 
 FORMAT = "kv-lockstep-trace/1"
 _REF = re.compile(r"^(req|cache)_(\d+)$")

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CONSTRAINTS = REPO_ROOT / "constraints" / "sglang.txt"
 FALLBACK_TORCH = "2.14.1"
 

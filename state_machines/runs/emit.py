@@ -15,8 +15,8 @@ import re
 from pathlib import Path
 
 from state_machines.config import Config
-from state_machines.lockstep import InvariantViolation, Lockstep
-from state_machines.trace import Trace, TraceError, run_steps
+from state_machines.harness.lockstep import InvariantViolation, Lockstep
+from state_machines.runs.trace import Trace, TraceError, run_steps
 
 
 def _recorded_allocs(trace: Trace, config: Config) -> list[list[int] | None]:
@@ -68,7 +68,7 @@ with pytest where kv-lockstep is installed (`pip install kv-lockstep`).
 import pytest
 import torch  # noqa: F401  (the comments' tensor literals are valid Python)
 
-from state_machines.lockstep import InvariantViolation, Lockstep
+from state_machines.harness.lockstep import InvariantViolation, Lockstep
 
 
 def {name}():

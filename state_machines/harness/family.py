@@ -11,8 +11,8 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from state_machines.machines import FreeGroupMachine, _pick, picks
-from state_machines.swa import SWALockstep
+from state_machines.harness.machines import FreeGroupMachine, _pick, picks
+from state_machines.harness.swa import SWALockstep
 
 
 class DecodeRules:

@@ -21,7 +21,8 @@ import torch
 from attrs import define, field, frozen
 
 from reference_model import CHECKS, OwnershipModel, no_slot_handed_out_twice
-from state_machines import devices, targets
+from state_machines import targets
+from state_machines.targets import devices
 from state_machines.config import Config
 
 # An allocator call that takes longer than this is reported as a hang.
@@ -164,7 +165,7 @@ class Lockstep:
         target = targets.resolve(config.target, config.mutant, config.sglang_path)
         if cls is Lockstep and target.family != "free_group":
             # The target's family picks the harness, so replays rebuild the right one.
-            from state_machines.swa import lockstep_for_family
+            from state_machines.harness.swa import lockstep_for_family
 
             return lockstep_for_family(target.family).build(config)
         devices.require(config.device)

@@ -11,61 +11,39 @@ a ``parametrize("seed", range(10))`` test.
 from __future__ import annotations
 
 import random
-import re
 import time
 from contextlib import nullcontext
 
 from attrs import frozen
 
 from state_machines.config import Config
-from state_machines.harness.lockstep import InvariantViolation, Lockstep
-from state_machines.harness.machines import RunRecord, machine_for
+from state_machines.harness import InvariantViolation, RunRecord, build, machine_for
+from state_machines.harness.machines import MachineRule, machine_rules
 from state_machines.runs.runner import STEPS_PER_EXAMPLE
 from state_machines.runs.trace import Trace
-
-_INTEGERS = re.compile(r"^integers\(min_value=(-?\d+), max_value=(-?\d+)\)$")
-
-
-class BaselineError(Exception):
-    """The machine has a rule argument the baseline cannot draw."""
-
 
 @frozen
 class RandomRule:
     """One rule of the machine, as the baseline draws it."""
 
     name: str
-    function: object
     # argument -> inclusive (low, high); booleans are (False, True)
     ranges: dict
-    preconditions: tuple
+    declared: MachineRule
 
     def applies(self, machine) -> bool:
-        return all(p(machine) for p in self.preconditions)
+        return self.declared.applies(machine)
 
     def draw(self, rng: random.Random) -> dict:
         return {arg: type(low)(rng.randint(low, high)) for arg, (low, high) in self.ranges.items()}
 
 
 def random_rules(machine) -> list[RandomRule]:
-    """The machine's rules, with the range of each argument read off its
-    strategy (``integers(min_value=.., max_value=..)`` or ``booleans()``)."""
-    out = []
-    for rule in sorted(machine.rules, key=lambda r: r.function.__name__):
-        ranges = {}
-        for arg, strategy in sorted(rule.arguments.items()):
-            if repr(strategy) == "booleans()":
-                ranges[arg] = (False, True)
-                continue
-            match = _INTEGERS.match(repr(strategy))
-            if not match:
-                raise BaselineError(
-                    f"rule {rule.function.__name__} argument {arg} draws {strategy!r}; the baseline draws "
-                    "only st.integers(a, b) and st.booleans(): teach bench/baseline.py that strategy"
-                )
-            ranges[arg] = (int(match[1]), int(match[2]))
-        out.append(RandomRule(rule.function.__name__, rule.function, ranges, tuple(rule.preconditions)))
-    return out
+    """The machine's rules, with the range of each argument as the rule declares it."""
+    return [
+        RandomRule(r.name, {arg: (False, True) if d is bool else d for arg, d in sorted(r.draws.items())}, r)
+        for r in machine_rules(type(machine))
+    ]
 
 
 @frozen
@@ -95,7 +73,7 @@ def random_fuzz(
 
     ``around_step(name)`` is a context manager each rule runs inside.
     """
-    Lockstep.build(config)
+    build(config)
     rng = random.Random(seed)
     record = RunRecord()
     machine_class = machine_for(config, record)
@@ -110,7 +88,7 @@ def random_fuzz(
                 chosen = rng.choice([r for r in rules if r.applies(machine)])
                 args = chosen.draw(rng)
                 with around_step(chosen.name) if around_step else nullcontext():
-                    chosen.function(machine, **args)
+                    getattr(machine, chosen.name)(**args)
             machine.teardown()
     except InvariantViolation as exc:
         failure = Trace.from_violation(exc)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from attrs import frozen
 
 from state_machines.config import Config
-from state_machines.harness.lockstep import Step
+from state_machines.harness import Step
 from state_machines.runs.trace import Trace
 
 

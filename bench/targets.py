@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from state_machines.config import Config
-from state_machines.harness.lockstep import Lockstep
+from state_machines.harness import build
 from state_machines.targets.catalogue import clean_configs, mutant_configs
 
 # sglang releases with a free-group bug (0.5.17: flag drift and aliasing;
@@ -42,7 +42,7 @@ def unavailable(config: Config) -> str | None:
             return "cannot build: " + (probe.stderr.strip().splitlines() or ["no output"])[-1]
         return None
     try:
-        Lockstep.build(config)
+        build(config)
     except Exception as exc:  # any failure to build is a reason to skip, and is reported
         return f"cannot build: {type(exc).__name__}: {exc}"
     return None
@@ -51,8 +51,8 @@ def unavailable(config: Config) -> str | None:
 _PROBE = (
     "import json, sys\n"
     "from state_machines.config import Config\n"
-    "from state_machines.harness.lockstep import Lockstep\n"
-    "Lockstep.build(Config.from_dict(json.loads(sys.argv[1])))\n"
+    "from state_machines.harness import build\n"
+    "build(Config.from_dict(json.loads(sys.argv[1])))\n"
 )
 
 

@@ -1,7 +1,10 @@
 """Named predicates over the model and an allocator's census, in plain values.
 
 Each returns ``None`` when it holds, else a message that shows both sides:
-what the allocator says, then what the model says.
+what the allocator says, then what the model says.  ``CHECKS`` run after
+every step, on every pool a harness checks (the SWA pool too, each name then
+prefixed ``swa_``); the rest judge what one call returned.  The harness
+reports a failure under the predicate's own name.
 """
 
 from __future__ import annotations
@@ -44,11 +47,12 @@ def _describe(pages, model: OwnershipModel) -> str:
 def eviction_accounting_balances(census: list[int], available: int, page_size: int, model: OwnershipModel) -> str | None:
     # What the pool physically gained back since it started, against what the
     # cache and requests logically gave back.
-    physically_freed = len(census) - model.initial_free + model.allocated
-    logical = model.evicted + model.freed
+    ledger = model.ledger
+    physically_freed = len(census) - ledger.initial_free + ledger.allocated
+    logical = ledger.evicted + ledger.freed
     if physically_freed == logical:
         return None
-    return f"logical evicted {model.evicted} + freed {model.freed} = {logical} / physically freed {physically_freed}"
+    return f"logical evicted {ledger.evicted} + freed {ledger.freed} = {logical} / physically freed {physically_freed}"
 
 
 def slots_conserved(census: list[int], available: int, page_size: int, model: OwnershipModel) -> str | None:
@@ -102,3 +106,100 @@ def no_slot_handed_out_twice(pages: list[int], model: OwnershipModel) -> str | N
     if outside:
         parts.append(f"pages outside the pool: {_show(outside)}")
     return "alloc handed out " + "; ".join(parts) + " / only free pages, once each"
+
+
+# -- what one call returned --
+
+
+def alloc_returns_index_tensor(what: str, got: str, want: str) -> str | None:
+    """An alloc returns ``None`` or an integer tensor on the pool's device, of
+    the length asked for.  ``got`` and ``want`` describe it, e.g.
+    ``"tensor int64 cpu [8]"``."""
+    if got == want:
+        return None
+    return f"{what} returned {got} / {want}"
+
+
+def alloc_none_iff_short(what: str, got_none: bool, got_slots: int, short: bool, num_free: int, want: int) -> str | None:
+    """``None`` exactly when the model has fewer than ``want`` free pages."""
+    if got_none == short:
+        return None
+    got = "None" if got_none else f"{got_slots} slots"
+    only = "only " if short else ""
+    return f"{what} returned {got} / model has {only}{num_free} free pages, needs {want}"
+
+
+def alloc_returns_whole_pages(n: int, slots: list[int], page_size: int) -> str | None:
+    """``n`` slots in whole pages: slot ``i`` sits at offset ``i % page_size``
+    of the page its page's first slot is on."""
+    ps = page_size
+    whole = len(slots) == n and all(
+        slots[i] // ps == slots[i - i % ps] // ps and slots[i] % ps == i % ps for i in range(len(slots))
+    )
+    if whole:
+        return None
+    return f"alloc({n}) returned {slots[:16]} / {n} slots in whole pages of {ps}"
+
+
+def decode_takes_page_boundary(what: str, names: list[str], needs: list[bool], last: list[int], slots: list[int], page_size: int) -> str | None:
+    """A request that starts a page gets a page's first slot; any other gets
+    the slot after its last one."""
+    for name, need, prev, slot in zip(names, needs, last, slots):
+        if need and slot % page_size:
+            return f"{what} gave {name} slot {slot} mid-page / the first slot of a new page of {page_size}"
+        if not need and slot != prev + 1:
+            return f"{what} gave {name} slot {slot} / the next slot of its page, {prev + 1}"
+    return None
+
+
+# -- hybrid (full + SWA) pools --
+
+
+def swa_alloc_maps_whole_pages(n: int, full_slots: list[int], swa_slots: list[int], page_size: int) -> str | None:
+    """Each new full page maps, slot by slot, onto one whole SWA page, never
+    onto the padding slot 0."""
+    ps = page_size
+    whole = all(swa_slots[i] % ps == i % ps and swa_slots[i] // ps == swa_slots[i - i % ps] // ps for i in range(len(swa_slots)))
+    if whole and 0 not in swa_slots:
+        return None
+    return f"alloc({n}) mapped full slots {full_slots[:16]} to SWA slots {swa_slots[:16]} / whole SWA pages"
+
+
+def hybrid_available_size_agrees(available: int, full_available: int, swa_available: int) -> str | None:
+    if available == min(full_available, swa_available):
+        return None
+    return f"available_size() {available} / min(full {full_available}, SWA {swa_available})"
+
+
+def swa_mapping_consistent(mapping: list[int], page_size: int, full, swa, swa_free: set[int]) -> str | None:
+    """Every live full page with a live window maps, slot by slot, to its SWA
+    page, which is not free; a page whose release (or whose SWA peer's) is
+    queued in the open group maps to that queued SWA page or to nothing;
+    every other full page maps to nothing.  ``full`` is the full pool's
+    ``OwnershipModel``, ``swa`` its ``SWASide``."""
+    ps = page_size
+
+    def maps_to(page: int, got: list[int], swa_page: int, alternative: str) -> str | None:
+        want = [swa_page * ps + k for k in range(ps)]
+        if got != want:
+            return f"full page {page} ({full.owner[page]}) maps to SWA slots {got} / {alternative}its SWA page {swa_page}: {want}"
+        if swa_page in swa_free:
+            return f"full page {page} ({full.owner[page]}) maps to SWA page {swa_page}, free in the SWA pool / {alternative}its SWA page, held"
+        return None
+
+    for page in sorted(full.owner):
+        got = mapping[page * ps : (page + 1) * ps]
+        if page in swa.mapping:
+            problem = maps_to(page, got, swa.mapping[page], "")
+        elif page in swa.pending_map and any(got):
+            # The allocator may clear the mapping at free time or at
+            # free_group_end(); until then only the queued peer will do.
+            problem = maps_to(page, got, swa.pending_map[page], "nothing or ")
+        elif any(got):
+            why = "its window slid" if full.owner[page].kind != "free" else "it is free"
+            problem = f"full page {page} ({full.owner[page]}) maps to SWA slots {got} / nothing: {why}"
+        else:
+            problem = None
+        if problem:
+            return problem
+    return None

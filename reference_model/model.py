@@ -6,6 +6,8 @@ from collections import Counter
 
 from attrs import define, field, frozen
 
+from reference_model.ledger import Ledger
+
 FREE = "free"
 REQUEST = "request"
 CACHE = "cache"
@@ -60,13 +62,6 @@ class CacheEntry:
     lock_count: int = 0
 
 
-@frozen
-class _Queued:
-    pages: tuple[int, ...]
-    # "free" for a request's release, "evict" for the cache's.
-    source: str
-
-
 @define
 class OwnershipModel:
     """What a correct allocator's pool must look like after each step.
@@ -77,26 +72,20 @@ class OwnershipModel:
     """
 
     owner: dict[int, Owner]
-    # Whether free_group_begin() really defers frees (HiSparse-style pools don't).
-    defers_frees: bool = True
-    # None: frees are immediate.  A list: an open group's snapshots.
-    group: list[_Queued] | None = None
+    # The counts and the open group's snapshots.
+    ledger: Ledger
     requests: dict[int, Request] = field(factory=dict)
     cache: dict[int, CacheEntry] = field(factory=dict)
-    # Cumulative page counts, for eviction_accounting_balances.
-    allocated: int = 0
-    evicted: int = 0
-    freed: int = 0
     _next_rid: int = 0
     _next_eid: int = 0
-    initial_free: int = field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        self.initial_free = len(self.owner)
 
     @classmethod
     def from_census(cls, free_pages: list[int], *, defers_frees: bool = True) -> OwnershipModel:
-        return cls(owner={p: FREE_OWNER for p in free_pages}, defers_frees=defers_frees)
+        return cls(owner={p: FREE_OWNER for p in free_pages}, ledger=Ledger(len(free_pages), defers=defers_frees))
+
+    @property
+    def defers_frees(self) -> bool:
+        return self.ledger.defers
 
     # -- views --
 
@@ -118,10 +107,6 @@ class OwnershipModel:
     def counts(self) -> Counter:
         return Counter(o.kind for o in self.owner.values())
 
-    @property
-    def group_open(self) -> bool:
-        return self.group is not None
-
     # -- requests --
 
     def new_request(self, row: int, pages: list[int], prefix_entry: int | None = None) -> Request:
@@ -140,7 +125,7 @@ class OwnershipModel:
             self.owner[p] = Owner(REQUEST, rid)
         self.requests[rid].own.extend(pages)
         self.requests[rid].spare = 0
-        self.allocated += len(pages)
+        self.ledger.allocated += len(pages)
 
     def tokens(self, rid: int, page_size: int) -> int:
         """The request's length in tokens."""
@@ -226,33 +211,26 @@ class OwnershipModel:
     # -- free groups --
 
     def begin(self) -> None:
-        assert self.group is None, "free groups do not nest"
-        if self.defers_frees:
-            self.group = []
+        self.ledger.begin()
 
     def end(self) -> None:
         """Release every queued snapshot.  With no group open: nothing."""
-        pending, self.group = self.group, None
-        for queued in pending or ():
+        for queued in self.ledger.end():
             self._to_free(queued.pages, queued.source)
 
     def _release(self, pages: list[int], source: str) -> None:
         if not pages:
             return
-        if self.group is None:
+        if not self.ledger.queue(pages, source):
             self._to_free(pages, source)
             return
-        self.group.append(_Queued(tuple(pages), source))
         for p in pages:
             self.owner[p] = Owner(QUEUED)
 
     def _to_free(self, pages, source: str) -> None:
         for p in pages:
             self.owner[p] = FREE_OWNER
-        if source == "evict":
-            self.evicted += len(pages)
-        else:
-            self.freed += len(pages)
+        self.ledger.gave_back(len(pages), source)
 
     # -- self-check --
 
@@ -278,9 +256,8 @@ class OwnershipModel:
             holders = sum(r.locks.count(entry.eid) for r in self.requests.values())
             if holders != entry.lock_count:
                 out.append(f"cache_{entry.eid} lock count {entry.lock_count} / held by {holders} requests")
-        for queued in self.group or ():
-            for p in queued.pages:
-                claim(p, Owner(QUEUED))
+        for p in self.ledger.queued_pages():
+            claim(p, Owner(QUEUED))
         for p, who in self.owner.items():
             if who.kind != FREE and want.get(p) != who:
                 out.append(f"page {p} owned by {who} / structures say {want.get(p, 'nobody')}")
@@ -290,10 +267,6 @@ class OwnershipModel:
         held = counts[REQUEST] + counts[CACHE] + counts[QUEUED]
         if counts[FREE] + held != self.capacity:
             out.append(f"free {counts[FREE]} + held {held} / capacity {self.capacity}")
-        balance = self.initial_free - self.allocated + self.evicted + self.freed
-        if balance != counts[FREE]:
-            out.append(
-                f"initial {self.initial_free} - allocated {self.allocated} + evicted {self.evicted}"
-                f" + freed {self.freed} = {balance} / free {counts[FREE]}"
-            )
+        if problem := self.ledger.balance_problem(counts[FREE]):
+            out.append(problem)
         return out

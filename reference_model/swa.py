@@ -13,7 +13,8 @@ from collections import Counter
 
 from attrs import define, field
 
-from reference_model.model import CACHE, FREE_OWNER, QUEUED, REQUEST, Owner, OwnershipModel, _Queued
+from reference_model.ledger import Ledger
+from reference_model.model import CACHE, FREE_OWNER, QUEUED, REQUEST, Owner, OwnershipModel
 
 
 @define
@@ -25,22 +26,17 @@ class SWASide:
     free: set[int]
     # Full page -> its live SWA page.  A full page whose window slid, or
     # which is free or queued, maps to nothing.
+    # The SWA pool's counts and open group; it defers when the full pool does.
+    ledger: Ledger
     mapping: dict[int, int] = field(factory=dict)
-    group: list[_Queued] | None = None
     # Full page -> the SWA page its queued release will free.  Until the group
     # ends an allocator may still read that mapping (sglang <= 0.5.18 do).
     pending_map: dict[int, int] = field(factory=dict)
-    allocated: int = 0
-    evicted: int = 0
-    freed: int = 0
-    initial_free: int = field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        self.initial_free = len(self.free)
 
     @classmethod
     def from_census(cls, full: OwnershipModel, free_pages: list[int]) -> SWASide:
-        return cls(full=full, universe=frozenset(free_pages), free=set(free_pages))
+        ledger = Ledger(len(set(free_pages)), defers=full.defers_frees)
+        return cls(full=full, universe=frozenset(free_pages), free=set(free_pages), ledger=ledger)
 
     # -- the views the invariants read --
 
@@ -61,9 +57,8 @@ class SWASide:
         out = {p: FREE_OWNER for p in self.universe}
         for full_page, swa_page in self.mapping.items():
             out[swa_page] = self.full.owner.get(full_page, Owner("unknown"))
-        for queued in self.group or ():
-            for p in queued.pages:
-                out[p] = Owner(QUEUED)
+        for p in self.ledger.queued_pages():
+            out[p] = Owner(QUEUED)
         return out
 
     def counts(self) -> Counter:
@@ -78,7 +73,7 @@ class SWASide:
         for full_page, swa_page in zip(full_pages, swa_pages, strict=True):
             self.mapping[full_page] = swa_page
             self.free.discard(swa_page)
-        self.allocated += len(swa_pages)
+        self.ledger.allocated += len(swa_pages)
 
     def release(self, full_pages, source: str, *, defer: bool = True) -> list[int]:
         """The SWA peers of ``full_pages`` that are still live go (or queue,
@@ -88,35 +83,29 @@ class SWASide:
         pages = [swa for _, swa in pairs]
         if not pages:
             return pages
-        if self.group is None or not defer:
-            self._to_free(pages, source)
-        else:
-            self.group.append(_Queued(tuple(pages), source))
+        if defer and self.ledger.queue(pages, source):
             self.pending_map.update(pairs)
+        else:
+            self._to_free(pages, source)
         return pages
 
     def begin(self) -> None:
-        if self.full.defers_frees:
-            self.group = []
+        self.ledger.begin()
 
     def end(self) -> None:
-        pending, self.group = self.group, None
         self.pending_map.clear()
-        for queued in pending or ():
+        for queued in self.ledger.end():
             self._to_free(queued.pages, queued.source)
 
     def _to_free(self, pages, source: str) -> None:
         self.free.update(pages)
-        if source == "evict":
-            self.evicted += len(pages)
-        else:
-            self.freed += len(pages)
+        self.ledger.gave_back(len(pages), source)
 
     # -- self-check --
 
     def violations(self) -> list[str]:
         out = []
-        queued = [p for q in self.group or () for p in q.pages]
+        queued = self.ledger.queued_pages()
         mapped = list(self.mapping.values())
         seen = Counter(mapped + queued + list(self.free))
         if twice := sorted(p for p, n in seen.items() if n > 1):
@@ -127,10 +116,6 @@ class SWASide:
             kind = self.full.owner.get(full_page, Owner("outside the pool")).kind
             if kind not in (REQUEST, CACHE):
                 out.append(f"full page {full_page} is {kind} but still maps to SWA page {self.mapping[full_page]}")
-        balance = self.initial_free - self.allocated + self.evicted + self.freed
-        if balance != len(self.free):
-            out.append(
-                f"SWA initial {self.initial_free} - allocated {self.allocated} + evicted {self.evicted}"
-                f" + freed {self.freed} = {balance} / free {len(self.free)}"
-            )
+        if problem := self.ledger.balance_problem(len(self.free), "SWA "):
+            out.append(problem)
         return out

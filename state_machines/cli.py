@@ -81,7 +81,7 @@ def _report_disabled(state, config) -> None:
 
 
 def cmd_fuzz(args) -> int:
-    from state_machines.harness.lockstep import Lockstep
+    from state_machines.harness import build
     from state_machines.runs.runner import fuzz
     from state_machines.runs.trace import write
 
@@ -100,12 +100,12 @@ def cmd_fuzz(args) -> int:
         from state_machines.runs import longrun
 
         duration_s = longrun.parse_duration(args.duration)
-        _report_disabled(Lockstep.build(config), config)  # bad input fails here, before any output
+        _report_disabled(build(config), config)  # bad input fails here, before any output
         return longrun.run(
             config, duration_s=duration_s, jobs=args.jobs or longrun.default_jobs(),
             db_spec=args.db, seed=args.seed, trace_dir=args.trace_dir, stats_json=args.stats_json,
         )
-    _report_disabled(Lockstep.build(config), config)  # bad input fails here, before any output
+    _report_disabled(build(config), config)  # bad input fails here, before any output
     database = None
     if args.db:
         from state_machines.runs.longrun import open_database

@@ -12,7 +12,7 @@ import os
 from hypothesis import settings
 
 from state_machines.config import Config
-from state_machines.harness.machines import machine_for
+from state_machines.harness import machine_for
 from state_machines.runs.runner import fuzz_settings
 from state_machines.targets.catalogue import clean_configs
 

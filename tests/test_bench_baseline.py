@@ -4,15 +4,15 @@ import pytest
 
 from bench.baseline import random_fuzz, random_rules
 from state_machines.config import Config
-from state_machines.harness.machines import machine_for
-from state_machines.runs.trace import RULES
+from state_machines.harness import machine_for
+from state_machines.harness import STEPS
 
 
 def test_baseline_draws_every_rule_of_the_machine():
     """Each machine rule has a range the baseline can draw, and each is a trace step."""
     rules = random_rules(machine_for(Config())())
     core = {"alloc", "begin", "free", "free_segment", "overwrite_row", "rematch", "evict", "finish", "end"}
-    assert core <= {r.name for r in rules} <= set(RULES)
+    assert core <= {r.name for r in rules} <= set(STEPS)
     assert all(low <= high for r in rules for low, high in r.ranges.values())
 
 

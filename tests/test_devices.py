@@ -3,7 +3,7 @@
 import pytest
 
 from state_machines.targets import devices
-from state_machines.harness.lockstep import Lockstep
+from state_machines.harness import build
 from state_machines.runs.runner import fuzz
 from state_machines.config import Config
 from state_machines.targets import TargetError
@@ -33,7 +33,7 @@ def test_targets_run_on_every_available_device(device, target):
 def test_unavailable_device_is_a_target_error(device):
     """Building on an unavailable device raises TargetError naming the reason."""
     with pytest.raises(TargetError, match="not available"):
-        Lockstep.build(target="builtin:npu", page_size=4, device=device)
+        build(target="builtin:npu", page_size=4, device=device)
 
 
 def test_cli_unavailable_device_exits_2_and_devices_lists_all(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 
 from state_machines.config import Config
 from state_machines.runs.coverage import INTERLEAVINGS
-from state_machines.harness.lockstep import Step
+from state_machines.harness import Step
 from state_machines.runs.longrun import BadOption, parse_duration
 from state_machines.runs.trace import Trace
 
@@ -109,9 +109,9 @@ def test_database_key_is_stable_across_processes_and_distinct_across_configs():
     fresh process, different for another configuration."""
     from hypothesis.internal.reflection import function_digest
 
-    from state_machines.harness.machines import machine_for
+    from state_machines.harness import machine_for
 
-    code = ("from state_machines.config import Config; from state_machines.harness.machines import machine_for;"
+    code = ("from state_machines.config import Config; from state_machines.harness import machine_for;"
             "from hypothesis.internal.reflection import function_digest;"
             "print(function_digest(machine_for(Config(target='builtin:paged', page_size=4))).hex())")
     there = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)

@@ -34,7 +34,7 @@ def test_queued_frees_are_snapshots_released_at_end():
     assert model.counts()["queued"] == 2
     model.end()
     assert model.free_pages == {2, 3} | set(range(4, 9))
-    assert model.freed == 2 and model.violations() == []
+    assert model.ledger.freed == 2 and model.violations() == []
 
 
 def test_end_without_group_changes_nothing():
@@ -67,7 +67,7 @@ def test_evicting_counts_logical_evictions():
     model = fresh()
     entry = cached(model, [1, 2])
     model.evict(entry.eid)
-    assert (model.evicted, model.freed) == (2, 0)
+    assert (model.ledger.evicted, model.ledger.freed) == (2, 0)
     assert model.violations() == []
 
 

@@ -1,64 +1,81 @@
-"""Rules beyond the core machine, chosen by what the target is.
+"""The family registry: which harness drives a target.
 
-- ``DecodeRules``: where the target has ``alloc_decode``, a batch of live
-  requests grows by one token each;
-- ``SWAMachine``: for the "swa" family, windows slide (``free_swa`` of a
-  request's oldest tokens) and the cache drops entries' SWA side.
+A family is a ``Lockstep`` subclass (the steps and the pools it checks), a
+machine (the rules that draw those steps) and a test that recognizes its
+allocators.  A target says its family by a ``family`` attribute on its
+factory or class (built-ins do; see README, Targets); where it says none,
+the first family here that recognizes the built allocator drives it.  A new
+family is one module and one ``register`` line below.
 """
 
 from __future__ import annotations
 
-from hypothesis import strategies as st
-from hypothesis.stateful import precondition, rule
+from typing import Any, Callable
 
-from state_machines.harness.machines import FreeGroupMachine, _pick, picks
-from state_machines.harness.swa import SWALockstep
+from attrs import frozen
 
-
-class DecodeRules:
-    """Mixed into a machine whose target has ``alloc_decode``."""
-
-    @precondition(lambda self: self.state.live())
-    @rule(mask=st.integers(1, 15), order=st.integers(0, 3))
-    def decode(self, mask, order):
-        s = self.state
-        live = s.live()
-        # A request that needs a new page needs room for it in its row.
-        batch = [
-            r for i, r in enumerate(live)
-            if mask >> (i % 4) & 1 and (s.room(r) > 0 or not s.model.decode_needs_page(r.rid, s.page_size))
-        ]
-        if not batch:
-            return
-        if order == 0:
-            # Requests taking a page first: the batch's tail then takes none,
-            # the edge where a decode kernel's page index runs past the new pages.
-            batch.sort(key=lambda r: not s.model.decode_needs_page(r.rid, s.page_size))
-        else:
-            k = order % len(batch)
-            batch = batch[k:] + batch[:k]
-        self._do("decode", s.decode, ",".join(map(repr, batch)))
+from state_machines import targets
+from state_machines.config import Config
+from state_machines.harness import swa
+from state_machines.harness.lockstep import Lockstep
+from state_machines.harness.machines import DecodeRules, FreeGroupMachine, RunRecord
+from state_machines.targets import devices, probe
 
 
-class SWAMachine(FreeGroupMachine):
-    """The core rules over an SWA hybrid pool, plus window slides and SWA-side eviction."""
-
-    @precondition(lambda self: self.state.slidable())
-    @rule(which=picks, pages=st.integers(1, 4), segment=st.booleans())
-    def slide(self, which, pages, segment):
-        s = self.state
-        req = _pick(s.slidable(), which)
-        self._do("slide", s.slide, req, min(pages, s.live_own(req)), segment=segment)
-
-    @precondition(lambda self: self.state.swa_evictable())
-    @rule(which=picks)
-    def evict_swa(self, which):
-        self._do("evict_swa", self.state.evict_swa, _pick(self.state.swa_evictable(), which))
+@frozen
+class Family:
+    name: str
+    lockstep: type[Lockstep]
+    machine: type[FreeGroupMachine]
+    # Whether an allocator whose target names no family belongs here.
+    recognizes: Callable[[Any], bool]
+    summary: str
 
 
-def base_machine_for(state) -> type[FreeGroupMachine]:
-    """The machine class for a built state: by family, with decode where the target has it."""
-    base = SWAMachine if isinstance(state, SWALockstep) else FreeGroupMachine
+FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> None:
+    FAMILIES[family.name] = family
+
+
+register(Family("swa", swa.SWALockstep, swa.SWAMachine, swa.is_hybrid, "full + SWA pools joined by a mapping"))
+register(Family("free_group", Lockstep, FreeGroupMachine, lambda allocator: True, "one pool of pages"))
+
+
+def family_of(target: targets.Target, allocator) -> Family:
+    """The family the target names, else the first that recognizes its allocator."""
+    if target.family is not None:
+        if target.family not in FAMILIES:
+            raise targets.TargetError(
+                f"{target.spec} says family {target.family!r}; known families: {', '.join(sorted(FAMILIES))}"
+            )
+        return FAMILIES[target.family]
+    return next(f for f in FAMILIES.values() if f.recognizes(allocator))
+
+
+def build(config: Config | None = None, **overrides) -> Lockstep:
+    """A fresh allocator and model for ``config`` (or ``Config(**overrides)``),
+    in the harness of the target's family.  Raises ``TargetError`` on bad
+    input, ``InvariantViolation`` where the fresh allocator already disagrees."""
+    config = config or Config(**overrides)
+    target = targets.resolve(config.target, config.mutant, config.sglang_path)
+    devices.require(config.device)
+    allocator = targets.build(
+        target, size=config.pool_size, page_size=config.page_size, device=config.device, need_sort=config.need_sort
+    )
+    family = family_of(target, allocator)
+    disabled = probe.disabled_steps(allocator, page_size=config.page_size, device=config.device)
+    return family.lockstep.create(config, allocator, defers_frees=target.defers_frees, disabled=disabled)
+
+
+def machine_for(config: Config, record: RunRecord | None = None) -> type[FreeGroupMachine]:
+    """A machine bound to ``config``: its family's rules, with ``decode``
+    where the target can run ``alloc_decode``.  Its name spells the
+    configuration, so the example database keeps configurations apart."""
+    state = build(config)
+    base = next(f.machine for f in FAMILIES.values() if type(state) is f.lockstep)
     if state.has_alloc_decode:
-        return type(f"Decode{base.__name__}", (DecodeRules, base), {})
-    return base
+        base = type(f"Decode{base.__name__}", (DecodeRules, base), {})
+    name = base.__name__ + "_" + "".join(c if c.isalnum() else "_" for c in config.label())
+    return type(name, (base,), {"config": config, "record": record or RunRecord(), "make_state": staticmethod(lambda: build(config))})

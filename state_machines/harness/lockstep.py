@@ -2,70 +2,38 @@
 
 ``Lockstep`` owns a real ``req_to_token`` tensor and passes *views* of its
 rows to the allocator, as sglang's callers do: that is how a queue that
-aliases the caller's tensor shows up.  Each public method is one step
-(``alloc``, ``begin``, ``free``, ``free_segment``, ``overwrite_row``,
-``rematch``, ``evict``, ``finish``, ``end``); it drives the allocator and
-the model, records itself, and then checks every invariant.  A printed
-trace is a program of these calls, so it can be pasted and run.
+aliases the caller's tensor shows up.  Each ``@step`` method drives the
+allocator and the model; the seam (``steps.py``) records it and then runs
+``check()``, every invariant, in one place.  A printed trace is a program
+of these calls, so it can be pasted and run.
+
+A family (``swa.py``) extends the steps: it overrides one with ``@step`` and
+calls ``super()``, or overrides the hooks every free goes through
+(``_give_back``, ``_evict_slots``), and adds its pools to ``pools()``.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+import time
 import traceback
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from attrs import define, field, frozen
 
-from reference_model import CHECKS, OwnershipModel, no_slot_handed_out_twice
-from state_machines import targets
-from state_machines.targets import devices
+from reference_model import CHECKS, OwnershipModel, invariants
 from state_machines.config import Config
+from state_machines.harness.steps import EntryRef, ReqRef, Step, StepSpec, step
 
 # An allocator call that takes longer than this is reported as a hang.
 CALL_TIMEOUT_S = 10.0
 
-
-@frozen(repr=False)
-class ReqRef:
-    """A request, as a trace names it: ``req_0``."""
-
-    rid: int
-
-    def __repr__(self) -> str:
-        return f"req_{self.rid}"
-
-
-@frozen(repr=False)
-class EntryRef:
-    """A prefix-cache entry, as a trace names it: ``cache_0``."""
-
-    eid: int
-
-    def __repr__(self) -> str:
-        return f"cache_{self.eid}"
-
-
-@frozen
-class Step:
-    """One recorded call: ``rule`` with its ``args``; ``returns`` names what
-    it created (``req_0``), if anything."""
-
-    rule: str
-    args: dict
-    returns: str | None = None
-
-    def to_dict(self) -> dict:
-        return {"rule": self.rule, "args": self.args, "returns": self.returns}
-
-    def call_text(self) -> str:
-        """The step as a line of a replayable program: ``req_0 = state.alloc(n=3)``."""
-        args = ", ".join(f"{k}={v}" if _is_ref(v) else f"{k}={v!r}" for k, v in self.args.items())
-        call = f"state.{self.rule}({args})"
-        return f"{self.returns} = {call}" if self.returns else call
+# What ``observe()`` charges a call to.
+ALLOCATOR = "allocator calls"
+CENSUS = "census (get_all_free_pages, available_size)"
 
 
 class InvariantViolation(AssertionError):
@@ -94,7 +62,7 @@ def violation_type(invariant: str) -> type[InvariantViolation]:
     return _VIOLATION_TYPES[invariant]
 
 
-def _ids(t) -> list[int]:
+def ids(t) -> list[int]:
     return t.detach().to("cpu").reshape(-1).tolist()
 
 
@@ -106,15 +74,15 @@ def census_of(allocator) -> list[int]:
     if callable(get_all):
         pages = get_all()
         if pages is not None:
-            return _ids(pages)
+            return ids(pages)
     out: list[int] = []
     for name in ("free_pages", "release_pages", "staged_pages"):
         part = getattr(allocator, name, None)
         if isinstance(part, torch.Tensor):
-            out += _ids(part)
+            out += ids(part)
         elif isinstance(part, (list, tuple)):
             for t in part:
-                out += _ids(t)
+                out += ids(t)
     return out
 
 
@@ -138,6 +106,35 @@ def _deadline(seconds: float):
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
+# Where ``observe()`` sends timings; None costs one test per call.
+_observer = None
+
+
+@contextmanager
+def observe(timer):
+    """While the block runs, every allocator call and every predicate the
+    harness judges is timed: ``timer.add(category, seconds)``, the category
+    being ``ALLOCATOR``, ``CENSUS`` or the predicate's name (the bench's
+    cost breakdown)."""
+    global _observer
+    saved, _observer = _observer, timer
+    try:
+        yield
+    finally:
+        _observer = saved
+
+
+@frozen
+class Pool:
+    """One pool ``check()`` compares with a model: the invariants' names
+    get ``prefix`` and their messages ``label``."""
+
+    allocator: Any
+    model: Any
+    prefix: str = ""
+    label: str = ""
+
+
 @define
 class Lockstep:
     """The harness state: allocator, model, real rows, recorded steps."""
@@ -154,52 +151,41 @@ class Lockstep:
     steps: list[Step] = field(factory=list)
     in_group: bool = False
     has_free_segment: bool = True
-    has_alloc_decode: bool = False
-    # Rules the target cannot run here, with the reason (Target.rule_gate).
+    # Steps the target cannot run here, with the reason (targets.probe).
     disabled_rules: dict[str, str] = field(factory=dict)
+    # How deep inside step calls we are: a family's override calls super().
+    step_depth: int = 0
 
     @classmethod
-    def build(cls, config: Config | None = None, **overrides) -> Lockstep:
-        """A fresh allocator and model.  Raises ``TargetError`` on bad input."""
-        config = config or Config(**overrides)
-        target = targets.resolve(config.target, config.mutant, config.sglang_path)
-        if cls is Lockstep and target.family != "free_group":
-            # The target's family picks the harness, so replays rebuild the right one.
-            from state_machines.harness.swa import lockstep_for_family
-
-            return lockstep_for_family(target.family).build(config)
-        devices.require(config.device)
-        allocator = targets.build(
-            target,
-            size=config.pool_size,
-            page_size=config.page_size,
-            device=config.device,
-            need_sort=config.need_sort,
-        )
+    def create(cls, config: Config, allocator, *, defers_frees: bool, disabled: dict[str, str]) -> Lockstep:
+        """A fresh state around a freshly built ``allocator``; the model
+        starts from the allocator's own first census."""
         state = cls(
             config=config,
             allocator=allocator,
-            model=OwnershipModel(owner={}, defers_frees=target.defers_frees),
+            model=OwnershipModel.from_census([], defers_frees=defers_frees),
             rows=torch.zeros(
                 (config.rows, config.row_pages * config.page_size), dtype=torch.int64, device=config.device
             ),
             row_holder=[None] * config.rows,
             has_free_segment=callable(getattr(allocator, "free_segment", None)),
-            disabled_rules=target.rule_gate(allocator) if target.rule_gate else {},
+            disabled_rules=dict(disabled),
         )
-        state.has_alloc_decode = callable(getattr(allocator, "alloc_decode", None)) and "decode" not in state.disabled_rules
-        initial = state._call("get_all_free_pages", census_of, state.pool())
-        state.model = OwnershipModel.from_census(sorted(set(initial)), defers_frees=target.defers_frees)
+        state.start_models(defers_frees)
         state.check()
         return state
+
+    def start_models(self, defers_frees: bool) -> None:
+        initial = self._call("get_all_free_pages()", census_of, self.pools()[0].allocator)
+        self.model = OwnershipModel.from_census(sorted(set(initial)), defers_frees=defers_frees)
 
     @property
     def page_size(self) -> int:
         return self.config.page_size
 
-    def pool(self):
-        """The allocator whose census the model starts from (SWA: the full pool)."""
-        return self.allocator
+    @property
+    def has_alloc_decode(self) -> bool:
+        return callable(getattr(self.allocator, "alloc_decode", None)) and "decode" not in self.disabled_rules
 
     # -- what a rule may act on --
 
@@ -233,21 +219,20 @@ class Lockstep:
 
     # -- steps --
 
+    @step
     def alloc(self, n: int, req: ReqRef | None = None, prefix: EntryRef | None = None) -> ReqRef | None:
         """A new request of ``n`` slots (after ``prefix``'s, if given), or an
         extend of ``req`` by ``n`` slots.  Returns the new request."""
         ps = self.page_size
-        step = self._record("alloc", n=n, req=req, prefix=prefix)
         want_pages = n // ps
-        short = self._short(want_pages)
-        out = self._call(f"alloc({n})", self.allocator.alloc, n)
-        if self._none_iff_short(f"alloc({n})", out, short, want_pages):
-            self.check()
+        what = f"alloc({n})"
+        out = self._call(what, self.allocator.alloc, n)
+        slots = self._index_tensor(what, out, n, want_pages)
+        if slots is None:
             return None
-        slots = _ids(out)
-        pages = self._pages_of_alloc(n, slots)
-        if problem := no_slot_handed_out_twice(pages, self.model):
-            self._fail("no_slot_handed_out_twice", problem)
+        self._judge(invariants.alloc_returns_whole_pages, n, slots, ps)
+        pages = [slots[i] // ps for i in range(0, n, ps)]
+        self._judge(invariants.no_slot_handed_out_twice, pages, self.model)
         if req is None:
             row = self.free_rows()[0]
             entry = self.model.cache[prefix.eid] if prefix is not None else None
@@ -257,213 +242,220 @@ class Lockstep:
             made = self.model.new_request(row, pages, prefix.eid if prefix is not None else None)
             self.row_holder[row] = made.rid
             req = ReqRef(made.rid)
-            step = self._returns(step, req)
         else:
             self.model.take(req.rid, pages)
             row = self.model.requests[req.rid].row
             start = (len(self.model.requests[req.rid].pages) - want_pages) * ps
-        self.rows[row, start : start + n] = out.to(self.rows.device)
-        self.check()
+        self.rows[row, start : start + n] = out.to(self.rows.device, self.rows.dtype)
         return req
 
-    def decode(self, reqs: str) -> None:
-        """``alloc_decode``: each request in the batch (``'req_0,req_2'``, in
-        batch order) grows by one token; a request takes a new page exactly
-        when its length crosses a page boundary, else it gets the next slot
-        of its last page."""
-        # A pasted program passes one request as a ReqRef, not a string.
-        reqs = reqs if isinstance(reqs, str) else repr(reqs)
-        self._record("decode", reqs=reqs)
+    @step
+    def decode(self, reqs: list[ReqRef]) -> None:
+        """``alloc_decode``: each request in the batch (in batch order) grows
+        by one token; a request takes a new page exactly when its length
+        crosses a page boundary, else it gets the next slot of its last page."""
         ps = self.page_size
-        batch = [ReqRef(int(name.strip().partition("_")[2])) for name in reqs.split(",")]
-        lengths = [self.model.tokens(r.rid, ps) for r in batch]
-        rows = [self.model.requests[r.rid].row for r in batch]
+        lengths = [self.model.tokens(r.rid, ps) for r in reqs]
+        rows = [self.model.requests[r.rid].row for r in reqs]
         last = [int(self.rows[row, n - 1]) if n else -1 for row, n in zip(rows, lengths)]
-        needs = [self.model.decode_needs_page(r.rid, ps) for r in batch]
-        want = sum(needs)
-        short = self._short(want)
+        needs = [self.model.decode_needs_page(r.rid, ps) for r in reqs]
         seq_lens_cpu = torch.tensor([n + 1 for n in lengths], dtype=torch.int64)
         seq_lens = seq_lens_cpu.to(self.rows.device)
         last_loc = torch.tensor(last, dtype=torch.int64, device=self.rows.device)
         what = f"alloc_decode(seq_lens={seq_lens_cpu.tolist()}, last_loc={last})"
         out = self._call(what, self.allocator.alloc_decode, seq_lens, seq_lens_cpu, last_loc)
-        if self._none_iff_short(what, out, short, want):
-            self.check()
+        slots = self._index_tensor(what, out, len(reqs), sum(needs))
+        if slots is None:
             return
-        slots = _ids(out)
-        if len(slots) != len(batch):
-            self._fail("decode_one_slot_per_request", f"{what} returned {len(slots)} slots / {len(batch)} requests")
-        new_pages = []
-        for ref, need, prev, slot in zip(batch, needs, last, slots):
-            if need and slot % ps:
-                self._fail("decode_takes_page_boundary", f"{what} gave {ref!r} slot {slot} mid-page / the first slot of a new page of {ps}")
-            if not need and slot != prev + 1:
-                self._fail("decode_takes_page_boundary", f"{what} gave {ref!r} slot {slot} / the next slot of its page, {prev + 1}")
-            if need:
-                new_pages.append(slot // ps)
-        if problem := no_slot_handed_out_twice(new_pages, self.model):
-            self._fail("no_slot_handed_out_twice", problem)
-        offsets = torch.arange(ps, dtype=torch.int64, device=self.rows.device)
-        for ref, need, slot in zip(batch, needs, slots):
+        self._judge(invariants.decode_takes_page_boundary, what, [repr(r) for r in reqs], needs, last, slots, ps)
+        new_pages = [slot // ps for need, slot in zip(needs, slots) if need]
+        self._judge(invariants.no_slot_handed_out_twice, new_pages, self.model)
+        offsets = torch.arange(ps, dtype=self.rows.dtype, device=self.rows.device)
+        for ref, need, slot in zip(reqs, needs, slots):
             request = self.model.requests[ref.rid]
             if need:
                 # The row holds whole pages; later decodes fill the rest of this one.
                 self.rows[request.row, len(request.pages) * ps : (len(request.pages) + 1) * ps] = slot + offsets
             self.model.decode(ref.rid, slot // ps if need else None, ps)
-        self.check()
 
+    @step
     def begin(self) -> None:
-        self._record("begin")
         self._call("free_group_begin()", self.allocator.free_group_begin)
         self.model.begin()
         self.in_group = True
-        self.check()
 
+    @step
     def end(self) -> None:
         """``free_group_end()``, also when no group is open."""
-        self._record("end")
         self._call("free_group_end()", self.allocator.free_group_end)
         self.model.end()
         self.in_group = False
-        self.check()
 
+    @step
     def free(self, req: ReqRef, n: int) -> None:
         """``free()`` of a view of the request's last ``n`` own slots."""
-        self._record("free", req=req, n=n)
         row, length = self._row_of(req)
-        self._call(f"free(req_to_token[{row}, {length - n}:{length}])", self.allocator.free, self.rows[row, length - n : length])
+        own = self.model.requests[req.rid].own
+        self._give_back(row, length - n, length, own[len(own) - n // self.page_size :], segment=False)
         self.model.release_tail(req.rid, n // self.page_size)
-        self.check()
 
+    @step
     def free_segment(self, req: ReqRef, start: int, n: int) -> None:
         """``free_segment()`` of a view ``row[start : start + n]``: ``start``
         is page-aligned and the segment runs to the request's last page,
         perhaps ending mid-page."""
-        self._record("free_segment", req=req, start=start, n=n)
+        ps = self.page_size
         row, length = self._row_of(req)
-        self._free_segment(row, start, n)
-        self.model.release_tail(req.rid, length // self.page_size - start // self.page_size)
-        self.check()
+        self._give_back(row, start, start + n, self.model.requests[req.rid].pages[start // ps :], segment=True)
+        self.model.release_tail(req.rid, length // ps - start // ps)
 
+    @step
     def overwrite_row(self, row: int) -> None:
         """Zero the part of ``row`` no live request uses, as sglang's tests do
         after queuing a free (the whole row when it is unused)."""
-        self._record("overwrite_row", row=row)
         holder = self.row_holder[row]
         used = len(self.model.requests[holder].pages) * self.page_size if holder is not None else 0
         self.rows[row, used:] = 0
-        self.check()
 
+    @step
     def rematch(self, req: ReqRef, dup: int, entry: EntryRef | None = None) -> EntryRef | None:
         """``cache_unfinished_req``: insert the request's own pages into the
         cache; the first ``dup`` of them the cache already held (in ``entry``),
         so free that span as a view, overwrite it with the cache's slots, and
         move the lock.  Returns the new cache entry, if any."""
-        step = self._record("rematch", req=req, dup=dup, entry=entry)
         ps = self.page_size
+        request = self.model.requests[req.rid]
         row, length = self._row_of(req)
-        protected = len(self.model.requests[req.rid].prefix) * ps
+        protected = len(request.prefix) * ps
         dup_end = protected + dup * ps
         new_slots = self.rows[row, dup_end:length].clone()
         if dup:
-            self._free_segment(row, protected, dup * ps)
+            self._give_back(row, protected, dup_end, request.own[:dup], segment=True)
             self.rows[row, protected:dup_end] = self.entry_slots[entry.eid][: dup * ps]
-        return self._cache_rest(step, req, dup, entry, new_slots)
-
-    def _cache_rest(self, step: Step, req: ReqRef, dup: int, entry: EntryRef | None, new_slots) -> EntryRef | None:
-        """The model side of a rematch: the request's pages past ``dup``
-        become a cache entry holding ``new_slots``; then every check."""
         made = self.model.rematch(req.rid, dup, entry.eid if entry is not None else None)
-        result = None
-        if made is not None:
-            self.entry_slots[made.eid] = new_slots
-            result = EntryRef(made.eid)
-            self._returns(step, result)
-        self.check()
-        return result
+        if made is None:
+            return None
+        self.entry_slots[made.eid] = new_slots
+        return EntryRef(made.eid)
 
+    @step
     def evict(self, entry: EntryRef) -> None:
         """The cache evicts an unlocked entry: ``free()`` of its own tensor."""
-        self._record("evict", entry=entry)
-        slots = self.entry_slots.pop(entry.eid)
-        self._call(f"free({entry!r} slots)", self.allocator.free, slots)
+        self._evict_slots(entry, self.entry_slots.pop(entry.eid), self.model.cache[entry.eid].pages)
         self.model.evict(entry.eid)
-        self.check()
 
+    @step
     def finish(self, req: ReqRef) -> None:
         """The request ends: ``free()`` of a view of its own slots; its row is
         left as it is, for the next request to reuse."""
-        self._record("finish", req=req)
+        request = self.model.requests[req.rid]
         row, length = self._row_of(req)
-        protected = len(self.model.requests[req.rid].prefix) * self.page_size
-        if length > protected:
-            self._call(f"free(req_to_token[{row}, {protected}:{length}])", self.allocator.free, self.rows[row, protected:length])
+        self._give_back(row, len(request.prefix) * self.page_size, length, request.own, segment=False)
         self.model.finish(req.rid)
         self.row_holder[row] = None
-        self.check()
+
+    # -- the hooks every free goes through --
+
+    def _give_back(self, row: int, start: int, end: int, pages: list[int], *, segment: bool) -> None:
+        """Free ``row[start:end]``, a view, holding ``pages``: ``free_segment``
+        (where the allocator has it) or ``free``."""
+        if end <= start:
+            return
+        view = self.rows[row, start:end]
+        if segment and self.has_free_segment:
+            self._call(
+                f"free_segment(req_to_token[{row}, {start}:{end}], start_pos={start})",
+                lambda: self.allocator.free_segment(view, start_pos=start),
+            )
+        else:
+            self._call(f"free(req_to_token[{row}, {start}:{end}])", self.allocator.free, view)
+
+    def _evict_slots(self, entry: EntryRef, slots, pages) -> None:
+        """The cache frees an evicted entry's own tensor."""
+        self._call(f"free({entry!r} slots)", self.allocator.free, slots)
 
     # -- checks --
 
+    def pools(self) -> list[Pool]:
+        """The pools ``check()`` compares with their models."""
+        return [Pool(self.allocator, self.model)]
+
     def check(self) -> None:
-        """Every invariant, in ``CHECKS`` order; the first failure raises."""
-        census = self._call("get_all_free_pages()", census_of, self.allocator)
-        available = self._call("available_size()", self.allocator.available_size)
-        for predicate in CHECKS:
-            if problem := predicate(census, int(available), self.page_size, self.model):
-                self._fail(predicate.__name__, problem)
+        """Every invariant on every pool, in ``CHECKS`` order; the first
+        failure raises."""
+        censuses = []
+        for pool in self.pools():
+            census = self._call(f"{pool.prefix}census", census_of, pool.allocator)
+            available = int(self._call(f"{pool.prefix}available_size()", pool.allocator.available_size))
+            for predicate in CHECKS:
+                self._judge(predicate, census, available, self.page_size, pool.model, name=pool.prefix + predicate.__name__, label=pool.label)
+            censuses.append(census)
+        self.check_joint(censuses)
+
+    def check_joint(self, censuses: list[list[int]]) -> None:
+        """Checks across pools, after each pool's own (one pool: none)."""
 
     def teardown(self) -> None:
         """Close any open group; the final state must still check out."""
         if self.in_group:
             self.end()
 
+    # -- the seam's side (see steps.step) --
+
+    def _start_step(self, spec: StepSpec, call: dict) -> None:
+        self.steps.append(Step(spec.name, spec.record(call)))
+
+    def _finish_step(self, result) -> None:
+        if isinstance(result, (ReqRef, EntryRef)):
+            last = self.steps[-1]
+            self.steps[-1] = Step(last.rule, last.args, repr(result))
+        self.check()
+
     # -- helpers --
 
-    def _none_iff_short(self, what: str, out, short: bool, want: int) -> bool:
-        """Whether the call returned None, which it must exactly when the
-        model is short of ``want`` pages; fails the run otherwise."""
-        if (out is None) != short:
-            got = "None" if out is None else f"{len(_ids(out))} slots"
-            only = "only " if short else ""
-            self._fail("alloc_none_iff_short", f"{what} returned {got} / model has {only}{self.model.num_free} free pages, needs {want}")
-        return out is None
+    def _judge(self, predicate: Callable[..., str | None], *args, name: str | None = None, label: str = "") -> None:
+        """Run a named predicate from ``reference_model``; fail the run
+        under its name when it says what is wrong."""
+        if _observer is None:
+            problem = predicate(*args)
+        else:
+            t0 = time.perf_counter()
+            problem = predicate(*args)
+            _observer.add(predicate.__name__, time.perf_counter() - t0)
+        if problem:
+            self._fail(name or predicate.__name__, label + problem)
 
     def _short(self, pages: int) -> bool:
         """Whether an alloc of ``pages`` pages must return None."""
         return self.model.num_free < pages
 
+    def _index_tensor(self, what: str, out, length: int, want_pages: int) -> list[int] | None:
+        """What an alloc returned, judged: ``None`` exactly when the pool is
+        short of ``want_pages``, else an int32/int64 tensor on the pool's
+        device of ``length`` slots.  Returns its slot ids, or None."""
+        short = self._short(want_pages)
+        if out is None:
+            self._judge(invariants.alloc_none_iff_short, what, True, 0, short, self.model.num_free, want_pages)
+            return None
+        device = torch.device(self.config.device).type
+        want = f"an int32 or int64 tensor on {device} of {length} slots"
+        if not isinstance(out, torch.Tensor):
+            got = f"a {type(out).__name__}"
+        elif out.dtype not in (torch.int32, torch.int64) or out.device.type != device or out.dim() != 1 or out.numel() != length:
+            got = f"a {str(out.dtype).removeprefix('torch.')} tensor on {out.device.type} of shape {list(out.shape)}"
+        else:
+            got = want
+        self._judge(invariants.alloc_returns_index_tensor, what, got, want)
+        slots = ids(out)
+        self._judge(invariants.alloc_none_iff_short, what, False, len(slots), short, self.model.num_free, want_pages)
+        return slots
+
     def _row_of(self, req: ReqRef) -> tuple[int, int]:
         request = self.model.requests[req.rid]
         return request.row, len(request.pages) * self.page_size
 
-    def _free_segment(self, row: int, start: int, n: int) -> None:
-        view = self.rows[row, start : start + n]
-        what = f"free_segment(req_to_token[{row}, {start}:{start + n}], start_pos={start})"
-        if self.has_free_segment:
-            self._call(what, lambda: self.allocator.free_segment(view, start_pos=start))
-        else:
-            self._call(what.replace("free_segment", "free").replace(f", start_pos={start}", ""), self.allocator.free, view)
-
-    def _pages_of_alloc(self, n: int, slots: list[int]) -> list[int]:
-        ps = self.page_size
-        whole = len(slots) == n and all(
-            slots[i] // ps == slots[i - i % ps] // ps and slots[i] % ps == i % ps for i in range(len(slots))
-        )
-        if not whole:
-            self._fail("alloc_returns_whole_pages", f"alloc({n}) returned {slots[:16]} / {n} slots in whole pages of {ps}")
-        return [slots[i] // ps for i in range(0, n, ps)]
-
-    def _record(self, rule: str, **args) -> Step:
-        step = Step(rule, {k: _arg(v) for k, v in args.items() if v is not None})
-        self.steps.append(step)
-        return step
-
-    def _returns(self, step: Step, ref) -> Step:
-        named = Step(step.rule, step.args, repr(ref))
-        self.steps[-1] = named
-        return named
-
     def _call(self, what: str, fn, *args):
+        t0 = time.perf_counter() if _observer is not None else 0.0
         try:
             with _deadline(CALL_TIMEOUT_S):
                 return fn(*args)
@@ -477,16 +469,10 @@ class Lockstep:
                 "allocator_raised",
                 f"{what} raised {type(exc).__name__}: {exc} (at {where.filename}:{where.lineno})",
             )
+        finally:
+            if _observer is not None:
+                census = fn is census_of or getattr(fn, "__name__", "") == "available_size"
+                _observer.add(CENSUS if census else ALLOCATOR, time.perf_counter() - t0)
 
     def _fail(self, invariant: str, detail: str):
         raise violation_type(invariant)(detail, self.steps, self.config)
-
-
-def _is_ref(value) -> bool:
-    return isinstance(value, str) and value.partition("_")[0] in ("req", "cache") and value.partition("_")[2].isdigit()
-
-
-def _arg(value):
-    if isinstance(value, (ReqRef, EntryRef)):
-        return repr(value)
-    return value

@@ -9,19 +9,20 @@ where it cannot apply, so no example is thrown away.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
-from attrs import define, field
+from attrs import define, field, frozen
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from state_machines.config import Config
-from state_machines.harness.lockstep import InvariantViolation, Lockstep
+from state_machines.harness.lockstep import InvariantViolation
+from state_machines.harness.steps import STEPS
 
 # How many pages one alloc or free takes at most.
 MAX_PAGES = 4
 # Indices into the live requests / cache entries, reduced modulo their count.
-picks = st.integers(0, 3)
+PICKS = (0, 3)
 
 
 @define
@@ -46,6 +47,44 @@ class RunRecord:
             self.steps_to_failure = self.steps
 
 
+@frozen
+class MachineRule:
+    """A machine rule as declared: what it draws and when it may run.  The
+    Hypothesis rule is made from it, and so are coverage's blocked counts
+    and the bench's random baseline, so none reads Hypothesis internals."""
+
+    name: str
+    # argument -> inclusive (low, high) of integers, or ``bool``
+    draws: dict
+    # state -> whether the rule can run; None: always
+    guard: Callable[[Any], bool] | None
+
+    def applies(self, machine) -> bool:
+        return self.guard is None or bool(self.guard(machine.state))
+
+
+def draws(guard: Callable[[Any], bool] | None = None, **ranges):
+    """Declare a machine rule: each argument an integer drawn from an
+    inclusive ``(low, high)`` range, or a boolean (``bool``); it runs only
+    where ``guard(state)`` holds (a Hypothesis precondition)."""
+
+    def decorate(fn):
+        strategies = {k: st.booleans() if r is bool else st.integers(*r) for k, r in ranges.items()}
+        made = rule(**strategies)(fn)
+        if guard is not None:
+            made = precondition(lambda self: guard(self.state))(made)
+        made.machine_rule = MachineRule(fn.__name__, dict(ranges), guard)
+        return made
+
+    return decorate
+
+
+def machine_rules(machine_cls) -> list[MachineRule]:
+    """The rules a machine class declares, by name."""
+    found = (getattr(getattr(machine_cls, name, None), "machine_rule", None) for name in sorted(dir(machine_cls)))
+    return [r for r in found if r is not None]
+
+
 def _pick(items, index):
     return items[index % len(items)]
 
@@ -53,26 +92,28 @@ def _pick(items, index):
 class FreeGroupMachine(RuleBasedStateMachine):
     """Requests, a prefix cache and free groups over one allocator.
 
-    Subclassed per configuration by ``machine_for``; ``config`` and
-    ``record`` are set there.
+    Subclassed per configuration by ``family.machine_for``; ``config``,
+    ``record`` and ``make_state`` are set there.
     """
 
     config: Config = Config()
     record: RunRecord = RunRecord()
+    make_state: Callable[[], Any]
 
     def __init__(self) -> None:
         super().__init__()
         self.record.examples += 1
-        self.state = Lockstep.build(self.config)
+        self.state = self.make_state()
 
-    def _do(self, name: str, fn, *args, **kwargs):
+    def _do(self, name: str, *args, **kwargs):
+        """Run the harness step ``name``, counted and shown to the probe."""
         self.record.steps += 1
         self.record.rule_counts[name] = self.record.rule_counts.get(name, 0) + 1
         probe = self.record.probe
         if probe is not None:
-            probe.before(self, name, args, kwargs)
+            probe.before(self, name, STEPS[name].bind(args, kwargs) if name in STEPS else {})
         try:
-            result = fn(*args, **kwargs)
+            result = getattr(self.state, name)(*args, **kwargs)
         except InvariantViolation as exc:
             self.failed = True
             self.record.saw_failure()
@@ -83,7 +124,7 @@ class FreeGroupMachine(RuleBasedStateMachine):
             probe.after(self, name)
         return result
 
-    @rule(pages=st.integers(1, MAX_PAGES), who=st.integers(0, 8))
+    @draws(pages=(1, MAX_PAGES), who=(0, 8))
     def alloc(self, pages, who):
         # who: 0 starts a request; 1..4 extends a live one; 5..8 starts one
         # on a cached prefix.  One draw, and it shrinks toward a new request.
@@ -95,45 +136,40 @@ class FreeGroupMachine(RuleBasedStateMachine):
             req = _pick(live, who)
             pages = min(pages, s.room(req))
             if pages:
-                self._do("alloc", s.alloc, pages * s.page_size, req=req)
+                self._do("alloc", pages * s.page_size, req=req)
             return
         entries = [e for e in s.entries() if len(s.model.cache[e.eid].pages) < s.config.row_pages]
         entry = _pick(entries, who) if who > 4 and entries else None
         if entry is not None:
             pages = min(pages, s.config.row_pages - len(s.model.cache[entry.eid].pages))
-        self._do("alloc", s.alloc, pages * s.page_size, prefix=entry)
+        self._do("alloc", pages * s.page_size, prefix=entry)
 
-    @precondition(lambda self: not self.state.in_group)
-    @rule()
+    @draws(guard=lambda s: not s.in_group)
     def begin(self):
-        self._do("begin", self.state.begin)
+        self._do("begin")
 
-    @precondition(lambda self: self.state.with_own_pages())
-    @rule(which=picks, pages=st.integers(1, MAX_PAGES))
+    @draws(guard=lambda s: s.with_own_pages(), which=PICKS, pages=(1, MAX_PAGES))
     def free(self, which, pages):
         req = _pick(self.state.with_own_pages(), which)
         pages = min(pages, len(self.state.model.requests[req.rid].own))
-        self._do("free", self.state.free, req, pages * self.state.page_size)
+        self._do("free", req, pages * self.state.page_size)
 
-    @precondition(lambda self: self.state.with_own_pages())
-    @rule(which=picks, start=st.integers(0, 15), trim=st.integers(0, 7))
+    @draws(guard=lambda s: s.with_own_pages(), which=PICKS, start=(0, 15), trim=(0, 7))
     def free_segment(self, which, start, trim):
         s = self.state
         req = _pick(s.with_own_pages(), which)
         request = s.model.requests[req.rid]
         start_page = len(request.prefix) + start % len(request.own)
         end = len(request.pages) * s.page_size - trim % s.page_size
-        self._do("free_segment", s.free_segment, req, start_page * s.page_size, end - start_page * s.page_size)
+        self._do("free_segment", req, start_page * s.page_size, end - start_page * s.page_size)
 
-    @precondition(lambda self: self.state.stale_rows())
-    @rule(row=picks)
+    @draws(guard=lambda s: s.stale_rows(), row=PICKS)
     def overwrite_row(self, row):
         # Only rows holding stale slot ids beyond their live part: zeroing a
         # clean row tests nothing, and would crowd out the steps that matter.
-        self._do("overwrite_row", self.state.overwrite_row, _pick(self.state.stale_rows(), row))
+        self._do("overwrite_row", _pick(self.state.stale_rows(), row))
 
-    @precondition(lambda self: self.state.with_own_pages())
-    @rule(which=picks, dup=st.integers(0, MAX_PAGES), entry=picks)
+    @draws(guard=lambda s: s.with_own_pages(), which=PICKS, dup=(0, MAX_PAGES), entry=PICKS)
     def rematch(self, which, dup, entry):
         s = self.state
         req = _pick(s.with_own_pages(), which)
@@ -141,38 +177,49 @@ class FreeGroupMachine(RuleBasedStateMachine):
         donors = [e for e in s.entries() if len(s.model.cache[e.eid].pages) >= dup] if dup else []
         if not donors:
             dup = 0
-        self._do("rematch", s.rematch, req, dup, _pick(donors, entry) if donors else None)
+        self._do("rematch", req, dup, _pick(donors, entry) if donors else None)
 
-    @precondition(lambda self: self.state.evictable())
-    @rule(which=picks)
+    @draws(guard=lambda s: s.evictable(), which=PICKS)
     def evict(self, which):
-        self._do("evict", self.state.evict, _pick(self.state.evictable(), which))
+        self._do("evict", _pick(self.state.evictable(), which))
 
-    @precondition(lambda self: self.state.live())
-    @rule(which=picks)
+    @draws(guard=lambda s: s.live(), which=PICKS)
     def finish(self, which):
-        self._do("finish", self.state.finish, _pick(self.state.live(), which))
+        self._do("finish", _pick(self.state.live(), which))
 
     # Always enabled, also with no group open (the repeated end of PR 36739).
     # A precondition here would thin it out, but then deleting a `begin`
     # while shrinking disables the `end` after it, and traces shrink worse.
-    @rule()
+    @draws()
     def end(self):
-        self._do("end", self.state.end)
+        self._do("end")
 
     def teardown(self):
         # After a failure the state is already wrong; checking it again would
         # chain a second report onto the first.
         if hasattr(self, "state") and not getattr(self, "failed", False):
-            self._do("teardown", self.state.teardown)
+            self._do("teardown")
 
 
-def machine_for(config: Config, record: RunRecord | None = None) -> type[FreeGroupMachine]:
-    """A ``FreeGroupMachine`` bound to ``config``.  Its name spells the
-    configuration, so the example database keeps configurations apart."""
-    from state_machines.harness.family import base_machine_for
+class DecodeRules:
+    """Mixed into a machine whose target has ``alloc_decode``."""
 
-    # The target decides the rules: its family, and whether it has alloc_decode.
-    base = base_machine_for(Lockstep.build(config))
-    name = base.__name__ + "_" + "".join(c if c.isalnum() else "_" for c in config.label())
-    return type(name, (base,), {"config": config, "record": record or RunRecord()})
+    @draws(guard=lambda s: s.live(), mask=(1, 15), order=(0, 3))
+    def decode(self, mask, order):
+        s = self.state
+        live = s.live()
+        # A request that needs a new page needs room for it in its row.
+        batch = [
+            r for i, r in enumerate(live)
+            if mask >> (i % 4) & 1 and (s.room(r) > 0 or not s.model.decode_needs_page(r.rid, s.page_size))
+        ]
+        if not batch:
+            return
+        if order == 0:
+            # Requests taking a page first: the batch's tail then takes none,
+            # the edge where a decode kernel's page index runs past the new pages.
+            batch.sort(key=lambda r: not s.model.decode_needs_page(r.rid, s.page_size))
+        else:
+            k = order % len(batch)
+            batch = batch[k:] + batch[:k]
+        self._do("decode", batch)

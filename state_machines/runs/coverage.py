@@ -16,9 +16,8 @@ from collections import Counter
 
 from attrs import frozen
 from hypothesis import event, target
-from hypothesis.stateful import PRECONDITIONS_MARKER, RULE_MARKER
-
 from state_machines.config import Config
+from state_machines.harness.machines import machine_rules
 
 
 @frozen
@@ -53,18 +52,6 @@ INTERLEAVINGS = (
 NEEDS_TEXT = {"segment_ends_mid_page": "--page-size > 1", "alloc_merged_release": "--need-sort"}
 
 
-def rule_preconditions(machine_cls) -> dict[str, tuple]:
-    """Each rule of a state machine class, with its precondition functions."""
-    out = {}
-    for name in dir(machine_cls):
-        fn = getattr(machine_cls, name, None)
-        rule = getattr(fn, RULE_MARKER, None)
-        if rule is not None:
-            # @precondition above @rule lands on the Rule; below it, on the function.
-            out[name] = tuple(getattr(rule, "preconditions", ())) + tuple(getattr(fn, PRECONDITIONS_MARKER, ()))
-    return out
-
-
 class Coverage:
     """Counts rules and interleavings over any number of Hypothesis runs.
 
@@ -91,13 +78,15 @@ class Coverage:
         self._should_stop = should_stop
         self._on_failure = on_failure
         self._hypothesis = use_hypothesis
-        self._rules: dict[str, tuple] | None = None
+        # The machine's guarded rules, and every rule's name, once seen.
+        self._rules: list | None = None
+        self._all_rules: set[str] = set()
         self._state = None
         self._hits_this_example = 0
 
     # -- hooks the machine calls --
 
-    def before(self, machine, name: str, args: tuple, kwargs: dict) -> None:
+    def before(self, machine, name: str, call: dict) -> None:
         state = machine.state
         if state is not self._state:
             self._new_example(state)
@@ -105,7 +94,7 @@ class Coverage:
             return
         self.steps += 1
         self.ran[name] += 1
-        for hit in self._interleavings(state, name, args, kwargs):
+        for hit in self._interleavings(state, name, call):
             self._hit(hit)
 
     def after(self, machine, name: str) -> None:
@@ -146,9 +135,8 @@ class Coverage:
         if self._hypothesis:
             event(f"interleaving: {name}")
 
-    def _interleavings(self, state, name, args, kwargs):
+    def _interleavings(self, state, name, call):
         ps = state.page_size
-        call = dict(zip(_PARAMS.get(name, ()), args), **kwargs)
         in_group = state.in_group
         if name == "begin":
             self._freed_rows, self._overwritten = set(), set()
@@ -204,17 +192,18 @@ class Coverage:
 
     def _count_blocked(self, machine) -> None:
         if self._rules is None:
-            self._rules = rule_preconditions(type(machine))
+            self._rules = [r for r in machine_rules(type(machine)) if r.guard is not None]
+            self._all_rules = {r.name for r in machine_rules(type(machine))}
         self.checks += 1
-        for rule_name, preconditions in self._rules.items():
-            if preconditions and not all(p(machine) for p in preconditions):
-                self.blocked[rule_name] += 1
+        for rule in self._rules:
+            if not rule.applies(machine):
+                self.blocked[rule.name] += 1
 
     # -- reporting --
 
     def snapshot(self) -> dict:
         """The counts so far, as plain data (summed across workers by ``merge``)."""
-        rules = set(self.ran) | set(self.blocked) | set(self._rules or ())
+        rules = set(self.ran) | set(self.blocked) | self._all_rules
         return {
             "examples": self.examples,
             "steps": self.steps,
@@ -222,18 +211,6 @@ class Coverage:
             "rules": {r: {"ran": self.ran[r], "blocked": self.blocked[r]} for r in sorted(rules)},
             "interleavings": {i: self.seen[i] for i in self.applicable},
         }
-
-
-# The positional parameters of Lockstep's step methods, as ``_do`` passes them.
-_PARAMS = {
-    "alloc": ("n",),
-    "free": ("req", "n"),
-    "free_segment": ("req", "start", "n"),
-    "overwrite_row": ("row",),
-    "rematch": ("req", "dup", "entry"),
-    "evict": ("entry",),
-    "finish": ("req",),
-}
 
 
 def merge(snapshots) -> dict:

@@ -15,14 +15,14 @@ import re
 from pathlib import Path
 
 from state_machines.config import Config
-from state_machines.harness.lockstep import InvariantViolation, Lockstep
+from state_machines.harness import InvariantViolation, build
 from state_machines.runs.trace import Trace, TraceError, run_steps
 
 
 def _recorded_allocs(trace: Trace, config: Config) -> list[list[int] | None]:
     """What each alloc step returned on ``config``, in order (None when short)."""
     seen: list[list[int] | None] = []
-    state = Lockstep.build(config)
+    state = build(config)
     real_alloc = state.allocator.alloc
 
     def recording(n):
@@ -68,12 +68,12 @@ with pytest where kv-lockstep is installed (`pip install kv-lockstep`).
 import pytest
 import torch  # noqa: F401  (the comments' tensor literals are valid Python)
 
-from state_machines.harness.lockstep import InvariantViolation, Lockstep
+from state_machines.harness import InvariantViolation, build
 
 
 def {name}():
     """The recorded {len(trace.steps)} steps keep every invariant, `{invariant}` included."""
-    state = Lockstep.build({build})
+    state = build({build})
     try:
 {chr(10).join(body)}
     except InvariantViolation as exc:

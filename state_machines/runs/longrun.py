@@ -80,7 +80,7 @@ def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messag
     """Run Hypothesis runs until told to stop; report stats and failures."""
     # Ctrl-C reaches the whole process group: the parent alone decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from state_machines.harness.machines import RunRecord
+    from state_machines.harness import RunRecord
     from state_machines.runs.runner import fuzz
     from state_machines.runs.trace import Trace, write
 

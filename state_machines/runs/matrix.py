@@ -25,7 +25,7 @@ COLUMNS = ("release", "target", "result", "examples", "s to first failure", "shr
 
 def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str | None, kinds=None) -> list[dict]:
     """Fuzz every kind of one release (or those in ``kinds``), in this process."""
-    from state_machines.harness.lockstep import Lockstep
+    from state_machines.harness import build
     from state_machines.runs.runner import fuzz
     from state_machines.runs.trace import write
 
@@ -37,7 +37,7 @@ def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str |
         config = Config(target=f"sglang:{kind}", page_size=page_size, sglang_path=release_dir)
         started = time.monotonic()
         try:
-            row["disabled"] = _disabled(Lockstep, config)
+            row["disabled"] = _disabled(build, config)
             outcome = fuzz(config, max_examples=max_examples, seed=seed, database=None, derandomize=False)
         except TargetError as exc:
             rows.append({**row, "result": f"unavailable: {exc}"})
@@ -64,13 +64,13 @@ def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str |
     return rows
 
 
-def _disabled(lockstep, config) -> dict[str, str]:
+def _disabled(build, config) -> dict[str, str]:
     """Rules the target cannot run here, with reasons; a fresh pool that
     already fails its checks is left for the run to report."""
-    from state_machines.harness.lockstep import InvariantViolation
+    from state_machines.harness import InvariantViolation
 
     try:
-        return lockstep.build(config).disabled_rules
+        return build(config).disabled_rules
     except InvariantViolation:
         return {}
 

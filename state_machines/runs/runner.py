@@ -12,8 +12,7 @@ from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
 from state_machines.config import Config
-from state_machines.harness.lockstep import InvariantViolation, Lockstep
-from state_machines.harness.machines import RunRecord, machine_for
+from state_machines.harness import InvariantViolation, RunRecord, build, machine_for
 from state_machines.runs.trace import Trace, run_steps
 
 # Steps in one example; long enough for begin .. free .. overwrite .. end.
@@ -84,7 +83,7 @@ def fuzz(
     The configuration is built once first, so bad input raises
     ``TargetError`` here rather than inside Hypothesis.
     """
-    Lockstep.build(config)
+    build(config)
     record = record if record is not None else RunRecord()
     machine = machine_for(config, record)
     if seed is not None:
@@ -112,7 +111,7 @@ def replay(trace: Trace, config: Config | None = None) -> InvariantViolation | N
     teardown check out.
     """
     try:
-        state = Lockstep.build(config or trace.config)
+        state = build(config or trace.config)
         run_steps(state, trace.steps)
         state.teardown()
     except InvariantViolation as exc:

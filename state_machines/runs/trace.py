@@ -9,10 +9,10 @@ from pathlib import Path
 from attrs import frozen
 
 from state_machines.config import Config
-from state_machines.harness.lockstep import EntryRef, InvariantViolation, Lockstep, ReqRef, Step
+from state_machines.harness import InvariantViolation, Lockstep, Step
+from state_machines.harness.steps import BadStep, steps_of
 
 FORMAT = "kv-lockstep-trace/1"
-_REF = re.compile(r"^(req|cache)_(\d+)$")
 
 
 class TraceError(Exception):
@@ -57,10 +57,11 @@ class Trace:
             raise TraceError(f"cannot read trace {path}: {type(exc).__name__}: {exc}") from None
 
     def program(self) -> str:
-        """The steps as Python that runs them again, Hypothesis style; the
-        failing step, the last, carries the invariant it broke."""
+        """The steps as Python that runs them again after ``from
+        state_machines.harness import build``, Hypothesis style; the failing
+        step, the last, carries the invariant it broke."""
         cfg = {k: v for k, v in self.config.to_dict().items() if v != Config().to_dict()[k] or k == "target"}
-        lines = [f"state = Lockstep.build({', '.join(f'{k}={v!r}' for k, v in cfg.items())})"]
+        lines = [f"state = build({', '.join(f'{k}={v!r}' for k, v in cfg.items())})"]
         lines += [step.call_text() for step in self.steps]
         if self.invariant:
             lines[-1] += f"  # fails: {self.invariant}"
@@ -71,32 +72,28 @@ class Trace:
 
 def run_steps(state: Lockstep, steps) -> None:
     """Apply recorded steps to ``state``; raises ``InvariantViolation`` where
-    one fails, and ``TraceError`` where a step names what does not exist."""
-    names: dict[str, ReqRef | EntryRef | None] = {}
+    one fails, and ``TraceError`` where a step does not fit its declaration
+    or names what does not exist."""
+    names: dict[str, object] = {}
+    declared = steps_of(type(state))
     for index, step in enumerate(steps):
-        args = {}
-        for key, value in step.args.items():
-            if isinstance(value, str) and _REF.match(value):
-                if value not in names:
-                    raise TraceError(f"step {index} ({step.rule}) names {value}, which no earlier step created")
-                value = names[value]
-            args[key] = value
-        method = getattr(state, step.rule, None) if not step.rule.startswith("_") else None
-        if method is None or step.rule not in RULES:
-            raise TraceError(f"step {index} has unknown rule '{step.rule}'")
+        spec = declared.get(step.rule) if isinstance(step.rule, str) else None
+        if spec is None:
+            known = ", ".join(sorted(declared))
+            raise TraceError(f"step {index} has rule {step.rule!r:.40}, which this target's harness has not (it has {known})")
+        if step.rule in state.disabled_rules:
+            raise TraceError(f"step {index} ({step.rule}) cannot run on this target: {state.disabled_rules[step.rule]}")
         try:
-            made = method(**args)
-        except (TypeError, KeyError, IndexError) as exc:
+            args = spec.resolve(step.args, names)
+        except BadStep as exc:
+            raise TraceError(f"step {index}: {exc}") from None
+        try:
+            made = getattr(state, step.rule)(**args)
+        except (TypeError, KeyError, IndexError, AttributeError, RuntimeError, ValueError) as exc:
+            # The harness's own bookkeeping refused the step: it does not fit this state.
             raise TraceError(f"step {index} ({step.rule}) does not apply here: {type(exc).__name__}: {exc}") from None
         if step.returns:
             names[step.returns] = made
-
-
-RULES = (
-    "alloc", "begin", "free", "free_segment", "overwrite_row", "rematch", "evict", "finish", "end",
-    # Where the target has alloc_decode; then the SWA family's.
-    "decode", "slide", "evict_swa",
-)
 
 
 def write(trace: Trace, trace_dir: str | Path) -> Path:

@@ -4,37 +4,18 @@
   with ``--mutant`` choosing a named bug variant;
 - ``sglang:NAME`` — the real allocators of an installed sglang, or of the
   checkout named by ``--sglang-path``;
-- ``MODULE:ATTR`` — any importable factory, called as
-  ``factory(size=, page_size=, device=, need_sort=)``.
+- ``MODULE:ATTR`` — any importable factory or class, called with the
+  parameters it names among ``size, page_size, device, need_sort, dtype,
+  kvcache`` (so sglang's own classes load as custom targets too).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
-
-from attrs import frozen
-
 import allocators
+from state_machines.targets.base import Target, TargetError, construct
 
-
-class TargetError(Exception):
-    """Bad user input about what to run; the CLI prints it on one line, exit 2."""
-
-
-@frozen
-class Target:
-    spec: str
-    factory: Callable[..., Any]
-    # Page sizes the target accepts, or None for any.
-    page_sizes: tuple[int, ...] | None = None
-    # Whether free_group_begin() defers frees (HiSparse-style pools don't).
-    defers_frees: bool = True
-    # Which harness drives it: "free_group" (one pool) or "swa" (full + SWA pools).
-    family: str = "free_group"
-    # allocator -> {rule: reason} for rules it cannot run here (e.g. a method
-    # that needs a device kernel); those rules are disabled, not failed.
-    rule_gate: Callable[[Any], dict[str, str]] | None = None
+__all__ = ["Target", "TargetError", "build", "builtin_names", "resolve"]
 
 
 def builtin_names() -> list[str]:
@@ -55,7 +36,7 @@ def _builtin(name: str, mutant: str | None) -> Target:
         factory=cls,
         page_sizes=(1,) if issubclass(allocators.BUILTINS[name][0], allocators.TokenAllocator) else None,
         defers_frees=getattr(cls, "defers_frees", True),
-        family=getattr(cls, "family", "free_group"),
+        family=getattr(cls, "family", None),
     )
 
 
@@ -76,7 +57,7 @@ def _custom(spec: str) -> Target:
         spec=spec,
         factory=factory,
         defers_frees=getattr(factory, "defers_frees", True),
-        family=getattr(factory, "family", "free_group"),
+        family=getattr(factory, "family", None),
     )
 
 
@@ -101,8 +82,14 @@ def build(target: Target, *, size: int, page_size: int, device: str, need_sort: 
     if target.page_sizes is not None and page_size not in target.page_sizes:
         allowed = ", ".join(map(str, target.page_sizes))
         raise TargetError(f"{target.spec} takes page size {allowed}, not {page_size}")
+    import torch
+
     try:
-        return target.factory(size=size, page_size=page_size, device=device, need_sort=need_sort)
+        # The KV dtype and cache are what sglang's classes take; allocators only store them.
+        return construct(
+            target.factory, size=size, page_size=page_size, device=device, need_sort=need_sort,
+            dtype=torch.float16, kvcache=None,
+        )
     except TargetError:
         raise
     except Exception as exc:

@@ -12,6 +12,8 @@ from functools import lru_cache
 
 from attrs import frozen
 
+from state_machines.targets.base import TargetError, one_line
+
 DEVICES = ("cpu", "cuda", "npu")
 
 
@@ -21,11 +23,6 @@ class DeviceStatus:
     available: bool
     # Why it is (not) available, on one line.
     reason: str
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:200]}"
 
 
 def _probe_cuda() -> DeviceStatus:
@@ -38,7 +35,7 @@ def _probe_cuda() -> DeviceStatus:
             return DeviceStatus("cuda", False, f"no CUDA device visible to torch {torch.__version__} (CUDA {torch.version.cuda})")
         return DeviceStatus("cuda", True, f"{torch.cuda.device_count()} device(s), {torch.cuda.get_device_name(0)}")
     except Exception as exc:
-        return DeviceStatus("cuda", False, f"CUDA probe failed: {_one_line(exc)}")
+        return DeviceStatus("cuda", False, f"CUDA probe failed: {one_line(exc)}")
 
 
 def _probe_npu() -> DeviceStatus:
@@ -49,12 +46,12 @@ def _probe_npu() -> DeviceStatus:
     except ImportError as exc:
         if getattr(exc, "name", None) == "torch_npu":
             return DeviceStatus("npu", False, "torch_npu not installed (pip install torch_npu, with Huawei's CANN runtime)")
-        return DeviceStatus("npu", False, f"torch_npu present but its runtime (CANN) is missing: {_one_line(exc)}")
+        return DeviceStatus("npu", False, f"torch_npu present but its runtime (CANN) is missing: {one_line(exc)}")
     except OSError as exc:
         # Typically libhccl.so / libascendcl.so: CANN is not installed or not sourced.
-        return DeviceStatus("npu", False, f"torch_npu present but its runtime (CANN) is missing: {_one_line(exc)}")
+        return DeviceStatus("npu", False, f"torch_npu present but its runtime (CANN) is missing: {one_line(exc)}")
     except Exception as exc:
-        return DeviceStatus("npu", False, f"torch_npu present but failed to load: {_one_line(exc)}")
+        return DeviceStatus("npu", False, f"torch_npu present but failed to load: {one_line(exc)}")
     try:
         import torch
 
@@ -62,7 +59,7 @@ def _probe_npu() -> DeviceStatus:
             return DeviceStatus("npu", False, "torch_npu loaded but no NPU device is visible")
         return DeviceStatus("npu", True, f"{torch.npu.device_count()} device(s)")
     except Exception as exc:
-        return DeviceStatus("npu", False, f"torch_npu loaded but the NPU runtime failed: {_one_line(exc)}")
+        return DeviceStatus("npu", False, f"torch_npu loaded but the NPU runtime failed: {one_line(exc)}")
 
 
 @lru_cache(maxsize=None)
@@ -81,15 +78,9 @@ def probe_all() -> list[DeviceStatus]:
     return [probe(name) for name in DEVICES]
 
 
-def available() -> list[str]:
-    return [s.name for s in probe_all() if s.available]
-
-
 def require(device: str) -> None:
     """Raise ``TargetError`` (one line, exit 2) unless ``device`` is usable.
     ``cuda:1`` is checked as ``cuda``."""
-    from state_machines.targets import TargetError
-
     status = probe(device.partition(":")[0])
     if not status.available:
         raise TargetError(f"device '{device}' is not available: {status.reason}")

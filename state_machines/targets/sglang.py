@@ -5,21 +5,16 @@ allocator modules; every failure becomes a one-line ``TargetError``.  The
 factories build allocators from the loaded release with the uniform signature
 ``factory(size, page_size, device, need_sort)``; they pass constructor
 arguments by parameter name, so a release that reorders or adds parameters
-still works.  ``describe_capabilities(allocator)`` reports which contract
-style the release follows, found by looking at the object and by probing a
-throwaway copy -- never from version strings.
+still works.  What a release can run here is probed like every target's
+(``probe.py``), never read from version strings.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
-import inspect
-import logging
 import re
 import sys
-import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
@@ -43,14 +38,13 @@ CLASSES = {
 }
 
 
-from state_machines.targets import Target, TargetError
+from state_machines.targets.base import Target, TargetError, construct, one_line, quiet
 
 
 @dataclasses.dataclass
 class SglangInfo:
     path: str  # directory holding the sglang package
     version: str
-    torch_version: str
     modules: dict[str, ModuleType]  # kind -> imported module
     unavailable: dict[str, str]  # kind -> one-line reason (optional kinds only)
 
@@ -60,12 +54,6 @@ _loaded: SglangInfo | None = None
 
 # --------------------------------------------------------------------------- #
 # helpers
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def _required_torch() -> str:
@@ -103,20 +91,6 @@ def _package_dir(mod: ModuleType) -> Path | None:
         return Path(f).resolve().parent.parent
     paths = list(getattr(mod, "__path__", []) or [])
     return Path(paths[0]).resolve().parent if paths else None
-
-
-@contextlib.contextmanager
-def _quiet_import():
-    """sglang warns and logs freely at import time on a GPU-less host."""
-    root = logging.getLogger()
-    level = root.level
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        root.setLevel(max(level, logging.ERROR))
-        try:
-            yield
-        finally:
-            root.setLevel(level)
 
 
 # --------------------------------------------------------------------------- #
@@ -157,7 +131,7 @@ def load_sglang(sglang_path: str | None = None) -> SglangInfo:
     try:
         import torch
     except Exception as exc:  # noqa: BLE001 - any failure is user-facing
-        raise TargetError(f"torch not importable: {_one_line(exc)} ({_hint(release)})")
+        raise TargetError(f"torch not importable: {one_line(exc)} ({_hint(release)})")
     need = _required_torch()
     have_torch = torch.__version__.split("+")[0]
     if have_torch != need:
@@ -174,12 +148,12 @@ def load_sglang(sglang_path: str | None = None) -> SglangInfo:
 
     modules: dict[str, ModuleType] = {}
     unavailable: dict[str, str] = {}
-    with _quiet_import():
+    with quiet():
         for kind, name in MODULES.items():
             try:
                 modules[kind] = importlib.import_module(name)
             except Exception as exc:  # noqa: BLE001
-                reason = _one_line(exc)
+                reason = one_line(exc)
                 if kind in REQUIRED:
                     raise TargetError(f"sglang not importable: {reason} ({_hint(release)})")
                 unavailable[kind] = reason
@@ -193,7 +167,6 @@ def load_sglang(sglang_path: str | None = None) -> SglangInfo:
     _loaded = SglangInfo(
         path=str(got or path or ""),
         version=str(version),
-        torch_version=torch.__version__,
         modules=modules,
         unavailable=unavailable,
     )
@@ -217,21 +190,12 @@ def _cls(kind: str) -> type:
 
 def _construct(cls: type, **available: Any):
     """Call ``cls`` with the constructor parameters it names, by keyword."""
-    params = inspect.signature(cls.__init__).parameters
-    kwargs = {}
-    for name, p in params.items():
-        if name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            continue
-        if name in available:
-            kwargs[name] = available[name]
-        elif p.default is p.empty:
-            raise TargetError(f"{cls.__name__}() wants parameter {name!r}, which kv-lockstep cannot supply")
     try:
-        return cls(**kwargs)
+        return construct(cls, **available)
     except TargetError:
         raise
     except Exception as exc:  # noqa: BLE001
-        raise TargetError(f"{cls.__name__}({', '.join(kwargs)}) failed: {_one_line(exc)}")
+        raise TargetError(f"{cls.__name__}({', '.join(available)}) failed: {one_line(exc)}")
 
 
 def _common(size: int, page_size: int, device: str, need_sort: bool) -> dict:
@@ -326,124 +290,6 @@ def factory(kind: str) -> Callable[..., Any]:
         raise TargetError(f"unknown sglang allocator kind {kind!r} (known: {', '.join(FACTORIES)})") from None
 
 
-# --------------------------------------------------------------------------- #
-# capabilities
-
-
-def _probe_free_segment(allocator) -> str:
-    if not hasattr(allocator, "free_segment"):
-        return "absent"
-    ps = allocator.page_size
-    if ps == 1:
-        return "n/a (page_size 1)"
-    probe = copy.deepcopy(allocator)
-    try:
-        idx = probe.alloc(2 * ps)
-    except Exception as exc:  # noqa: BLE001 - e.g. SWA's alloc() is page_size-1 only
-        return f"unknown (alloc for the probe failed: {_one_line(exc)})"
-    if idx is None:
-        return "unknown (pool too small to probe)"
-    try:
-        probe.free_segment(idx[1:], start_pos=1)
-    except AssertionError:
-        return "asserts page-aligned start"
-    except Exception as exc:  # noqa: BLE001
-        return f"unknown ({_one_line(exc)})"
-    return "accepts unaligned start"
-
-
-def _probe_cpu_methods(allocator) -> dict[str, str]:
-    """Run alloc_extend / alloc_decode once on a throwaway copy; report what
-    cannot run here (a device kernel, a missing kernel package)."""
-    import torch
-
-    ps = allocator.page_size
-    out: dict[str, str] = {}
-    i64 = dict(dtype=torch.int64, device=allocator.device)
-    calls = {
-        "alloc_extend": lambda a: a.alloc_extend(
-            torch.tensor([0], **i64), torch.tensor([0]),
-            torch.tensor([ps + 1], **i64), torch.tensor([ps + 1]),
-            torch.tensor([-1], **i64), ps + 1,
-        ),
-        "alloc_decode": lambda a: a.alloc_decode(
-            torch.tensor([ps + 1], **i64), torch.tensor([ps + 1]),
-            torch.tensor([ps - 1], **i64),
-        ),
-    }
-    for name, call in calls.items():
-        if not hasattr(allocator, name):
-            continue
-        probe = copy.deepcopy(allocator)
-        try:
-            with _quiet_import():
-                call(probe)
-        except NotImplementedError:
-            out[name] = "not provided"
-        except Exception as exc:  # noqa: BLE001
-            out[name] = _one_line(exc) + _raised_at(exc)
-    return out
-
-
-def _raised_at(exc: BaseException) -> str:
-    """Where a bare exception (an ``assert`` with no message) came from."""
-    if str(exc).strip():
-        return ""
-    import traceback
-
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return ""
-    last = frames[-1]
-    return f" at {Path(last.filename).name}:{last.lineno} ({(last.line or '').strip()[:60]})"
-
-
-def describe_capabilities(allocator) -> dict:
-    a = allocator
-    if getattr(a, "free_group", "missing") is None:
-        free_group = "none-or-list"
-    elif hasattr(a, "is_not_in_free_group"):
-        free_group = "flag+list"
-    else:
-        free_group = "unknown"
-
-    fields = [f for f in ("free_pages", "release_pages", "staged_pages") if getattr(a, f, None) is not None]
-    census = "get_all_free_pages" if callable(getattr(a, "get_all_free_pages", None)) else "+".join(fields) or "none"
-
-    return {
-        "class": type(a).__name__,
-        "page_size": a.page_size,
-        "need_sort": a.need_sort,
-        "free_group": free_group,
-        "census": census,
-        "census_fields": fields,
-        "free_segment": _probe_free_segment(a),
-        "free_segments": hasattr(a, "free_segments"),
-        "free_page_ids": hasattr(a, "free_page_ids"),
-        "alloc_backend": (
-            ("triton" if a.use_triton_kernels else "torch")
-            if hasattr(a, "use_triton_kernels")
-            else "class default"
-        ),
-        "cpu_unavailable": _probe_cpu_methods(a),
-    }
-
-
-_GATES: dict[tuple, dict[str, str]] = {}
-
-
-def rule_gate(allocator) -> dict[str, str]:
-    """Rules this allocator cannot run here, each with the reason: a method
-    that raises on a throwaway copy (a device kernel, a missing kernel
-    package, or a base class's NotImplementedError) disables its rule.
-    Probed once per class and pool shape."""
-    key = (type(allocator), allocator.page_size, allocator.need_sort)
-    if key not in _GATES:
-        cant = _probe_cpu_methods(allocator)
-        _GATES[key] = {"decode": f"alloc_decode: {cant['alloc_decode']}"} if "alloc_decode" in cant else {}
-    return _GATES[key]
-
-
 def resolve(kind: str, sglang_path: str | None) -> Target:
     """``sglang:KIND`` as a target: the class of the sglang that
     ``sglang_path`` (or ``import sglang``) finds."""
@@ -455,21 +301,17 @@ def resolve(kind: str, sglang_path: str | None) -> Target:
         factory=make,
         # The token allocator, and SWA's alloc(), work at page size 1 only.
         page_sizes=(1,) if kind in ("token", "swa") else None,
-        family="swa" if kind == "swa" else "free_group",
-        rule_gate=rule_gate,
+        family="swa" if kind == "swa" else None,
     )
 
 
 __all__ = [
-    "TargetError",
     "SglangInfo",
-    "load_sglang",
     "factory",
-    "make_token",
+    "load_sglang",
+    "make_npu",
     "make_paged",
     "make_swa",
-    "make_npu",
-    "describe_capabilities",
+    "make_token",
     "resolve",
-    "rule_gate",
 ]

@@ -1,0 +1,72 @@
+"""What every kind of target shares: ``Target``, ``TargetError``, and
+calling a factory with the constructor arguments it names."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import warnings
+from typing import Any, Callable
+
+from attrs import frozen
+
+
+class TargetError(Exception):
+    """Bad user input about what to run; the CLI prints it on one line, exit 2."""
+
+
+@frozen
+class Target:
+    spec: str
+    factory: Callable[..., Any]
+    # Page sizes the target accepts, or None for any.
+    page_sizes: tuple[int, ...] | None = None
+    # Whether free_group_begin() defers frees (HiSparse-style pools don't).
+    defers_frees: bool = True
+    # The family (harness) it names, or None: the registry recognizes it.
+    family: str | None = None
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+@contextlib.contextmanager
+def quiet():
+    """sglang warns and logs freely on a GPU-less host."""
+    root = logging.getLogger()
+    level = root.level
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        root.setLevel(max(level, logging.ERROR))
+        try:
+            yield
+        finally:
+            root.setLevel(level)
+
+
+def construct(factory: Callable[..., Any], **available: Any):
+    """Call ``factory`` with the parameters it names among ``available``, by
+    keyword: a factory ``f(size, page_size, device, need_sort)`` and a class
+    such as sglang's ``TokenToKVPoolAllocator(size, dtype, device, kvcache,
+    need_sort)`` are both served.  A required parameter nobody can supply is
+    a ``TargetError``."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return factory(**available)
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return factory(**available)
+    kwargs = {}
+    for name, p in params.items():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if name in available:
+            kwargs[name] = available[name]
+        elif p.default is p.empty:
+            name_of = getattr(factory, "__name__", repr(factory))
+            raise TargetError(f"{name_of}() wants parameter {name!r}, which kv-lockstep cannot supply (it supplies {', '.join(available)})")
+    return factory(**kwargs)

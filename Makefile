@@ -18,7 +18,7 @@ SGLANG_RELEASES ?= 0.5.17 0.5.18 0.5.23
 
 BENCH_ARGS ?=
 
-.PHONY: install fuzz test hypofuzz sglang-matrix bench clean
+.PHONY: install fuzz test lint hypofuzz sglang-matrix bench clean
 
 # `make install` always (re)installs; the other targets run it only when
 # .venv is missing, so a torch upgraded by `make sglang` is left alone.
@@ -35,6 +35,14 @@ fuzz: $(PY)
 
 test: $(PY)
 	$(PY) -m pytest -n auto -p no:cacheprovider --hypothesis-profile=ci $(if $(JUNIT),--junitxml=$(JUNIT)) $(TEST_ARGS)
+
+# ruff (pyflakes, import order) and the layering check: reference_model/
+# imports no torch, allocators/ and reference_model/ import no harness, and no
+# import cycle among the packages.
+lint: $(PY)
+	test -x $(VENV)/bin/ruff || $(PIP_INSTALL) -e '.[lint]'
+	$(VENV)/bin/ruff check .
+	$(PY) scripts/check_imports.py
 
 # Coverage-guided fuzzing of tests/fuzz_targets.py with HypoFuzz and its
 # dashboard; hypofuzz (and redis, for a redis:// database) go into .venv only.

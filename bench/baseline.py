@@ -22,6 +22,7 @@ from state_machines.harness.machines import MachineRule, machine_rules
 from state_machines.runs.runner import STEPS_PER_EXAMPLE
 from state_machines.runs.trace import Trace
 
+
 @frozen
 class RandomRule:
     """One rule of the machine, as the baseline draws it."""

@@ -8,7 +8,7 @@ its free list in any order passes.
 from reference_model import invariants
 from reference_model.invariants import CHECKS, no_slot_handed_out_twice
 from reference_model.ledger import Ledger
-from reference_model.model import CacheEntry, OwnershipModel, Owner, Request
+from reference_model.model import CacheEntry, Owner, OwnershipModel, Request
 from reference_model.swa import SWASide
 
 __all__ = [

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import attrs
 
@@ -65,7 +64,12 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--sglang-path")
     replay.add_argument("--emit-pytest", metavar="FILE", help="also write a standalone pytest file that replays the trace")
 
-    sub.add_parser("targets", help="list targets and mutants")
+    targets = sub.add_parser("targets", help="list targets and mutants, or what one target can run here")
+    targets.add_argument("--target", help="show this target's family, steps and disabled steps (with reasons)")
+    targets.add_argument("--mutant")
+    targets.add_argument("--page-size", type=_positive, default=1)
+    targets.add_argument("--need-sort", action="store_true")
+    targets.add_argument("--sglang-path")
     sub.add_parser("devices", help="which devices (cpu, cuda, npu) can run here, and why not")
     return parser
 
@@ -161,18 +165,42 @@ def cmd_replay(args) -> int:
     return 1
 
 
+def _describe_target(args) -> int:
+    from state_machines.harness import build
+    from state_machines.harness.steps import steps_of
+
+    config = Config(target=args.target, mutant=args.mutant, page_size=args.page_size, need_sort=args.need_sort,
+                    sglang_path=args.sglang_path)
+    state = build(config)
+    print(f"{config.label()}: {type(state.allocator).__name__}, harness {type(state).__name__}")
+    runs = [name for name in sorted(steps_of(type(state))) if name not in state.disabled_rules]
+    if not state.has_alloc_decode and "decode" in runs:
+        runs.remove("decode")
+    print(f"  steps: {', '.join(runs)}")
+    for rule, reason in sorted(state.disabled_rules.items()):
+        print(f"  disabled: {rule}: {reason}")
+    return 0
+
+
 def cmd_targets(args) -> int:
     import allocators
 
+    if args.target:
+        return _describe_target(args)
     print("built-in targets (--target builtin:NAME [--mutant M]):")
     for name, (cls, mutants) in sorted(allocators.BUILTINS.items()):
         print(f"  builtin:{name:<10} {(cls.__doc__ or '').strip().splitlines()[0]}")
         for mutant in mutants.values():
             needs = "  [needs " + ", ".join(f"{k}={v}" for k, v in mutant.needs.items()) + "]" if mutant.needs else ""
             print(f"      --mutant {mutant.name:<22} {mutant.summary}{needs}")
-    print("sglang targets (--target sglang:NAME [--sglang-path DIR]): sglang:token, sglang:paged"
-          " (sglang:swa, sglang:npu: an adapter whose factory has family = \"swa\" runs on the SWA harness)")
-    print("custom targets: --target MODULE:ATTR, called as factory(size=, page_size=, device=, need_sort=)")
+    print("sglang targets (--target sglang:NAME [--sglang-path DIR]): sglang:token, sglang:paged, sglang:swa, sglang:npu")
+    print("custom targets: --target MODULE:ATTR, a factory or class called with the parameters it names among"
+          " size, page_size, device, need_sort, dtype, kvcache")
+    print("families (a target's `family` attribute, else the first that recognizes its allocator):")
+    from state_machines.harness import FAMILIES
+
+    for family in FAMILIES.values():
+        print(f"  {family.name:<11} {family.summary}")
     print("devices (--device D), every target:")
     _print_devices()
     return 0
@@ -191,6 +219,7 @@ def cmd_devices(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from state_machines.harness import InvariantViolation
     from state_machines.runs.longrun import BadOption
     from state_machines.runs.trace import TraceError
 

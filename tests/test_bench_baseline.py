@@ -4,8 +4,7 @@ import pytest
 
 from bench.baseline import random_fuzz, random_rules
 from state_machines.config import Config
-from state_machines.harness import machine_for
-from state_machines.harness import STEPS
+from state_machines.harness import STEPS, machine_for
 
 
 def test_baseline_draws_every_rule_of_the_machine():

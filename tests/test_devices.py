@@ -2,11 +2,10 @@
 
 import pytest
 
-from state_machines.targets import devices
+from state_machines.config import Config
 from state_machines.harness import build
 from state_machines.runs.runner import fuzz
-from state_machines.config import Config
-from state_machines.targets import TargetError
+from state_machines.targets import TargetError, devices
 from tests.test_cli import kv_lockstep
 
 

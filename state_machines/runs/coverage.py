@@ -16,6 +16,7 @@ from collections import Counter
 
 from attrs import frozen
 from hypothesis import event, target
+
 from state_machines.config import Config
 from state_machines.harness.machines import machine_rules
 

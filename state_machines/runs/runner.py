@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 import attrs
-
 from attrs import frozen
-from hypothesis import HealthCheck, Phase, seed as hypothesis_seed, settings
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import seed as hypothesis_seed
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 

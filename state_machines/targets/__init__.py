@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import importlib
+
 import allocators
 from state_machines.targets.base import Target, TargetError, construct
 

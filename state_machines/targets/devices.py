@@ -41,7 +41,6 @@ def _probe_cuda() -> DeviceStatus:
 def _probe_npu() -> DeviceStatus:
     try:
         import torch  # noqa: F401
-
         import torch_npu  # noqa: F401
     except ImportError as exc:
         if getattr(exc, "name", None) == "torch_npu":

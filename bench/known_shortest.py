@@ -25,6 +25,12 @@ def _s(rule: str, returns: str | None = None, **args) -> Step:
     return Step(rule, args, returns)
 
 
+def _decode(*reqs: str) -> Step:
+    """A ``decode`` step of the batch ``reqs``, in batch order; the one place
+    that spells how a trace writes the batch."""
+    return _s("decode", reqs=list(reqs))
+
+
 # The aliasing story: a view of row 0 is queued, the row changes, the group ends.
 _ALIAS_TOKEN = (_s("begin"), _s("alloc", "req_0", n=1), _s("finish", req="req_0"), _s("overwrite_row", row=0), _s("end"))
 _ALIAS_PAGED = (_s("begin"), _s("alloc", "req_0", n=4), _s("finish", req="req_0"), _s("overwrite_row", row=0), _s("end"))
@@ -41,6 +47,10 @@ _WHY_DRIFT = "begin, an alloc, a free queued in the group, then end twice; the f
 # The configuration a hand-written trace fails on, and where it must pass.
 _TOKEN = Config(target="builtin:token")
 _PAGED = Config(target="builtin:paged", page_size=4)
+_SWA = Config(target="builtin:swa", page_size=4)
+_PURE_SWA = Config(target="builtin:pure-swa")
+_HISPARSE = Config(target="builtin:hisparse", page_size=4)
+_NPU = Config(target="builtin:npu", page_size=4)
 
 
 @frozen
@@ -121,6 +131,54 @@ KNOWN: tuple[KnownShortest, ...] = (
         [_s("alloc", "req_0", n=4), _s("finish", req="req_0")],
         "no_page_freed_twice",
         "an alloc of one page, then a free of its slots",
+    ),
+    _mutant(_SWA, "alias-full", _ALIAS_PAGED, "free_sets_agree", _WHY_ALIAS),
+    _mutant(_SWA, "alias-swa", _ALIAS_PAGED, "swa_free_sets_agree", _WHY_ALIAS),
+    _mutant(
+        _SWA,
+        "swa-keeps-mapping",
+        [_s("alloc", "req_0", n=4), _s("slide", req="req_0", pages=1, segment=False)],
+        "swa_mapping_consistent",
+        "an alloc maps a page, then its window slides: free_swa releases the SWA page and leaves it mapped",
+    ),
+    _mutant(_PURE_SWA, "alias", _ALIAS_TOKEN, "free_sets_agree", _WHY_ALIAS),
+    _mutant(
+        _PURE_SWA,
+        "end-requeues",
+        [_s("begin"), _s("alloc", "req_0", n=1), _s("finish", req="req_0"), _s("end")],
+        "free_sets_agree",
+        "begin, an alloc, a free queued in the group, then the end that queues it again instead of releasing it",
+    ),
+    _mutant(
+        _HISPARSE,
+        "queues-anyway",
+        [_s("begin"), _s("alloc", "req_0", n=4), _s("finish", req="req_0")],
+        "free_sets_agree",
+        "a free inside a group: begin, an alloc, a free; the model releases at once, the mutant queues",
+    ),
+    _mutant(
+        _HISPARSE,
+        "mapping-cleared-first",
+        [_s("alloc", "req_0", n=4), _s("finish", req="req_0")],
+        "available_size_agrees",
+        "an alloc maps a device buffer, then a free leaks it: available_size() is the device pool's, one page short",
+    ),
+    _mutant(_NPU, "alias", _ALIAS_PAGED, "free_sets_agree", _WHY_ALIAS),
+    _mutant(
+        _NPU,
+        "decode-one-past",
+        [_s("alloc", "req_0", n=4), _decode("req_0")],
+        "free_sets_agree",
+        "an alloc fills a page, then a decode takes a new one: the mutant takes one page off the free list "
+        "and hands out the next, which stays free",
+    ),
+    _mutant(
+        _NPU,
+        "decode-boundary",
+        [_s("alloc", "req_0", n=4), _decode("req_0")],
+        "free_sets_agree",
+        "an alloc fills a page, then a decode must take a new one: the mutant takes none and hands out "
+        "the slot past the page, whose page stays free",
     ),
     # sglang 0.5.17 has both bugs (a flag beside the queue, and a queue of
     # views); flag drift shows in as few steps as aliasing.

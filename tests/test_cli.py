@@ -2,12 +2,16 @@
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+import allocators
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -29,44 +33,67 @@ def test_mutant_run_fails_with_a_trace_that_replays(tmp_path):
     run = kv_lockstep("fuzz", "--target", "builtin:token", "--mutant", "flag-drift", "--seed", "0",
                       "--trace-dir", str(tmp_path), cwd=tmp_path)
     assert run.returncode == 1, run.stdout + run.stderr
-    assert "FAILED" in run.stdout and "no_page_freed_twice" in run.stdout
-    assert "state.end()" in run.stdout
-    traces = sorted(tmp_path.glob("*.json"))
-    assert traces, run.stdout
-    trace = json.loads(traces[0].read_text())
+    lines = run.stdout.splitlines()
+    assert lines[0] == "kv-lockstep fuzz: builtin:token mutant=flag-drift page_size=1, up to 300 examples, seed 0"
+    assert re.fullmatch(r"FAILED: first failure after [\d.]+ s \(\d+ examples\); 1 distinct failure\(s\),"
+                        r" shrunk in [\d.]+ s total", lines[1]), lines[1]
+    assert [line for line in lines if line.startswith("failure ")] == ["failure 1: no_page_freed_twice"]
+    assert "    state.end()  # fails: no_page_freed_twice" in lines
+    path = tmp_path / "builtin_token_mutant_flag-drift_page_size_1-no_page_freed_twice.json"
+    assert sorted(tmp_path.glob("*.json")) == [path]
+    assert f"  trace: {path}" in lines
+    trace = json.loads(path.read_text())
     assert trace["failure"]["invariant"] == "no_page_freed_twice"
-    again = kv_lockstep("replay", str(traces[0]), cwd=tmp_path)
-    assert again.returncode == 1 and "no_page_freed_twice" in again.stdout
-    fixed = kv_lockstep("replay", str(traces[0]), "--target", "builtin:token", cwd=tmp_path)
+    steps = len(trace["steps"])
+    again = kv_lockstep("replay", str(path), cwd=tmp_path)
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert again.stdout.splitlines()[:2] == [
+        f"kv-lockstep replay: {steps} steps of {path} on builtin:token mutant=flag-drift page_size=1",
+        f"FAILED at step {steps - 1}, state.end(): no_page_freed_twice",
+    ]
+    fixed = kv_lockstep("replay", str(path), "--target", "builtin:token", cwd=tmp_path)
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert fixed.stdout.splitlines() == [
+        f"kv-lockstep replay: {steps} steps of {path} on builtin:token page_size=1",
+        f"trace passes: all {steps} steps and the teardown check out",
+    ]
+
+
+def _known(names) -> str:
+    return ", ".join(sorted(names))
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["fuzz", "--target", "nope"], "not of the form"),
-        (["fuzz", "--target", "builtin:nope"], "unknown built-in target"),
-        (["fuzz", "--mutant", "nope"], "unknown mutant"),
-        (["fuzz", "--page-size", "0"], "must be at least 1"),
-        (["fuzz", "--target", "no_such_module_xyz:make"], "cannot import"),
-        (["fuzz", "--bogus"], "unrecognized arguments"),
-        (["replay", "missing.json"], "cannot read trace"),
+        (["fuzz", "--target", "nope"], "target 'nope' is not of the form builtin:NAME, sglang:NAME or MODULE:ATTR"),
+        (["fuzz", "--target", "builtin:nope"],
+         "unknown built-in target 'builtin:nope'; known: " + _known(f"builtin:{n}" for n in allocators.BUILTINS)),
+        (["fuzz", "--mutant", "nope"],
+         "unknown mutant 'nope' for builtin:token; known: " + _known(allocators.BUILTINS["token"][1])),
+        (["fuzz", "--page-size", "0"], "argument --page-size: must be at least 1, got 0 (see `kv-lockstep fuzz --help`)"),
+        (["fuzz", "--target", "no_such_module_xyz:make"],
+         "cannot import target module 'no_such_module_xyz': ModuleNotFoundError: No module named 'no_such_module_xyz'"),
+        (["fuzz", "--bogus"], "unrecognized arguments: --bogus (see `kv-lockstep --help`)"),
+        (["replay", "missing.json"], "cannot read trace missing.json: No such file or directory"),
     ],
+    ids=["target-form", "builtin", "mutant", "page-size", "import", "argument", "trace-missing"],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
-    """Bad input gets one line on stderr, no traceback, exit code 2."""
+    """Bad input gets one line on stderr, no traceback, nothing on stdout, exit code 2."""
     run = kv_lockstep(*args, cwd=tmp_path)
     assert run.returncode == 2, run.stdout + run.stderr
-    assert run.stderr.count("\n") == 1 and message in run.stderr
-    assert "Traceback" not in run.stderr
+    assert (run.stdout, run.stderr) == ("", f"kv-lockstep: error: {message}\n")
 
 
 def test_unreadable_trace_is_exit_2(tmp_path):
-    """A file that is not a trace is bad input."""
+    """A file that is not a trace is bad input: one line naming the file and the parse error."""
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     run = kv_lockstep("replay", str(bad), cwd=tmp_path)
-    assert run.returncode == 2 and "cannot read trace" in run.stderr
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert re.fullmatch(rf"kv-lockstep: error: cannot read trace {re.escape(str(bad))}: JSONDecodeError: [^\n]+\n",
+                        run.stderr), run.stderr
 
 
 # An allocator written outside the repo: its free list is a Python set popped
@@ -127,16 +154,85 @@ def test_custom_target_outside_the_repo_has_no_false_alarm(tmp_path, page_size):
         cwd=tmp_path, env_extra={"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"},
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "no failure" in run.stdout
+    lines = run.stdout.splitlines()
+    assert lines[0] == f"kv-lockstep fuzz: my_pool:make page_size={page_size}, up to 150 examples, seed 1"
+    assert re.fullmatch(r"no failure: \d+ examples, \d+ steps in [\d.]+ s", lines[-1]), lines[-1]
 
 
 def test_targets_lists_every_mutant(tmp_path):
-    """`targets` names each built-in target and mutant."""
-    import allocators
-
+    """`targets` lists each built-in target once, each with exactly its own mutants."""
     run = kv_lockstep("targets", cwd=tmp_path)
-    assert run.returncode == 0
-    for name, (_, mutants) in allocators.BUILTINS.items():
-        assert f"builtin:{name}" in run.stdout
-        for mutant in mutants:
-            assert mutant in run.stdout
+    assert run.returncode == 0, run.stdout + run.stderr
+    listed: dict[str, list[str]] = {}
+    for line in run.stdout.splitlines():
+        if line.startswith("  builtin:"):
+            current = listed.setdefault(line.split()[0], [])
+        elif line.startswith("      --mutant "):
+            current.append(line.split()[1])
+    assert listed == {f"builtin:{name}": list(mutants) for name, (_, mutants) in sorted(allocators.BUILTINS.items())}
+
+
+# A pool whose available_size() counts one slot more than its free list
+# holds: the fresh allocator already disagrees with its own census.
+LIAR = textwrap.dedent(
+    '''
+    from allocators import TokenAllocator
+
+    class Liar(TokenAllocator):
+        def available_size(self):
+            return super().available_size() + 1
+    '''
+)
+
+# cli.py catches InvariantViolation in main() without importing it, so the
+# except clause itself raises NameError; the fix belongs to cli.py.
+
+@pytest.mark.parametrize("extra", [[], ["--duration", "5s", "-j", "1"]], ids=["max-examples", "duration"])
+def test_target_broken_before_any_step_fails_with_exit_1_and_no_traceback(tmp_path, extra):
+    """A target whose fresh census disagrees: exit 1, 'FAILED before any step' naming the invariant, no traceback."""
+    (tmp_path / "liar.py").write_text(LIAR)
+    run = kv_lockstep("fuzz", "--target", "liar:Liar", *extra, "--trace-dir", str(tmp_path), cwd=tmp_path,
+                      env_extra={"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"})
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert run.stdout.splitlines()[0] == "FAILED before any step: available_size_agrees"
+    assert run.stderr == ""
+
+
+def test_replay_on_a_target_broken_before_any_step_fails_at_the_build(tmp_path):
+    """replay onto a target whose fresh census disagrees: exit 1, 'FAILED at building the target'."""
+    from state_machines.config import Config
+    from state_machines.harness import Step
+    from state_machines.runs.trace import Trace
+
+    (tmp_path / "liar.py").write_text(LIAR)
+    path = tmp_path / "trace.json"
+    path.write_text(Trace(Config(), (Step("begin", {}), Step("end", {}))).to_json())
+    run = kv_lockstep("replay", str(path), "--target", "liar:Liar", cwd=tmp_path,
+                      env_extra={"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"})
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert run.stdout.splitlines()[:2] == [
+        f"kv-lockstep replay: 2 steps of {path} on liar:Liar page_size=1",
+        "FAILED at building the target: available_size_agrees",
+    ]
+    assert run.stderr == ""
+
+
+def test_ctrl_c_during_a_run_exits_130_without_a_traceback(tmp_path):
+    """SIGINT during a plain fuzz run: exit 130, 'kv-lockstep: interrupted' alone on stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "state_machines.cli", "fuzz", "--max-examples", "100000", "--seed", "0",
+         "--trace-dir", str(tmp_path)],
+        cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        first = proc.stdout.readline()
+        assert first == "kv-lockstep fuzz: builtin:token page_size=1, up to 100000 examples, seed 0\n"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, first + out + err
+    assert err == "kv-lockstep: interrupted\n"

@@ -3,6 +3,7 @@ and reproducers a developer can commit."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -50,22 +51,34 @@ def test_bad_long_run_options_are_one_line_and_exit_2(args, message, tmp_path):
 
 def test_timed_run_ends_clean_with_progress_and_coverage(tmp_path):
     """A clean target runs until time is up, exit 0, with progress lines, a
-    summary table and the same figures in --stats-json."""
+    summary table and the same figures in --stats-json; every applicable
+    interleaving it never reached is named, and only those."""
     stats = tmp_path / "stats.json"
     run = cli("fuzz", "--target", "builtin:paged", "--page-size", "4", "--duration", "3s", "-j", "2",
               "--stats-json", str(stats), "--trace-dir", str(tmp_path / "traces"), cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "[" in run.stdout and "s/3s]" in run.stdout
-    assert "summary:" in run.stdout and "time is up" in run.stdout
+    lines = run.stdout.splitlines()
+    assert lines[0] == "kv-lockstep fuzz: builtin:paged page_size=4, 2 worker(s) for 3 s, database none"
+    assert any(re.fullmatch(r"\[ *\d+s/3s\] .+", line) for line in lines), run.stdout
+    assert any(re.fullmatch(r"summary: builtin:paged page_size=4, 2 worker\(s\), [\d.]+ s, time is up", line)
+               for line in lines), run.stdout
     data = json.loads(stats.read_text())
     assert data["jobs"] == 2 and data["failures"] == [] and data["examples"] > 0
     assert {"alloc", "begin", "end", "free", "rematch"} <= set(data["rules"])
     assert all({"ran", "blocked"} == set(c) for c in data["rules"].values())
-    assert set(data["interleavings"]) == {i.name for i in INTERLEAVINGS}
-    assert data["interleavings"]["alloc_merged_release"]["applicable"] is False
-    assert set(data["never_reached"]) <= set(data["interleavings"])
-    for name in data["never_reached"]:
-        assert name in run.stdout.split("NEVER REACHED:")[1]
+    config = Config(target="builtin:paged", page_size=4)
+    applicable = [i.name for i in INTERLEAVINGS if i.applies_to(config)]
+    assert "alloc_merged_release" not in applicable
+    assert {name: c["applicable"] for name, c in data["interleavings"].items()} == {
+        i.name: i.name in applicable for i in INTERLEAVINGS
+    }
+    counts = {name: data["interleavings"][name]["count"] for name in applicable}
+    assert all(isinstance(count, int) and count >= 0 for count in counts.values()), counts
+    unreached = sorted(name for name, count in counts.items() if count == 0)
+    assert sorted(data["never_reached"]) == unreached
+    named = [re.fullmatch(r"  NEVER REACHED: (.+) \(this run proves nothing about them\)", line)
+             for line in lines if "NEVER REACHED" in line]
+    assert [sorted(m.group(1).split(", ")) for m in named] == ([unreached] if unreached else []), run.stdout
 
 
 def test_ctrl_c_keeps_the_trace_and_the_next_run_replays_it_first(tmp_path):

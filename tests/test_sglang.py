@@ -70,13 +70,15 @@ def test_0_5_17_fails_on_aliasing_and_its_trace_passes_on_0_5_23(tmp_path):
         [sys.executable, "-m", "state_machines.cli", "replay", trace, "--sglang-path", str(fixed)],
         cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
+    steps = len(json.loads(Path(trace).read_text())["steps"])
     assert replay.returncode == 0, replay.stdout + replay.stderr
-    assert "trace passes" in replay.stdout
+    assert replay.stdout.splitlines()[-1] == f"trace passes: all {steps} steps and the teardown check out"
     buggy = subprocess.run(
         [sys.executable, "-m", "state_machines.cli", "replay", trace],
         cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
     assert buggy.returncode == 1, buggy.stdout + buggy.stderr
+    assert buggy.stdout.splitlines()[1] == f"FAILED at step {steps - 1}, state.end(): {aliasing[0]['invariant']}"
 
 
 def is_repeated_end(rules: list[str]) -> bool:

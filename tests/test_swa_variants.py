@@ -70,7 +70,7 @@ def test_older_swa_contract_runs_clean():
 def test_older_swa_queuing_views_is_caught():
     """The same contract with a queue of row views fails on the freed sets."""
     outcome = fuzz(_config("OlderSWAQueuesViews", 1))
-    assert not outcome.ok
-    assert any("free_sets_agree" in t.invariant or "twice" in t.invariant for t in outcome.failures), [
-        t.invariant for t in outcome.failures
-    ]
+    invariants = {t.invariant for t in outcome.failures}
+    # The queued view is read after the row changed: end() frees what the row
+    # holds then (the padding slot, once per queued slot), not what was freed.
+    assert invariants and invariants <= {"free_sets_agree", "no_page_freed_twice"}, invariants

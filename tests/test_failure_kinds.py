@@ -1,0 +1,49 @@
+"""An allocator that raises or hangs fails the run with a trace, like any broken invariant."""
+
+import time
+
+from allocators import TokenAllocator
+from state_machines.config import Config
+from state_machines.harness import Step, lockstep
+from state_machines.runs.runner import fuzz
+
+
+class RaisesOnAlloc(TokenAllocator):
+    """A token pool whose alloc() always raises."""
+
+    def alloc(self, need_size):
+        raise RuntimeError("pool on fire")
+
+
+# The line of the raise above, which the failure must name.
+RAISE_LINE = RaisesOnAlloc.alloc.__code__.co_firstlineno + 1
+
+
+class HangsOnAlloc(TokenAllocator):
+    """A token pool whose alloc() does not return for a minute."""
+
+    def alloc(self, need_size):
+        time.sleep(60)
+
+
+def _target(cls) -> Config:
+    return Config(target=f"{__name__}:{cls.__name__}")
+
+
+def test_an_exception_in_the_allocator_is_an_allocator_raised_failure():
+    """fuzz reports allocator_raised, naming the call, the exception and its file:line, shrunk to one alloc."""
+    outcome = fuzz(_target(RaisesOnAlloc), max_examples=20)
+    assert [t.invariant for t in outcome.failures] == ["allocator_raised"]
+    (trace,) = outcome.failures
+    assert trace.detail == f"alloc(1) raised RuntimeError: pool on fire (at {__file__}:{RAISE_LINE})"
+    assert trace.steps == (Step("alloc", {"n": 1}),)
+
+
+def test_an_allocator_call_past_the_limit_is_an_allocator_hung_failure(monkeypatch):
+    """fuzz reports allocator_hung when alloc() outlives the per-call limit, shrunk to one alloc."""
+    monkeypatch.setattr(lockstep, "CALL_TIMEOUT_S", 0.2)
+    outcome = fuzz(_target(HangsOnAlloc), max_examples=20)
+    assert [t.invariant for t in outcome.failures] == ["allocator_hung"]
+    (trace,) = outcome.failures
+    assert trace.detail == "alloc(1) hung: no return within 0.2 s"
+    assert trace.steps == (Step("alloc", {"n": 1}),)

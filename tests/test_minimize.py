@@ -1,0 +1,78 @@
+"""The trace minimiser deletes steps a failure does not need, and only those."""
+
+from state_machines.config import Config
+from state_machines.harness import Step
+from state_machines.runs.runner import minimize, replay
+from state_machines.runs.trace import Trace
+
+TOKEN_ALIAS = Config(target="builtin:token", mutant="alias")
+
+# The aliasing story on the token pool: a view of row 0 is queued in a
+# group, the row is zeroed, and end() frees the padding slot.
+ALIAS = (
+    Step("begin", {}),
+    Step("alloc", {"n": 1}, "req_0"),
+    Step("finish", {"req": "req_0"}),
+    Step("overwrite_row", {"row": 0}),
+    Step("end", {}),
+)
+
+# The same story with steps it does not need: a no-op end, an alloc and
+# finish that leave row 0 free again, a request nobody frees, an overwrite
+# of a row nobody uses, and an alloc after the failing end.
+PADDED = (
+    Step("end", {}),
+    Step("alloc", {"n": 3}, "req_0"),
+    Step("finish", {"req": "req_0"}),
+    Step("begin", {}),
+    Step("alloc", {"n": 1}, "req_1"),
+    Step("alloc", {"n": 2}, "req_2"),
+    Step("finish", {"req": "req_1"}),
+    Step("overwrite_row", {"row": 3}),
+    Step("overwrite_row", {"row": 0}),
+    Step("end", {}),
+    Step("alloc", {"n": 1}, "req_3"),
+)
+
+# Two frees of the same row view in one group: end() frees slot 2 twice.
+# Without the second finish the trace fails sooner, on another invariant.
+FREED_TWICE = (
+    Step("begin", {}),
+    Step("alloc", {"n": 1}, "req_0"),
+    Step("finish", {"req": "req_0"}),
+    Step("alloc", {"n": 1}, "req_1"),
+    Step("finish", {"req": "req_1"}),
+    Step("end", {}),
+)
+
+
+def _fails(steps) -> tuple[str, int] | None:
+    """(invariant, steps run) where the steps fail on the token alias mutant, or None."""
+    failure = replay(Trace(TOKEN_ALIAS, steps))
+    return None if failure is None else (failure.invariant, len(failure.steps))
+
+
+def test_padded_trace_still_fails_the_same_way():
+    """The padding is harmless: the padded trace fails at its failing end, on free_sets_agree."""
+    assert _fails(PADDED) == ("free_sets_agree", len(PADDED) - 1)
+
+
+def test_minimize_deletes_every_step_the_failure_does_not_need():
+    """A padded aliasing trace comes back as the five-step story, failing on the same invariant."""
+    shortest = minimize(Trace(TOKEN_ALIAS, PADDED, "free_sets_agree"))
+    assert (shortest.invariant, shortest.steps) == ("free_sets_agree", ALIAS)
+
+
+def test_minimize_keeps_a_trace_whose_every_step_is_needed():
+    """The five-step aliasing trace is already minimal: it comes back unchanged."""
+    assert _fails(ALIAS) == ("free_sets_agree", len(ALIAS))
+    shortest = minimize(Trace(TOKEN_ALIAS, ALIAS, "free_sets_agree"))
+    assert (shortest.invariant, shortest.steps) == ("free_sets_agree", ALIAS)
+
+
+def test_minimize_does_not_trade_the_invariant_for_a_shorter_failure():
+    """Deleting the second finish fails sooner on free_sets_agree; the minimiser keeps no_page_freed_twice."""
+    assert _fails(FREED_TWICE) == ("no_page_freed_twice", len(FREED_TWICE))
+    assert _fails(FREED_TWICE[:4] + FREED_TWICE[5:]) == ("free_sets_agree", len(FREED_TWICE) - 1)
+    shortest = minimize(Trace(TOKEN_ALIAS, FREED_TWICE, "no_page_freed_twice"))
+    assert (shortest.invariant, shortest.steps) == ("no_page_freed_twice", FREED_TWICE)

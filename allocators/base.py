@@ -16,7 +16,9 @@ class Mutant:
     cls: type
     # What the bug is, in one line; `kv-lockstep targets` shows it.
     summary: str
-    # Settings under which the bug can show at all, e.g. {"need_sort": True}.
+    # Settings without which the bug cannot show at all, and a run is refused:
+    # {"need_sort": True} (a setting equal to a value), {"min_page_size": 2}
+    # (a setting at least a value).
     needs: dict = {}
 
 

@@ -75,7 +75,7 @@ NPU_MUTANTS = {
     m.name: m
     for m in (
         Mutant("alias", AliasNPUPagedAllocator, "free()'s group queue keeps the caller's row view"),
-        Mutant("decode-one-past", DecodeOnePastNPUPagedAllocator, "alloc_decode indexes one past each new page", needs={"page_size": 4}),
-        Mutant("decode-boundary", DecodeBoundaryNPUPagedAllocator, "alloc_decode takes a page one token late", needs={"page_size": 4}),
+        Mutant("decode-one-past", DecodeOnePastNPUPagedAllocator, "alloc_decode indexes one past each new page"),
+        Mutant("decode-boundary", DecodeBoundaryNPUPagedAllocator, "alloc_decode takes a page one token late", needs={"min_page_size": 2}),
     )
 }

@@ -109,7 +109,7 @@ PAGED_MUTANTS = {
         Mutant("alias", AliasPagedAllocator, "free()'s group queue keeps the caller's row view"),
         Mutant("reps-alias", RepsAliasPagedAllocator, "free_segment queues views of page representatives"),
         Mutant("flag-drift", FlagDriftPagedAllocator, "flag beside the queue; a repeated end frees again"),
-        Mutant("segment-drops-tail", SegmentDropsTailPagedAllocator, "free_segment leaks a trailing partial page", needs={"page_size": 4}),
-        Mutant("free-no-dedup", NoDedupPagedAllocator, "free() releases a page once per slot", needs={"page_size": 4}),
+        Mutant("segment-drops-tail", SegmentDropsTailPagedAllocator, "free_segment leaks a trailing partial page", needs={"min_page_size": 2}),
+        Mutant("free-no-dedup", NoDedupPagedAllocator, "free() releases a page once per slot", needs={"min_page_size": 2}),
     )
 }

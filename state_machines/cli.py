@@ -6,7 +6,9 @@ Exit codes: 0 no failure, 1 a failure (with a trace), 2 bad input.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 import attrs
 
@@ -100,6 +102,7 @@ def cmd_fuzz(args) -> int:
     )
     if (args.jobs or args.stats_json) and not args.duration:
         raise UsageError("-j and --stats-json go with --duration (e.g. --duration 10m)")
+    _check_output_paths(trace_dir=args.trace_dir, stats_json=args.stats_json)
     if args.duration:
         from state_machines.runs import longrun
 
@@ -136,30 +139,96 @@ def cmd_fuzz(args) -> int:
     return 1
 
 
-def cmd_replay(args) -> int:
-    from state_machines.runs.runner import replay
-    from state_machines.runs.trace import Trace
+def _check_output_paths(trace_dir: str | None = None, stats_json: str | None = None, emit_pytest: str | None = None) -> None:
+    """Output paths that cannot be written are bad input, found before any
+    run: not after a failure has been shrunk."""
+    if trace_dir is not None:
+        _check_folder(trace_dir, "--trace-dir")
+    for value, flag in ((stats_json, "--stats-json"), (emit_pytest, "--emit-pytest")):
+        if value is not None:
+            _check_file(value, flag)
 
-    trace = Trace.load(args.trace)
+
+def _check_folder(value: str, flag: str) -> None:
+    from state_machines.runs.trace import shown
+
+    path, value = Path(value), shown(value)
+    if path.is_dir():
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UsageError(f"{flag} {value}: cannot write in that folder")
+        return
+    if os.path.lexists(path):
+        raise UsageError(f"{flag} {value} is a file, not a folder")
+    existing = path.parent
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{flag} {value} cannot be created: {shown(existing)} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {value} cannot be created: cannot write in {shown(existing)}")
+
+
+def _check_file(value: str, flag: str) -> None:
+    from state_machines.runs.trace import shown
+
+    path, value = Path(value), shown(value)
+    if path.is_dir():
+        raise UsageError(f"{flag} {value} is a folder, not a file")
+    if not path.parent.is_dir():
+        raise UsageError(f"{flag} {value}: folder {shown(path.parent)} does not exist")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {value}: cannot write in {shown(path.parent)}")
+
+
+def _replay_config(trace, args) -> Config:
+    """The configuration a replay runs: the trace's, with the command line's
+    choices over it.  A trace builds built-in and ``sglang:`` targets by
+    itself; a custom ``MODULE:ATTR`` target, or a folder to put on
+    ``sys.path``, runs only when the command line names it."""
+    from state_machines.runs.trace import shown
+
     config = trace.config
     if args.target:
         config = attrs.evolve(config, target=args.target, mutant=args.mutant)
     elif args.mutant:
         config = attrs.evolve(config, mutant=args.mutant)
+    kind = config.target.partition(":")[0]
+    if not args.target and kind not in ("builtin", "sglang"):
+        raise UsageError(
+            f"trace {shown(args.trace)} names the custom target {config.target}, and replay imports no code a trace names:"
+            f" pass --target {config.target} to run it"
+        )
     if args.sglang_path:
         config = attrs.evolve(config, sglang_path=args.sglang_path)
-    print(f"kv-lockstep replay: {len(trace.steps)} steps of {args.trace} on {config.label()}")
+    elif config.sglang_path is not None:
+        if kind == "sglang":
+            raise UsageError(
+                f"trace {shown(args.trace)} was recorded with --sglang-path {config.sglang_path!r}, and replay puts no folder"
+                f" a trace names on sys.path: pass --sglang-path DIR to replay it (or --target to run another target)"
+            )
+        config = attrs.evolve(config, sglang_path=None)  # only sglang: targets read it
+    return config
+
+
+def cmd_replay(args) -> int:
+    from state_machines.runs.runner import replay
+    from state_machines.runs.trace import Trace, shown, step_source
+
+    _check_output_paths(emit_pytest=args.emit_pytest)
+    trace = Trace.load(args.trace)  # checked throughout: nothing of it runs before this
+    config = _replay_config(trace, args)
+    print(f"kv-lockstep replay: {len(trace.steps)} steps of {shown(args.trace)} on {config.label()}")
+    failure = replay(trace, config)
     if args.emit_pytest:
         from state_machines.runs.emit import write_pytest
 
-        print(f"pytest file: {write_pytest(trace, config, args.emit_pytest, source=args.trace)}")
-    failure = replay(trace, config)
+        print(f"pytest file: {shown(write_pytest(trace, config, args.emit_pytest, source=args.trace))}")
     if failure is None:
         print(f"trace passes: all {len(trace.steps)} steps and the teardown check out")
         return 0
     index = len(failure.steps) - 1
     step = failure.steps[-1] if failure.steps else None
-    where = f"step {index}, {step.call_text()}" if step else "building the target"
+    where = f"step {index}, {step_source(step)}" if step else "building the target"
     print(f"FAILED at {where}: {failure.invariant}")
     print(_indent(failure.detail))
     return 1
@@ -184,6 +253,7 @@ def _describe_target(args) -> int:
 
 def cmd_targets(args) -> int:
     import allocators
+    from state_machines.targets import describe_needs
 
     if args.target:
         return _describe_target(args)
@@ -191,7 +261,7 @@ def cmd_targets(args) -> int:
     for name, (cls, mutants) in sorted(allocators.BUILTINS.items()):
         print(f"  builtin:{name:<10} {(cls.__doc__ or '').strip().splitlines()[0]}")
         for mutant in mutants.values():
-            needs = "  [needs " + ", ".join(f"{k}={v}" for k, v in mutant.needs.items()) + "]" if mutant.needs else ""
+            needs = f"  [needs {describe_needs(mutant.needs)}]" if mutant.needs else ""
             print(f"      --mutant {mutant.name:<22} {mutant.summary}{needs}")
     print("sglang targets (--target sglang:NAME [--sglang-path DIR]): sglang:token, sglang:paged, sglang:swa, sglang:npu")
     print("custom targets: --target MODULE:ATTR, a factory or class called with the parameters it names among"

@@ -180,6 +180,7 @@ def test_emitted_pytest_fails_on_the_bug_and_passes_on_the_fix(tmp_path):
     path = tmp_path / "alias.json"
     path.write_text(trace.to_json())
     suite = tmp_path / "suite"
+    suite.mkdir()  # --emit-pytest writes into an existing folder
     assert cli("replay", str(path), "--emit-pytest", str(suite / "test_bug.py"), cwd=tmp_path).returncode == 1
     assert cli("replay", str(path), "--target", "builtin:paged", "--emit-pytest", str(suite / "test_fixed.py"),
                cwd=tmp_path).returncode == 0

@@ -74,7 +74,8 @@ def test_0_5_17_fails_on_aliasing_and_its_trace_passes_on_0_5_23(tmp_path):
     assert replay.returncode == 0, replay.stdout + replay.stderr
     assert replay.stdout.splitlines()[-1] == f"trace passes: all {steps} steps and the teardown check out"
     buggy = subprocess.run(
-        [sys.executable, "-m", "state_machines.cli", "replay", trace],
+        # A trace's own sglang_path is never put on sys.path: the command line names it.
+        [sys.executable, "-m", "state_machines.cli", "replay", trace, "--sglang-path", str(release_dir("0.5.17"))],
         cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
     assert buggy.returncode == 1, buggy.stdout + buggy.stderr

@@ -8,12 +8,11 @@ A printed trace runs again after ``from state_machines.harness import build``.
 from state_machines.harness.family import FAMILIES, Family, build, machine_for
 from state_machines.harness.lockstep import InvariantViolation, Lockstep
 from state_machines.harness.machines import RunRecord
-from state_machines.harness.steps import STEPS, BadStep, EntryRef, ReqRef, Step
+from state_machines.harness.steps import STEPS, EntryRef, ReqRef, Step
 
 __all__ = [
     "FAMILIES",
     "STEPS",
-    "BadStep",
     "EntryRef",
     "Family",
     "InvariantViolation",

@@ -5,10 +5,9 @@ defaults) into a ``StepSpec``; everything else reads the spec:
 
 - the harness records each call as a ``Step`` and checks every invariant
   after it, in one place (``Lockstep._finish_step``);
-- a trace's JSON, the printed program and the emitted pytest file are the
-  recorded ``Step``\\ s, written through ``StepSpec``;
-- replay turns JSON arguments back into values through ``StepSpec.resolve``,
-  which checks each one's kind and range;
+- a trace's JSON is the recorded ``Step``\\ s; its schema (``runs/trace.py``)
+  reads each rule's arguments, their kinds and what it returns from the
+  specs, and so do replay, the printed program and the emitted pytest file;
 - coverage and the bench see a step's arguments by name (``StepSpec.bind``).
 
 A family that changes a step overrides it with ``@step`` again and calls
@@ -19,14 +18,9 @@ from __future__ import annotations
 
 import functools
 import inspect
-import re
-from typing import Any, Callable
+from typing import Callable
 
 from attrs import frozen
-
-_REF_NAME = re.compile(r"^(req|cache)_(\d{1,9})$")
-# Bounds a recorded integer argument must keep; far past any pool here.
-MAX_INT_ARG = 1 << 20
 
 
 @frozen(repr=False)
@@ -52,11 +46,6 @@ class EntryRef:
 # Argument kinds, read off annotations: what a value is and how JSON holds it.
 INT, FLAG, REQ, ENTRY, REQS = "int", "flag", "req", "entry", "reqs"
 _KINDS = {"int": INT, "bool": FLAG, "ReqRef": REQ, "EntryRef": ENTRY, "list[ReqRef]": REQS}
-_REF_TYPES = {REQ: ReqRef, ENTRY: EntryRef}
-
-
-class BadStep(ValueError):
-    """A recorded step that does not fit its declaration."""
 
 
 @frozen
@@ -77,23 +66,6 @@ class Step:
 
     def to_dict(self) -> dict:
         return {"rule": self.rule, "args": self.args, "returns": self.returns}
-
-    def call_text(self) -> str:
-        """The step as a line of a replayable program: ``req_0 = state.alloc(n=3)``."""
-        spec = STEPS.get(self.rule)
-        kinds = {p.name: p.kind for p in spec.params} if spec else {}
-        args = ", ".join(f"{k}={_source(kinds.get(k), v)}" for k, v in self.args.items())
-        call = f"state.{self.rule}({args})"
-        return f"{self.returns} = {call}" if self.returns else call
-
-
-def _source(kind: str | None, value) -> str:
-    """An argument as Python source: refs as bare names, the rest as literals."""
-    if kind in (REQ, ENTRY):
-        return str(value)
-    if kind == REQS:
-        return "[" + ", ".join(map(str, value)) + "]"
-    return repr(value)
 
 
 @frozen
@@ -122,56 +94,6 @@ class StepSpec:
             out[p.name] = [repr(r) for r in value] if p.kind == REQS else repr(value) if p.kind in (REQ, ENTRY) else value
         return out
 
-    def resolve(self, raw: Any, names: dict[str, Any]) -> dict:
-        """Recorded arguments back to values: refs through ``names`` (what
-        earlier steps created).  Raises ``BadStep`` naming what is wrong."""
-        if not isinstance(raw, dict):
-            raise BadStep(f"{self.name}: args must be an object, not {type(raw).__name__}")
-        known = {p.name: p for p in self.params}
-        for key in raw:
-            if key not in known:
-                raise BadStep(f"{self.name} takes no argument {key!r} (takes {', '.join(known) or 'none'})")
-        out = {}
-        for p in self.params:
-            if p.name not in raw:
-                if not p.optional:
-                    raise BadStep(f"{self.name} needs argument {p.name!r}")
-                continue
-            out[p.name] = _value(self.name, p, raw[p.name], names)
-        return out
-
-
-def _value(rule: str, p: Param, value, names: dict):
-    where = f"{rule}({p.name}=...)"
-    if p.kind == INT:
-        if type(value) is not int or not 0 <= value <= MAX_INT_ARG:
-            raise BadStep(f"{where}: {value!r:.40} is not a whole number in 0..{MAX_INT_ARG}")
-        return value
-    if p.kind == FLAG:
-        if type(value) is not bool:
-            raise BadStep(f"{where}: {value!r:.40} is not true or false")
-        return value
-    if p.kind == REQS:
-        if not isinstance(value, list) or not value:
-            raise BadStep(f"{where}: must be a non-empty list of request names")
-        return [_ref(where, REQ, v, names) for v in value]
-    return _ref(where, p.kind, value, names)
-
-
-def _ref(where: str, kind: str, value, names: dict):
-    if not isinstance(value, str) or not _REF_NAME.match(value) or not value.startswith(kind if kind == REQ else "cache"):
-        raise BadStep(f"{where}: {value!r:.40} is not a {'request' if kind == REQ else 'cache entry'} name")
-    if value not in names:
-        raise BadStep(f"{where}: {value} was created by no earlier step")
-    made = names[value]
-    if not isinstance(made, _REF_TYPES[kind]):
-        raise BadStep(f"{where}: {value} names nothing (its step returned none)")
-    return made
-
-
-def is_ref_name(value) -> bool:
-    return isinstance(value, str) and bool(_REF_NAME.match(value))
-
 
 def _kind(annotation: str) -> tuple[str, bool]:
     text = annotation.replace(" ", "")
@@ -197,7 +119,7 @@ def step(fn: Callable) -> Callable:
     params = []
     for name, p in list(sig.parameters.items())[1:]:
         kind, optional = _kind(p.annotation)
-        params.append(Param(name, kind, optional or p.default is None))
+        params.append(Param(name, kind, optional or p.default is not p.empty))
     returns = {"ReqRef|None": REQ, "EntryRef|None": ENTRY}.get(str(sig.return_annotation).replace(" ", ""))
     spec = StepSpec(fn.__name__, tuple(params), returns, inspect.getdoc(fn) or "")
     if fn.__name__ in STEPS and STEPS[fn.__name__].params != spec.params:

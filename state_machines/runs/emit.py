@@ -7,6 +7,11 @@ checked after each step).  It fails while the bug is there and passes once
 it is fixed.  The slots each alloc returned when the file was written appear
 as ``torch.tensor([...])`` literals in comments: the model predicts sets,
 never order, so the test does not assert them.
+
+A trace is data: the file is written from checked steps only (known rule
+and argument names, numbers, request and entry names), and every piece of
+the trace's text (its file name, invariant, detail) appears only inside a
+string literal written by ``repr()``, never in a docstring or comment.
 """
 
 from __future__ import annotations
@@ -16,52 +21,62 @@ from pathlib import Path
 
 from state_machines.config import Config
 from state_machines.harness import InvariantViolation, build
-from state_machines.runs.trace import Trace, TraceError, run_steps
+from state_machines.runs.trace import Trace, TraceError, check_config, run_steps, shown, step_source, write_atomic
 
 
 def _recorded_allocs(trace: Trace, config: Config) -> list[list[int] | None]:
-    """What each alloc step returned on ``config``, in order (None when short)."""
+    """What each alloc step returned on ``config``, in order (None when short).
+
+    A step that does not apply raises ``TraceError``: no file is written."""
     seen: list[list[int] | None] = []
     state = build(config)
     real_alloc = state.allocator.alloc
 
     def recording(n):
         out = real_alloc(n)
-        seen.append(None if out is None else out.detach().to("cpu").reshape(-1).tolist())
+        try:
+            seen.append(None if out is None else [int(x) for x in out.detach().to("cpu").reshape(-1).tolist()])
+        except Exception:  # noqa: BLE001 - not a tensor of slot ids: the harness reports that
+            seen.append(None)
         return out
 
     state.allocator.alloc = recording
     try:
         run_steps(state, trace.steps)
         state.teardown()
-    except (InvariantViolation, TraceError):
+    except InvariantViolation:
         pass
     return seen
 
 
+def _comment(text: str) -> str:
+    """Text fit for a ``#`` comment: no newline, backslash or quote survives."""
+    return re.sub(r"[^A-Za-z0-9_ ,.()\[\]=-]", "", text)
+
+
 def pytest_source(trace: Trace, config: Config, source: str | None = None) -> str:
     """The text of a pytest module that replays ``trace`` on ``config``."""
-    invariant = trace.invariant or "every invariant"
-    name = re.sub(r"\W+", "_", f"test_{invariant}_regression").lower()
+    trace = trace.checked()  # TraceError unless every part fits the schema
+    config = check_config(config.to_dict(), "the replay's config")
+    invariant = trace.invariant  # [a-z_]{1,64} or None, checked
+    name = f"test_{invariant or 'every_invariant'}_regression"
     allocs = iter(_recorded_allocs(trace, config))
     body = []
     for index, step in enumerate(trace.steps):
-        line = step.call_text()
+        line = step_source(step)
         if step.rule == "alloc":
             got = next(allocs, None)
-            line += f"  # returned torch.tensor({got})" if got is not None else "  # returned None"
-        if index == len(trace.steps) - 1 and trace.invariant:
-            line += f"  # broke {trace.invariant} when recorded"
+            line += "  # " + _comment(f"returned torch.tensor({got})" if got is not None else "returned None")
+        if index == len(trace.steps) - 1 and invariant:
+            line += "  # " + _comment(f"broke {invariant} when recorded")
         body.append("        " + line)
     body.append("        state.teardown()")
-    build = ", ".join(f"{k}={v!r}" for k, v in config.to_dict().items() if v != Config().to_dict()[k] or k == "target")
-    detail = (trace.detail or "").replace('"""', "'''")
-    return f'''"""Regression test written by `kv-lockstep replay --emit-pytest`{f" from {Path(source).name}" if source else ""}.
+    defaults = Config().to_dict()
+    build_args = ", ".join(f"{k}={v!r}" for k, v in config.to_dict().items() if v != defaults[k] or k == "target")
+    text = f'''"""Regression test written by `kv-lockstep replay --emit-pytest`.
 
-When recorded, the last step broke `{invariant}`:
-    {detail}
-
-It fails while that bug is present and passes once it is fixed.  Run it
+It replays a recorded trace (RECORDED_FROM below) step by step and fails
+while the bug it caught is present; it passes once the bug is fixed.  Run it
 with pytest where kv-lockstep is installed (`pip install kv-lockstep`).
 """
 
@@ -70,26 +85,38 @@ import torch  # noqa: F401  (the comments' tensor literals are valid Python)
 
 from state_machines.harness import InvariantViolation, build
 
+# What the trace recorded, as data.
+RECORDED_FROM = {(Path(source).name if source else None)!r}
+RECORDED_INVARIANT = {invariant!r}
+RECORDED_DETAIL = {trace.detail!r}
+
 
 def {name}():
-    """The recorded {len(trace.steps)} steps keep every invariant, `{invariant}` included."""
-    state = build({build})
+    """The recorded {len(trace.steps)} steps keep every invariant, RECORDED_INVARIANT included."""
+    state = build({build_args})
     try:
 {chr(10).join(body)}
     except InvariantViolation as exc:
         pytest.fail(
             f"{{exc.invariant}} at step {{len(exc.steps) - 1}}: {{exc.detail}}"
-            " (this trace broke {invariant} when recorded)",
+            f" (this trace broke {{RECORDED_INVARIANT}} when recorded)",
             pytrace=False,
         )
 '''
+    try:
+        compile(text, "<emitted>", "exec")  # never write a file that is not Python
+    except SyntaxError as exc:
+        raise TraceError(f"cannot write this trace as Python: {exc.msg} at line {exc.lineno}") from None
+    return text
 
 
 def write_pytest(trace: Trace, config: Config, path: str | Path, source: str | None = None) -> Path:
-    """Write the pytest file; returns its path."""
+    """Write the pytest file atomically; its folder must exist.  Returns its path."""
     path = Path(path)
     text = pytest_source(trace, config, source)
-    compile(text, str(path), "exec")  # never write a file that is not Python
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
+    if not path.parent.is_dir():
+        raise TraceError(f"--emit-pytest {shown(path)}: folder {shown(path.parent)} does not exist")
+    try:
+        return write_atomic(path, text)
+    except OSError as exc:
+        raise TraceError(f"--emit-pytest {shown(path)}: cannot write: {exc.strerror or type(exc).__name__}") from None

@@ -1,22 +1,309 @@
-"""Traces: the steps of a failing run, as JSON and as a program to replay."""
+"""Traces: the steps of a failing run, as JSON and as a program to replay.
+
+A trace is data, never code.  ``Trace.load`` checks every field against the
+schema below (exact types, ranges, names) before anything runs or is
+written, and ``run_steps`` runs a step only where the harness's own rule
+could have drawn it; anything else is a ``TraceError`` (one line, exit 2),
+never a failure blamed on the allocator.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
+import tempfile
 from pathlib import Path
 
-from attrs import frozen
+from attrs import fields, frozen
 
 from state_machines.config import Config
-from state_machines.harness import InvariantViolation, Lockstep, Step
-from state_machines.harness.steps import BadStep, steps_of
+from state_machines.harness import STEPS, EntryRef, InvariantViolation, Lockstep, ReqRef, Step
+from state_machines.harness import steps as seam
 
 FORMAT = "kv-lockstep-trace/1"
+
+# Sizes a trace may not pass: far beyond any recorded run, small enough that
+# reading or building one costs little.
+MAX_TRACE_BYTES = 16 << 20
+MAX_STEPS = 100_000
+MAX_PAGE_SIZE = 1024
+MAX_SLOTS = 1 << 22  # pool slots, and req_to_token's rows * row slots
+MAX_ROWS = 256
+MAX_ROW_PAGES = 4096
+MAX_TEXT = 100_000  # characters of failure.detail
+
+_REF = re.compile(r"(req|cache)_(0|[1-9][0-9]{0,8})", re.ASCII)
+_INVARIANT = re.compile(r"[a-z_]{1,64}", re.ASCII)
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,99}"
+_DOTTED = rf"{_IDENT}(?:\.{_IDENT}){{0,15}}"
+_TARGET = re.compile(rf"builtin:[a-z0-9][a-z0-9_-]{{0,63}}|sglang:[a-z0-9][a-z0-9_-]{{0,63}}|{_DOTTED}:{_DOTTED}", re.ASCII)
+_MUTANT = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}", re.ASCII)
+_DEVICE = re.compile(r"(cpu|cuda|npu)(:[0-9]{1,3})?", re.ASCII)
 
 
 class TraceError(Exception):
     """A trace file that cannot be read; the CLI prints it on one line, exit 2."""
+
+
+# --------------------------------------------------------------------------- #
+# The step schema.  Rules, their arguments, each argument's kind and what a
+# rule may return come from the harness's step declarations (``STEPS``);
+# here each integer argument gets its unit, which bounds it by the config.
+
+SLOTS = "slots"    # slots, a whole number of pages: page_size .. row_pages * page_size
+SPAN = "span"      # slots, may end mid-page: 1 .. row_pages * page_size
+OFFSET = "offset"  # a page-aligned offset in a row: 0 .. row_pages * page_size - 1
+ROW = "row"        # a row of req_to_token: 0 .. rows - 1
+PAGES = "pages"    # pages: 1 .. row_pages
+PAGES0 = "pages0"  # pages, possibly none: 0 .. row_pages
+FLAG, REQ, ENTRY, REQS = seam.FLAG, seam.REQ, seam.ENTRY, seam.REQS
+
+# (rule, integer argument) -> its unit; an integer argument not named here
+# is refused, so a new step's integers get a unit before a trace can carry them.
+_UNITS = {
+    ("alloc", "n"): SLOTS,
+    ("free", "n"): SLOTS,
+    ("free_segment", "start"): OFFSET,
+    ("free_segment", "n"): SPAN,
+    ("overwrite_row", "row"): ROW,
+    ("rematch", "dup"): PAGES0,
+    ("slide", "pages"): PAGES,
+}
+
+
+def _schema() -> dict[str, tuple[dict[str, tuple[str, bool]], str | None]]:
+    """rule -> ({argument: (kind or unit, optional)}, what it may return)."""
+    out = {}
+    for name, spec in STEPS.items():
+        params = {}
+        for p in spec.params:
+            kind = _UNITS.get((name, p.name), "unbounded") if p.kind == seam.INT else p.kind
+            params[p.name] = (kind, p.optional)
+        out[name] = (params, spec.returns)
+    return out
+
+
+_ARGS = _schema()
+RULES = tuple(sorted(_ARGS))
+
+
+def arg_kinds(rule: str) -> dict[str, str]:
+    """``{argument: kind}`` of a known rule."""
+    return {name: kind for name, (kind, _) in _ARGS[rule][0].items()}
+
+
+def _int_bounds(kind: str, config: Config) -> tuple[int, int, int]:
+    """(lowest, highest, multiple of) for an integer argument of ``kind``."""
+    ps, row_slots = config.page_size, config.row_pages * config.page_size
+    if kind not in (SLOTS, SPAN, OFFSET, ROW, PAGES, PAGES0):
+        raise TraceError(f"an integer argument of kind {kind!r} has no bounds in state_machines/runs/trace.py")
+    return {
+        SLOTS: (ps, row_slots, ps),
+        SPAN: (1, row_slots, 1),
+        OFFSET: (0, row_slots - 1, ps),
+        ROW: (0, config.rows - 1, 1),
+        PAGES: (1, config.row_pages, 1),
+        PAGES0: (0, config.row_pages, 1),
+    }[kind]
+
+
+# --------------------------------------------------------------------------- #
+# Checking values
+
+
+def _show(value) -> str:
+    """A value of unknown shape for a one-line message, short."""
+    if isinstance(value, list):
+        return "a JSON array"
+    if isinstance(value, dict):
+        return "a JSON object"
+    text = repr(value)  # repr escapes newlines: one line
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _int(value, lo: int, hi: int, where: str, multiple: int = 1) -> int:
+    # bool is an int to Python, and 1.0 or 1e30 are numbers to JSON: neither is taken.
+    if type(value) is not int:
+        raise TraceError(f"{where} is {_show(value)}, not a whole number")
+    if not lo <= value <= hi:
+        raise TraceError(f"{where} is {value}, outside {lo}..{hi}")
+    if value % multiple:
+        raise TraceError(f"{where} is {value}, not a multiple of the page size {multiple}")
+    return value
+
+
+def _bool(value, where: str) -> bool:
+    if type(value) is not bool:
+        raise TraceError(f"{where} is {_show(value)}, not true or false")
+    return value
+
+
+def _text(value, where: str, pattern: re.Pattern | None = None, what: str = "", limit: int = 4096) -> str:
+    if type(value) is not str:
+        raise TraceError(f"{where} is {_show(value)}, not a string")
+    if pattern is not None and not pattern.fullmatch(value):
+        raise TraceError(f"{where} is {_show(value)}, not {what}")
+    if len(value) > limit:
+        raise TraceError(f"{where} is {len(value)} characters long, more than {limit}")
+    return value
+
+
+def _path_text(value, where: str) -> str:
+    text = _text(value, where)
+    if not text or any(not ch.isprintable() for ch in text):
+        raise TraceError(f"{where} is {_show(value)}, not a printable path")
+    return text
+
+
+def _object(value, where: str, required: tuple[str, ...], allowed: tuple[str, ...]) -> dict:
+    if type(value) is not dict:
+        raise TraceError(f"{where} is {_show(value)}, not a JSON object")
+    for key in value:
+        if key not in allowed:
+            raise TraceError(f"{where} has an unknown field {_show(key)} (known: {', '.join(allowed)})")
+    for key in required:
+        if key not in value:
+            raise TraceError(f"{where} lacks the field '{key}'")
+    return value
+
+
+def _optional(check):
+    return lambda value, where: None if value is None else check(value, where)
+
+
+# Each Config field and its check; a field Config gains must be added here,
+# or every trace that carries it is refused.
+_CONFIG_CHECKS = {
+    "target": lambda v, w: _text(v, w, _TARGET, "builtin:NAME, sglang:NAME or MODULE:ATTR"),
+    "mutant": _optional(lambda v, w: _text(v, w, _MUTANT, "a mutant name")),
+    "page_size": lambda v, w: _int(v, 1, MAX_PAGE_SIZE, w),
+    "need_sort": _bool,
+    "device": lambda v, w: _text(v, w, _DEVICE, "cpu, cuda or npu (with :N)"),
+    "size": _optional(lambda v, w: _int(v, 1, MAX_SLOTS, w)),
+    "rows": lambda v, w: _int(v, 1, MAX_ROWS, w),
+    "row_pages": lambda v, w: _int(v, 1, MAX_ROW_PAGES, w),
+    "sglang_path": _optional(_path_text),
+}
+
+
+def check_config(data, where: str = "config") -> Config:
+    """A ``Config`` from its JSON form, every field checked; ``TraceError`` if not."""
+    names = tuple(a.name for a in fields(Config))
+    _object(data, where, ("target",), names)
+    unchecked = [name for name in names if name not in _CONFIG_CHECKS]
+    if unchecked:  # a new Config field: refuse rather than pass it unchecked
+        raise TraceError(f"config field {unchecked[0]} has no check in state_machines/runs/trace.py")
+    for key, value in data.items():
+        _CONFIG_CHECKS[key](value, f"{where}.{key}")
+    config = Config(**data)
+    slots = config.rows * config.row_pages * config.page_size
+    if slots > MAX_SLOTS:
+        raise TraceError(f"{where}: rows * row_pages * page_size is {slots}, more than {MAX_SLOTS}")
+    return config
+
+
+def _ref_name(value, kind: str, where: str, defined: dict[str, str] | None) -> str:
+    what = "a request name (req_N)" if kind == REQ else "a cache entry name (cache_N)"
+    if type(value) is not str or not _REF.fullmatch(value) or not value.startswith(kind if kind == REQ else "cache_"):
+        raise TraceError(f"{where} is {_show(value)}, not {what}")
+    if defined is not None and value not in defined:
+        raise TraceError(f"{where} names {value}, which no earlier step created")
+    return value
+
+
+def decode_names(value) -> list[str]:
+    """The request names of a decode's ``reqs``, list or comma string."""
+    return [part.strip() for part in value.split(",")] if isinstance(value, str) else list(value)
+
+
+def _check_arg(kind: str, value, where: str, config: Config, defined: dict[str, str] | None):
+    if kind == FLAG:
+        return _bool(value, where)
+    if kind in (REQ, ENTRY):
+        return _ref_name(value, kind, where, defined)
+    if kind == REQS:
+        if type(value) is str:
+            if len(value) > 16 * MAX_ROWS:
+                raise TraceError(f"{where} is {len(value)} characters long")
+        elif type(value) is not list:
+            raise TraceError(f"{where} is {_show(value)}, not a list of request names")
+        names = decode_names(value)
+        if not names or len(names) > MAX_ROWS:
+            raise TraceError(f"{where} must name 1..{MAX_ROWS} requests, not {len(names)}")
+        for i, name in enumerate(names):
+            _ref_name(name, REQ, f"{where}[{i}]", defined)
+        if len(set(names)) != len(names):
+            raise TraceError(f"{where} names a request twice")
+        return value
+    lo, hi, multiple = _int_bounds(kind, config)
+    return _int(value, lo, hi, where, multiple)
+
+
+def check_step(raw, index: int, config: Config, defined: dict[str, str] | None = None) -> Step:
+    """One step from its JSON form, checked against the rule table and
+    ``config``; ``defined`` (name -> kind), where given, is what earlier
+    steps created, and gains what this one returns."""
+    where = f"steps[{index}]"
+    _object(raw, where, ("rule",), ("rule", "args", "returns"))
+    rule = raw["rule"]
+    if type(rule) is not str or rule not in _ARGS:
+        raise TraceError(f"{where}.rule is {_show(rule)}, not a known rule ({', '.join(RULES)})")
+    params, returns_kind = _ARGS[rule]
+    args = raw.get("args", {})
+    if type(args) is not dict:
+        raise TraceError(f"{where}.args is {_show(args)}, not a JSON object")
+    for key in args:
+        if key not in params:
+            raise TraceError(f"{where}: {rule} takes no argument {_show(key)} (takes {', '.join(params) or 'none'})")
+    for key, (kind, optional) in params.items():
+        if key not in args or (optional and args[key] is None):
+            if not optional:
+                raise TraceError(f"{where}: {rule} needs the argument '{key}'")
+            continue
+        _check_arg(kind, args[key], f"{where}.args.{key}", config, defined)
+    if rule == "free_segment" and args["start"] + args["n"] > config.row_pages * config.page_size:
+        raise TraceError(f"{where}: free_segment runs past the end of a row ({config.row_pages * config.page_size} slots)")
+    returns = raw.get("returns")
+    if returns is not None:
+        if returns_kind is None:
+            raise TraceError(f"{where}: {rule} returns nothing, but the step names {_show(returns)}")
+        _ref_name(returns, returns_kind, f"{where}.returns", None)
+        if defined is not None:
+            if returns in defined:
+                raise TraceError(f"{where}.returns names {returns} again")
+            defined[returns] = returns_kind
+    return Step(rule, {k: v for k, v in args.items() if v is not None}, returns)
+
+
+def check_trace(data) -> tuple[Config, tuple[Step, ...], str | None, str | None]:
+    """(config, steps, invariant, detail) from a trace's JSON form, all of
+    it checked; ``TraceError`` names the first thing wrong."""
+    _object(data, "the trace", ("format", "config", "steps"), ("format", "config", "steps", "failure"))
+    if data["format"] != FORMAT:
+        raise TraceError(f"format is {_show(data['format'])}, not {FORMAT!r}")
+    config = check_config(data["config"])
+    raw_steps = data["steps"]
+    if type(raw_steps) is not list:
+        raise TraceError(f"steps is {_show(raw_steps)}, not a list")
+    if len(raw_steps) > MAX_STEPS:
+        raise TraceError(f"steps has {len(raw_steps)} entries, more than {MAX_STEPS}")
+    defined: dict[str, str] = {}
+    steps = tuple(check_step(raw, i, config, defined) for i, raw in enumerate(raw_steps))
+    failure = data.get("failure")
+    if failure is None:
+        return config, steps, None, None
+    _object(failure, "failure", (), ("step", "invariant", "detail"))
+    if failure.get("step") is not None:
+        _int(failure["step"], -1, len(steps) - 1, "failure.step")
+    invariant = failure.get("invariant")
+    if invariant is not None:
+        _text(invariant, "failure.invariant", _INVARIANT, "an invariant name ([a-z_]+)")
+    detail = failure.get("detail")
+    if detail is not None:
+        _text(detail, "failure.detail", limit=MAX_TEXT)
+    return config, steps, invariant, detail
 
 
 @frozen
@@ -31,30 +318,46 @@ class Trace:
     def from_violation(cls, exc: InvariantViolation) -> Trace:
         return cls(exc.config, tuple(exc.steps), exc.invariant, exc.detail)
 
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT,
+            "config": self.config.to_dict(),
+            "steps": [s.to_dict() for s in self.steps],
+            "failure": {"step": len(self.steps) - 1, "invariant": self.invariant, "detail": self.detail},
+        }
+
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "format": FORMAT,
-                "config": self.config.to_dict(),
-                "steps": [s.to_dict() for s in self.steps],
-                "failure": {"step": len(self.steps) - 1, "invariant": self.invariant, "detail": self.detail},
-            },
-            indent=1,
-        )
+        return json.dumps(self.to_dict(), indent=1)
+
+    @classmethod
+    def from_dict(cls, data) -> Trace:
+        """A trace from its JSON form, checked throughout (``TraceError``)."""
+        return cls(*check_trace(data))
+
+    def checked(self) -> Trace:
+        """This trace, as ``load`` would read it back: ``TraceError`` if any
+        part of it does not fit the schema."""
+        return Trace.from_dict(json.loads(json.dumps(self.to_dict())))
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
         try:
-            data = json.loads(Path(path).read_text())
-            if data.get("format") != FORMAT:
-                raise ValueError(f"not a {FORMAT} file")
-            steps = tuple(Step(s["rule"], dict(s["args"]), s.get("returns")) for s in data["steps"])
-            failure = data.get("failure") or {}
-            return cls(Config.from_dict(data["config"]), steps, failure.get("invariant"), failure.get("detail"))
+            with open(path, "rb") as f:
+                raw = f.read(MAX_TRACE_BYTES + 1)
         except OSError as exc:
-            raise TraceError(f"cannot read trace {path}: {exc.strerror}") from None
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise TraceError(f"cannot read trace {path}: {type(exc).__name__}: {exc}") from None
+            raise TraceError(f"cannot read trace {shown(path)}: {exc.strerror or type(exc).__name__}") from None
+        if len(raw) > MAX_TRACE_BYTES:
+            raise TraceError(f"cannot read trace {shown(path)}: larger than {MAX_TRACE_BYTES >> 20} MiB")
+        try:
+            data = json.loads(raw)
+        except RecursionError:
+            raise TraceError(f"cannot read trace {shown(path)}: JSON nested too deeply") from None
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
+            raise TraceError(f"cannot read trace {shown(path)}: not JSON: {_one_line(exc)}") from None
+        try:
+            return cls.from_dict(data)
+        except TraceError as exc:
+            raise TraceError(f"cannot read trace {shown(path)}: {exc}") from None
 
     def program(self) -> str:
         """The steps as Python that runs them again after ``from
@@ -62,44 +365,219 @@ class Trace:
         step, the last, carries the invariant it broke."""
         cfg = {k: v for k, v in self.config.to_dict().items() if v != Config().to_dict()[k] or k == "target"}
         lines = [f"state = build({', '.join(f'{k}={v!r}' for k, v in cfg.items())})"]
-        lines += [step.call_text() for step in self.steps]
-        if self.invariant:
+        lines += [step_source(step) for step in self.steps]
+        if self.invariant and _INVARIANT.fullmatch(self.invariant):
             lines[-1] += f"  # fails: {self.invariant}"
         else:
             lines.append("state.teardown()")
         return "\n".join(lines)
 
 
+def shown(path) -> str:
+    """A path for a one-line message: as it is, or repr'd where it holds a
+    newline or another character that is not printable."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def step_source(step: Step) -> str:
+    """A checked step as a line of Python: ``req_0 = state.alloc(n=3)``.
+
+    Every part is a known rule or argument name, a request or entry name
+    (``[a-z]+_[0-9]+``), or a literal written by ``repr()``: nothing of the
+    trace's text reaches the line except as data.
+    """
+    kinds = arg_kinds(step.rule)  # KeyError for an unknown rule: never written
+    parts = []
+    for key, value in step.args.items():
+        kind = kinds[key]
+        if kind in (REQ, ENTRY):
+            if not (isinstance(value, str) and _REF.fullmatch(value)):
+                raise TraceError(f"{step.rule}: {key} is not a name")
+            parts.append(f"{key}={value}")
+        elif kind == REQS:
+            names = decode_names(value)
+            if not all(isinstance(n, str) and _REF.fullmatch(n) for n in names):
+                raise TraceError(f"{step.rule}: {key} is not a list of names")
+            parts.append(f"{key}=[{', '.join(names)}]")
+        elif type(value) not in (int, bool):
+            raise TraceError(f"{step.rule}: {key} is not a number")
+        else:
+            parts.append(f"{key}={value!r}")
+    call = f"state.{step.rule}({', '.join(parts)})"
+    if step.returns is None:
+        return call
+    if not _REF.fullmatch(step.returns):
+        raise TraceError(f"{step.rule}: returns is not a name")
+    return f"{step.returns} = {call}"
+
+
+# --------------------------------------------------------------------------- #
+# Running steps
+
+
+def _not_applicable(state: Lockstep, rule: str, args: dict) -> str | None:
+    """Why the harness's rule could never have drawn this step here, or None.
+
+    Mirrors the preconditions of ``harness/machines.py`` and
+    ``harness/family.py``; a step outside them would run the allocator on
+    what no caller passes (a slice past a row, a request that holds no
+    pages) and blame it for the result.
+    """
+    ps, model = state.page_size, state.model
+    req, entry = args.get("req"), args.get("entry")
+    if req is not None and req.rid not in model.requests:
+        return f"{req!r} has finished"
+    request = model.requests[req.rid] if req is not None else None
+    if rule == "alloc":
+        prefix = args.get("prefix")
+        if req is not None and prefix is not None:
+            return "an alloc extends a request or starts one on a prefix, not both"
+        if req is not None:
+            return f"{req!r} has room for {state.room(req)} more pages" if args["n"] // ps > state.room(req) else None
+        if not state.free_rows():
+            return f"every one of the {state.config.rows} rows is in use"
+        if prefix is not None:
+            if prefix.eid not in model.cache:
+                return f"{prefix!r} was evicted"
+            if len(model.cache[prefix.eid].pages) + args["n"] // ps > state.config.row_pages:
+                return f"{prefix!r} and {args['n']} slots do not fit in a row"
+        return None
+    if rule == "begin":
+        return "a free group is already open" if state.in_group else None
+    if rule in ("free", "free_segment", "rematch") and not request.own:
+        return f"{req!r} holds no pages of its own"
+    if rule == "free":
+        return f"{req!r} holds {len(request.own) * ps} slots of its own" if args["n"] // ps > len(request.own) else None
+    if rule == "free_segment":
+        start, end, length = args["start"], args["start"] + args["n"], len(request.pages) * ps
+        if not len(request.prefix) * ps <= start < length:
+            return f"start {start} is not in {req!r}'s own pages"
+        if not length - ps < end <= length:
+            return f"the segment must end on {req!r}'s last page, slots {length - ps + 1}..{length}"
+        return None
+    if rule == "rematch":
+        dup = args["dup"]
+        if dup > len(request.own):
+            return f"{req!r} holds {len(request.own)} pages of its own, not {dup}"
+        if (entry is not None) != (dup > 0):
+            return "a rematch names an entry exactly when dup > 0"
+        if entry is not None:
+            if entry.eid not in model.cache:
+                return f"{entry!r} was evicted"
+            if len(model.cache[entry.eid].pages) < dup:
+                return f"{entry!r} holds fewer than {dup} pages"
+        return None
+    if rule == "evict":
+        return None if entry in state.evictable() else f"{entry!r} is not evictable (evicted, or locked)"
+    if rule == "decode":
+        if not state.has_alloc_decode:
+            return f"{state.config.target} has no alloc_decode here"
+        for ref in args["reqs"]:
+            if ref.rid not in model.requests:
+                return f"{ref!r} has finished"
+            if state.room(ref) <= 0 and model.decode_needs_page(ref.rid, ps):
+                return f"{ref!r} needs a new page and its row is full"
+        return None
+    if rule == "slide":
+        if req not in state.slidable():
+            return f"{req!r} has no pages left in the window"
+        return f"{req!r} has {state.live_own(req)} pages in the window" if args["pages"] > state.live_own(req) else None
+    if rule == "evict_swa":
+        return None if entry in state.swa_evictable() else f"{entry!r} has no SWA side to drop, or is locked"
+    return None
+
+
 def run_steps(state: Lockstep, steps) -> None:
     """Apply recorded steps to ``state``; raises ``InvariantViolation`` where
-    one fails, and ``TraceError`` where a step does not fit its declaration
-    or names what does not exist."""
-    names: dict[str, object] = {}
-    declared = steps_of(type(state))
+    one fails, and ``TraceError`` where a step does not fit the schema, names
+    what does not exist, or could not have been drawn here."""
+    names: dict[str, ReqRef | EntryRef | None] = {}
     for index, step in enumerate(steps):
-        spec = declared.get(step.rule) if isinstance(step.rule, str) else None
-        if spec is None:
-            known = ", ".join(sorted(declared))
-            raise TraceError(f"step {index} has rule {step.rule!r:.40}, which this target's harness has not (it has {known})")
+        if step.rule not in _ARGS or not callable(getattr(state, step.rule, None)):
+            raise TraceError(f"step {index}: rule {step.rule!r} does not exist for {state.config.target}")
         if step.rule in state.disabled_rules:
-            raise TraceError(f"step {index} ({step.rule}) cannot run on this target: {state.disabled_rules[step.rule]}")
-        try:
-            args = spec.resolve(step.args, names)
-        except BadStep as exc:
-            raise TraceError(f"step {index}: {exc}") from None
+            raise TraceError(f"step {index}: rule {step.rule} is disabled for {state.config.target}: {state.disabled_rules[step.rule]}")
+        check_step(step.to_dict(), index, state.config)
+        kinds = arg_kinds(step.rule)
+        args = {}
+        for key, value in step.args.items():
+            if kinds[key] in (REQ, ENTRY, REQS):
+                refs = [_resolve(index, step.rule, name, names) for name in
+                        (decode_names(value) if kinds[key] == REQS else [value])]
+                args[key] = refs if kinds[key] == REQS else refs[0]
+            else:
+                args[key] = value
+        if reason := _not_applicable(state, step.rule, args):
+            raise TraceError(f"step {index} ({step_source(step)}) does not apply here: {reason}")
         try:
             made = getattr(state, step.rule)(**args)
-        except (TypeError, KeyError, IndexError, AttributeError, RuntimeError, ValueError) as exc:
-            # The harness's own bookkeeping refused the step: it does not fit this state.
-            raise TraceError(f"step {index} ({step.rule}) does not apply here: {type(exc).__name__}: {exc}") from None
+        except (TypeError, KeyError, IndexError) as exc:
+            raise TraceError(f"step {index} ({step.rule}) does not apply here: {type(exc).__name__}: {_one_line(exc)}") from None
         if step.returns:
+            # A name is the trace's variable for what the step made; the
+            # harness may number it differently (the minimiser deletes steps).
             names[step.returns] = made
 
 
-def write(trace: Trace, trace_dir: str | Path) -> Path:
-    directory = Path(trace_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", trace.config.label())
-    path = directory / f"{stem}-{trace.invariant}.json"
-    path.write_text(trace.to_json() + "\n")
+def _resolve(index: int, rule: str, name: str, names: dict):
+    if name not in names:
+        raise TraceError(f"step {index} ({rule}) names {name}, which no earlier step created")
+    if names[name] is None:
+        raise TraceError(f"step {index} ({rule}) names {name}, which its step did not create on this replay")
+    return names[name]
+
+
+# --------------------------------------------------------------------------- #
+# Writing
+
+
+def file_name(trace: Trace) -> str:
+    """``LABEL-INVARIANT-HASH.json``: the hash (8 hex digits of SHA-256 over
+    the configuration, steps and invariant) keeps different failures apart,
+    and the same failure written twice lands on the same name."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", trace.config.label()).strip(".")[:120] or "trace"
+    invariant = trace.invariant if trace.invariant and _INVARIANT.fullmatch(trace.invariant) else "passes"
+    key = json.dumps(
+        {"config": trace.config.to_dict(), "steps": [s.to_dict() for s in trace.steps], "invariant": trace.invariant},
+        sort_keys=True,
+    )
+    return f"{stem}-{invariant}-{hashlib.sha256(key.encode()).hexdigest()[:8]}.json"
+
+
+def write_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file in the same
+    folder and ``os.replace``: a reader sees the old file or the new one,
+    never part of one.  The folder must exist."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return path
+
+
+def write(trace: Trace, trace_dir: str | Path) -> Path:
+    """Write ``trace`` into ``trace_dir`` (created if missing) under
+    ``file_name(trace)``, atomically; returns its path."""
+    directory = Path(trace_dir)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        return write_atomic(directory / file_name(trace), trace.to_json() + "\n")
+    except OSError as exc:
+        raise TraceError(f"cannot write a trace into {shown(directory)}: {exc.strerror or type(exc).__name__}") from None

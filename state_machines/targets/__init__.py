@@ -14,9 +14,16 @@ from __future__ import annotations
 import importlib
 
 import allocators
-from state_machines.targets.base import Target, TargetError, construct
+from state_machines.targets.base import Target, TargetError, construct, one_line
 
-__all__ = ["Target", "TargetError", "build", "builtin_names", "resolve"]
+__all__ = ["Target", "TargetError", "build", "builtin_names", "describe_needs", "resolve", "unmet_need"]
+
+# What the harness calls on every allocator; a factory that returns something
+# without them is bad input, not a failure.
+ALLOCATOR_METHODS = ("alloc", "free", "free_group_begin", "free_group_end", "available_size")
+# Failures of user code that are bad input: an import or a factory that
+# raises, exits or interrupts itself.
+_USER_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
 
 
 def builtin_names() -> list[str]:
@@ -27,17 +34,20 @@ def _builtin(name: str, mutant: str | None) -> Target:
     if name not in allocators.BUILTINS:
         raise TargetError(f"unknown built-in target 'builtin:{name}'; known: {', '.join('builtin:' + n for n in builtin_names())}")
     cls, mutants = allocators.BUILTINS[name]
+    needs = {}
     if mutant is not None:
         if mutant not in mutants:
             known = ", ".join(sorted(mutants)) or "none"
             raise TargetError(f"unknown mutant '{mutant}' for builtin:{name}; known: {known}")
-        cls = mutants[mutant].cls
+        cls, needs = mutants[mutant].cls, dict(mutants[mutant].needs)
     return Target(
         spec=f"builtin:{name}",
         factory=cls,
         page_sizes=(1,) if issubclass(allocators.BUILTINS[name][0], allocators.TokenAllocator) else None,
         defers_frees=getattr(cls, "defers_frees", True),
         family=getattr(cls, "family", None),
+        mutant=mutant,
+        needs=needs,
     )
 
 
@@ -45,11 +55,14 @@ def _custom(spec: str) -> Target:
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # any import-time failure is the user's target, not us
-        raise TargetError(f"cannot import target module '{module_name}': {type(exc).__name__}: {exc}") from None
+    except _USER_FAILURES as exc:  # any import-time failure, sys.exit() included, is the user's target
+        raise TargetError(f"cannot import target module '{module_name}': {one_line(exc)}") from None
     factory = module
     for part in attr.split("."):
-        factory = getattr(factory, part, None)
+        try:
+            factory = getattr(factory, part, None)
+        except _USER_FAILURES as exc:
+            raise TargetError(f"cannot look up '{attr}' in module '{module_name}': {one_line(exc)}") from None
         if factory is None:
             raise TargetError(f"module '{module_name}' has no attribute '{attr}'")
     if not callable(factory):
@@ -78,20 +91,81 @@ def resolve(spec: str, mutant: str | None = None, sglang_path: str | None = None
     return _custom(spec)
 
 
+_FLAGS = {"page_size": "--page-size", "need_sort": "--need-sort", "size": "--size", "device": "--device"}
+
+
+def unmet_need(target: Target, **settings) -> str | None:
+    """Why ``target``'s mutant cannot show its bug under ``settings``, or None.
+
+    A need ``{"min_F": N}`` asks for setting F of at least N; any other
+    ``{"F": V}`` asks for F equal to V.
+    """
+    for key, want in target.needs.items():
+        name = key.removeprefix("min_")
+        if name not in settings:
+            continue
+        have, flag = settings[name], _FLAGS.get(name, name)
+        if key.startswith("min_"):
+            if have is not None and have < want:
+                return f"mutant {target.mutant} of {target.spec} cannot show its bug at {flag} {have}: it needs {flag} {want} or more"
+        elif have != want:
+            if want is True:
+                return f"mutant {target.mutant} of {target.spec} cannot show its bug without {flag}"
+            return f"mutant {target.mutant} of {target.spec} cannot show its bug at {flag} {have}: it needs {flag} {want}"
+    return None
+
+
+def describe_needs(needs: dict) -> str:
+    """A mutant's needs as command-line flags: ``--page-size >= 2, --need-sort``."""
+    bits = []
+    for key, want in needs.items():
+        name = key.removeprefix("min_")
+        flag = _FLAGS.get(name, name)
+        if key.startswith("min_"):
+            bits.append(f"{flag} >= {want}")
+        elif want is True:
+            bits.append(flag)
+        else:
+            bits.append(f"{flag} {want}")
+    return ", ".join(bits)
+
+
+def _what(value) -> str:
+    if value is None:
+        return "None"
+    name = " ".join(type(value).__name__.split())[:60]
+    return f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"
+
+
 def build(target: Target, *, size: int, page_size: int, device: str, need_sort: bool):
     """Call the target's factory; a failure here is the user's configuration."""
     if target.page_sizes is not None and page_size not in target.page_sizes:
         allowed = ", ".join(map(str, target.page_sizes))
         raise TargetError(f"{target.spec} takes page size {allowed}, not {page_size}")
+    if reason := unmet_need(target, size=size, page_size=page_size, device=device, need_sort=need_sort):
+        raise TargetError(reason)
     import torch
 
     try:
         # The KV dtype and cache are what sglang's classes take; allocators only store them.
-        return construct(
+        allocator = construct(
             target.factory, size=size, page_size=page_size, device=device, need_sort=need_sort,
             dtype=torch.float16, kvcache=None,
         )
     except TargetError:
         raise
-    except Exception as exc:
-        raise TargetError(f"cannot build {target.spec}: {type(exc).__name__}: {exc}") from None
+    except _USER_FAILURES as exc:  # sys.exit() and KeyboardInterrupt from a factory included
+        raise TargetError(f"cannot build {target.spec}: {one_line(exc)}") from None
+    missing = []
+    for name in ALLOCATOR_METHODS:
+        try:
+            method = getattr(allocator, name, None)
+        except Exception:  # noqa: BLE001 - a property that raises: not a method
+            method = None
+        if not callable(method):
+            missing.append(name)
+    if missing:
+        raise TargetError(
+            f"{target.spec} returned {_what(allocator)}, not an allocator: it lacks {', '.join(m + '()' for m in missing)}"
+        )
+    return allocator

@@ -9,7 +9,7 @@ import logging
 import warnings
 from typing import Any, Callable
 
-from attrs import frozen
+from attrs import field, frozen
 
 
 class TargetError(Exception):
@@ -26,12 +26,17 @@ class Target:
     defers_frees: bool = True
     # The family (harness) it names, or None: the registry recognizes it.
     family: str | None = None
+    # The built-in mutant, and the settings its bug needs to show at all
+    # (``Mutant.needs``: ``{"need_sort": True}``, ``{"min_page_size": 2}``).
+    mutant: str | None = None
+    needs: dict = field(factory=dict)
 
 
 def one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    """An exception as one line of at most about 200 characters."""
+    text = " ".join(str(exc).split())
+    text = text if len(text) <= 200 else text[:197] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 @contextlib.contextmanager

@@ -1,0 +1,462 @@
+"""Hostile and bad input: a trace is data, never code; bad input is one line
+on stderr and exit 2, never a traceback, and never blamed on the allocator.
+
+Most cases call ``main()`` in-process (quick); a few run the real command in
+a subprocess, where ``python -m`` puts the working folder on ``sys.path`` as
+a user's shell would.
+"""
+
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from state_machines.cli import main
+from state_machines.config import Config
+from state_machines.harness.lockstep import Step
+from state_machines.runs import trace as trace_mod
+from state_machines.runs.emit import pytest_source
+from state_machines.runs.trace import FORMAT, Trace, TraceError, file_name, write
+
+REPO = Path(__file__).resolve().parent.parent
+
+BASE = {
+    "format": FORMAT,
+    "config": {
+        "target": "builtin:token", "mutant": None, "page_size": 1, "need_sort": False, "device": "cpu",
+        "size": None, "rows": 4, "row_pages": 12, "sglang_path": None,
+    },
+    "steps": [
+        {"rule": "alloc", "args": {"n": 2}, "returns": "req_0"},
+        {"rule": "begin", "args": {}, "returns": None},
+        {"rule": "free", "args": {"req": "req_0", "n": 1}, "returns": None},
+        {"rule": "end", "args": {}, "returns": None},
+    ],
+    "failure": {"step": 3, "invariant": "free_sets_agree", "detail": "recorded"},
+}
+DELETE = object()
+
+
+def hostile(*edits, base=BASE):
+    """BASE with each (dotted path, value) set; DELETE removes the key."""
+    data = copy.deepcopy(base)
+    for path, value in edits:
+        *parents, last = path.split(".")
+        node = data
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if isinstance(node, list):
+            node[int(last)] = value
+        elif value is DELETE:
+            del node[last]
+        else:
+            node[last] = value
+    return data
+
+
+def cli(argv, capsys):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_bad_input(code, out, err, message):
+    assert code == 2, out + err
+    assert err.startswith("kv-lockstep: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err + out
+    assert message in err, err
+
+
+def write_json(path: Path, data) -> Path:
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def subprocess_cli(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "state_machines.cli", *map(str, args)], cwd=cwd, capture_output=True, text=True,
+        timeout=120, check=False, env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+
+
+# --------------------------------------------------------------------------- #
+# Hostile traces: each is refused with one line before anything runs.
+
+NPU = hostile(("config.target", "builtin:npu"))
+SWA = hostile(("config.target", "builtin:swa"))
+
+HOSTILE = {
+    "not an object": ([1, 2], "not a JSON object"),
+    "wrong format": (hostile(("format", "kv-lockstep-trace/9")), "format is"),
+    "unknown top field": (hostile(("extra", 1)), "unknown field"),
+    "no steps": (hostile(("steps", DELETE)), "lacks the field 'steps'"),
+    "page_size true": (hostile(("config.page_size", True)), "config.page_size is True, not a whole number"),
+    "page_size 0": (hostile(("config.page_size", 0)), "config.page_size is 0, outside"),
+    "page_size 1.5": (hostile(("config.page_size", 1.5)), "not a whole number"),
+    "page_size string": (hostile(("config.page_size", "4")), "not a whole number"),
+    "page_size huge": (hostile(("config.page_size", 10**9)), "outside"),
+    "need_sort 1": (hostile(("config.need_sort", 1)), "config.need_sort is 1, not true or false"),
+    "size 0": (hostile(("config.size", 0)), "config.size is 0"),
+    "size 1e30": (hostile(("config.size", 1e30)), "not a whole number"),
+    "size true": (hostile(("config.size", True)), "not a whole number"),
+    "rows huge": (hostile(("config.rows", 10**6)), "config.rows"),
+    "rows*row_pages too big": (hostile(("config.rows", 256), ("config.row_pages", 4096), ("config.page_size", 16)), "rows * row_pages"),
+    "device newline": (hostile(("config.device", "cpu\nx")), "config.device"),
+    "device unknown": (hostile(("config.device", "gpu")), "config.device"),
+    "target shape": (hostile(("config.target", "os.system; x:y")), "not builtin:NAME"),
+    "target not str": (hostile(("config.target", ["os", "system"])), "config.target is a JSON array"),
+    "no target": (hostile(("config.target", DELETE)), "lacks the field 'target'"),
+    "mutant int": (hostile(("config.mutant", 5)), "config.mutant"),
+    "sglang_path int": (hostile(("config.sglang_path", 5)), "config.sglang_path"),
+    "sglang_path newline": (hostile(("config.sglang_path", "a\nb")), "not a printable path"),
+    "unknown config field": (hostile(("config.evil", 1)), "unknown field 'evil'"),
+    "steps not list": (hostile(("steps", {"rule": "begin"})), "steps is a JSON object"),
+    "step not object": (hostile(("steps.1", "begin")), "steps[1] is 'begin'"),
+    "rule dunder": (hostile(("steps.1.rule", "__class__")), "not a known rule"),
+    "rule private": (hostile(("steps.1.rule", "_call")), "not a known rule"),
+    "rule teardown": (hostile(("steps.1.rule", "teardown")), "not a known rule"),
+    "rule code": (hostile(("steps.1.rule", "begin()\nimport os")), "not a known rule"),
+    "rule not str": (hostile(("steps.1.rule", 7)), "not a known rule"),
+    "args list": (hostile(("steps.1.args", [])), "args is a JSON array"),
+    "arg key code": (hostile(("steps.0.args", {"n": 2, "x=1); import os; os.system('id') #": 1})), "takes no argument"),
+    "arg missing": (hostile(("steps.2.args", {"req": "req_0"})), "needs the argument 'n'"),
+    "n true": (hostile(("steps.0.args.n", True)), "steps[0].args.n is True, not a whole number"),
+    "n 1.5": (hostile(("steps.0.args.n", 1.5)), "not a whole number"),
+    "n 1e30": (hostile(("steps.0.args.n", 1e30)), "not a whole number"),
+    "n negative": (hostile(("steps.0.args.n", -4)), "outside"),
+    "n zero": (hostile(("steps.0.args.n", 0)), "outside"),
+    "n past a row": (hostile(("steps.0.args.n", 13)), "outside 1..12"),
+    "n string": (hostile(("steps.0.args.n", "2")), "not a whole number"),
+    "n not a page multiple": (hostile(("config.target", "builtin:paged"), ("config.page_size", 4), ("steps.0.args.n", 6)), "multiple of the page size"),
+    "n 5000 digits": (f'{{"format": "{FORMAT}", "config": {{"target": "builtin:token"}}, "steps": [{{"rule": "alloc", "args": {{"n": {"9" * 5000}}}}}]}}',
+                      "not JSON"),
+    "ref newline": (hostile(("steps.2.args.req", "req_0\n")), "not a request name"),
+    "ref code": (hostile(("steps.2.args.req", "req_0); import os #")), "not a request name"),
+    "ref unicode digit": (hostile(("steps.2.args.req", "req_\u0663")), "not a request name"),
+    "ref wrong kind": (hostile(("steps.2.args.req", "cache_0")), "not a request name"),
+    "ref undefined": (hostile(("steps.2.args.req", "req_5")), "which no earlier step created"),
+    "returns code": (hostile(("steps.0.returns", "req_0 = __import__('os')")), "not a request name"),
+    "returns on begin": (hostile(("steps.1.returns", "req_1")), "begin returns nothing"),
+    "returns twice": (hostile(("steps.1", {"rule": "alloc", "args": {"n": 1}, "returns": "req_0"})), "names req_0 again"),
+    "returns wrong kind": (hostile(("steps.0.returns", "cache_0")), "not a request name"),
+    "overwrite_row past rows": (hostile(("steps.1", {"rule": "overwrite_row", "args": {"row": 4}})), "outside 0..3"),
+    "decode item int": (hostile(("steps.1", {"rule": "decode", "args": {"reqs": ["req_0", 1]}}), base=NPU), "not a request name"),
+    "decode empty": (hostile(("steps.1", {"rule": "decode", "args": {"reqs": []}}), base=NPU), "must name 1.."),
+    "decode twice": (hostile(("steps.1", {"rule": "decode", "args": {"reqs": ["req_0", "req_0"]}}), base=NPU), "names a request twice"),
+    "decode old string bad": (hostile(("steps.1", {"rule": "decode", "args": {"reqs": "req_0,,req_1"}}), base=NPU), "not a request name"),
+    "slide segment int": (hostile(("steps.1", {"rule": "slide", "args": {"req": "req_0", "pages": 1, "segment": 1}}), base=SWA), "not true or false"),
+    "invariant newline": (hostile(("failure.invariant", 'x"""\nimport os\n"""')), "failure.invariant"),
+    "invariant caps": (hostile(("failure.invariant", "Free")), "failure.invariant"),
+    "detail int": (hostile(("failure.detail", 5)), "failure.detail is 5, not a string"),
+    "failure step past": (hostile(("failure.step", 99)), "failure.step is 99"),
+    "nested 100000 deep": ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    "nested in a value": (f'{{"format": "{FORMAT}", "config": {{"target": {"[" * 100_000 + "]" * 100_000}}}}}', "nested too deeply"),
+    "bad utf-8": (b"\xff\xfe{", "not JSON"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_trace_is_one_line_and_exit_2(name, tmp_path, capsys):
+    data, message = HOSTILE[name]
+    path = tmp_path / "t.json"
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        write_json(path, data)
+    emitted = tmp_path / "test_out.py"
+    code, out, err = cli(["replay", path, "--emit-pytest", emitted], capsys)
+    assert_bad_input(code, out, err, message)
+    assert "cannot read trace" in err
+    assert not emitted.exists()
+
+
+def test_a_file_name_with_a_newline_stays_one_line(tmp_path, capsys):
+    path = write_json(tmp_path / "a\nb.json", hostile(("config.page_size", True)))
+    code, out, err = cli(["replay", path], capsys)
+    assert_bad_input(code, out, err, "a\\nb.json")
+    code, out, err = cli(["replay", write_json(tmp_path / "c\nd.json", hostile(("config.target", "evilmod:make")))], capsys)
+    assert_bad_input(code, out, err, "c\\nd.json")
+
+
+# Steps that fit the schema but that the harness's rules could never draw
+# here: refused, not run and blamed on the allocator.
+NOT_APPLICABLE = {
+    "free more than held": (hostile(("steps.2.args.n", 5)), "holds 2 slots of its own"),
+    "begin twice": (hostile(("steps.2", {"rule": "begin", "args": {}})), "a free group is already open"),
+    "finished request": (hostile(("steps.1", {"rule": "finish", "args": {"req": "req_0"}})), "req_0 has finished"),
+    "segment mid-row": (hostile(("steps.2", {"rule": "free_segment", "args": {"req": "req_0", "start": 0, "n": 1}})),
+                        "must end on req_0's last page"),
+    "rematch entry without dup": (hostile(
+        ("steps.1", {"rule": "rematch", "args": {"req": "req_0", "dup": 0}, "returns": "cache_0"}),
+        ("steps.2", {"rule": "rematch", "args": {"req": "req_0", "dup": 0, "entry": "cache_0"}})), "holds no pages of its own"),
+    "evict a locked entry": (hostile(
+        ("steps.1", {"rule": "rematch", "args": {"req": "req_0", "dup": 0}, "returns": "cache_0"}),
+        ("steps.2", {"rule": "evict", "args": {"entry": "cache_0"}})), "not evictable"),
+    "alloc past the row": (hostile(("steps.1", {"rule": "alloc", "args": {"n": 12, "req": "req_0"}})), "has room for 10 more pages"),
+    "decode without alloc_decode": (hostile(("steps.1", {"rule": "decode", "args": {"reqs": ["req_0"]}})), "no alloc_decode"),
+    "slide off the SWA harness": (hostile(("steps.1", {"rule": "slide", "args": {"req": "req_0", "pages": 1}})), "does not exist for"),
+}
+
+
+@pytest.mark.parametrize("name", list(NOT_APPLICABLE))
+def test_step_outside_the_rules_is_exit_2_not_a_failure(name, tmp_path, capsys):
+    data, message = NOT_APPLICABLE[name]
+    code, out, err = cli(["replay", write_json(tmp_path / "t.json", data)], capsys)
+    assert_bad_input(code, out, err, message)
+    assert "FAILED" not in out and "allocator_raised" not in out + err
+
+
+def test_decode_takes_the_list_form_and_the_older_string(tmp_path, capsys):
+    """decode's reqs as a JSON list (the new form) or "req_0,req_1" (the old) replay alike."""
+    for reqs in (["req_0", "req_1"], "req_0,req_1"):
+        data = hostile(("steps.1", {"rule": "alloc", "args": {"n": 1}, "returns": "req_1"}),
+                       ("steps.2", {"rule": "decode", "args": {"reqs": reqs}}), base=NPU)
+        code, out, err = cli(["replay", write_json(tmp_path / "t.json", data)], capsys)
+        assert code == 0, out + err
+
+
+# --------------------------------------------------------------------------- #
+# Code a trace names never runs unless the command line names it.
+
+EVIL = textwrap.dedent(
+    """
+    from pathlib import Path
+    Path({marker!r}).write_text("imported")
+
+    def make(**kwargs):
+        Path({marker!r}).write_text("called")
+    """
+)
+
+
+def test_custom_target_in_a_trace_is_not_imported(tmp_path):
+    """A trace naming evilmod:make, replayed from the folder holding evilmod.py
+    (python -m puts it on sys.path), imports nothing: exit 2, --target named."""
+    marker = tmp_path / "MARKER"
+    (tmp_path / "evilmod.py").write_text(EVIL.format(marker=str(marker)))
+    path = write_json(tmp_path / "t.json", hostile(("config.target", "evilmod:make")))
+    for extra in ([], ["--emit-pytest", tmp_path / "test_e.py"]):
+        run = subprocess_cli("replay", path, *extra, cwd=tmp_path)
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert run.stderr == (f"kv-lockstep: error: trace {path} names the custom target evilmod:make, and replay imports"
+                              " no code a trace names: pass --target evilmod:make to run it\n")
+        assert not marker.exists() and not (tmp_path / "test_e.py").exists()
+
+
+def test_os_system_target_in_a_trace_is_refused(tmp_path, capsys):
+    code, out, err = cli(["replay", write_json(tmp_path / "t.json", hostile(("config.target", "os:system")))], capsys)
+    assert_bad_input(code, out, err, "pass --target os:system to run it")
+
+
+def test_sglang_path_in_a_trace_is_not_put_on_sys_path(tmp_path, capsys):
+    """A trace's sglang_path would run its sglang/__init__.py: refused unless
+    --sglang-path names a folder; a built-in target ignores it."""
+    marker = tmp_path / "MARKER"
+    evil = tmp_path / "evil"
+    (evil / "sglang").mkdir(parents=True)
+    (evil / "sglang" / "__init__.py").write_text(EVIL.format(marker=str(marker)))
+    sg = hostile(("config.target", "sglang:token"), ("config.sglang_path", str(evil)))
+    path = write_json(tmp_path / "t.json", sg)
+    code, out, err = cli(["replay", path], capsys)
+    assert_bad_input(code, out, err, f"was recorded with --sglang-path '{evil}'")
+    assert "pass --sglang-path DIR to replay it" in err
+    code, out, err = cli(["replay", path, "--emit-pytest", tmp_path / "test_e.py"], capsys)
+    assert_bad_input(code, out, err, "pass --sglang-path DIR")
+    assert not marker.exists() and str(evil) not in sys.path
+    # A built-in target never reads the path, so the trace runs without it.
+    path = write_json(tmp_path / "b.json", hostile(("config.sglang_path", str(evil))))
+    code, out, err = cli(["replay", path], capsys)
+    assert code == 0 and not marker.exists(), out + err
+
+
+def test_custom_target_runs_when_the_command_line_names_it(tmp_path, capsys, monkeypatch):
+    """--target names the code: then, and only then, it is imported."""
+    (tmp_path / "kvl_named_pool.py").write_text("from allocators import TokenAllocator as make\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = write_json(tmp_path / "t.json", hostile(("config.target", "kvl_named_pool:make")))
+    code, out, err = cli(["replay", path, "--target", "kvl_named_pool:make"], capsys)
+    assert code == 0, out + err
+
+
+# --------------------------------------------------------------------------- #
+# The emitter writes only checked steps; text of the trace only as literals.
+
+INJECT = 'x"""\nimport pathlib; pathlib.Path({m!r}).write_text("ran")\n"""\\\n\\N{{x}}'
+
+
+def test_emitter_checks_what_it_writes(tmp_path):
+    """pytest_source re-checks a trace built in memory: a rule, argument or
+    name that did not come through the schema is never written."""
+    config = Config()
+    marker = tmp_path / "M"
+    bad = [
+        Trace(config, (Step(INJECT.format(m=str(marker)), {}),), None),
+        Trace(config, (Step("alloc", {"n": 1}, 'req_0 = __import__("os")'),)),
+        Trace(config, (Step("alloc", {"n); import os #": 1}),)),
+        Trace(config, (Step("alloc", {"n": 1}),), INJECT.format(m=str(marker))),
+    ]
+    for trace in bad:
+        with pytest.raises(TraceError):
+            pytest_source(trace, config)
+    assert not marker.exists()
+
+
+def test_emitted_files_compile_and_run_no_smuggled_code(tmp_path, capsys):
+    """Text the trace carries (its file name, the failure's detail, with
+    triple quotes, backslash-newlines and a \\N escape) lands in string
+    literals: every emitted file compiles, and running them creates no marker."""
+    marker = tmp_path / "MARKER"
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    # The pytest run below has tmp_path as its folder, so "touch MARKER" would make marker.
+    names = ["plain.json", 'n"""\nimport os; os.system("touch MARKER")\n""".json', "b\\\nimport os #.json", "\\N{x}.json"]
+    details = [INJECT.format(m=str(marker)), "'''\n# coding: bogus\n", "\\N", "\x00\u2028\ud800"]
+    for i, (name, detail) in enumerate(zip(names, details)):
+        folder = tmp_path / f"t{i}"
+        folder.mkdir()
+        path = write_json(folder / name, hostile(("failure.detail", detail)))
+        out_file = suite / f"test_emitted_{i}.py"
+        code, out, err = cli(["replay", path, "--emit-pytest", out_file], capsys)
+        assert code == 0, out + err
+        text = out_file.read_text()
+        compile(text, str(out_file), "exec")
+        assert detail not in text.split("RECORDED_DETAIL = ")[0]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", str(suite)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert f"{len(names)} passed" in run.stdout, run.stdout + run.stderr
+    assert not marker.exists()
+
+
+# --------------------------------------------------------------------------- #
+# Trace files: atomic, named by a hash of what failed.
+
+def _trace(n=2, invariant="free_sets_agree"):
+    return Trace(Config(), (Step("alloc", {"n": n}, "req_0"), Step("end", {})), invariant, "detail")
+
+
+def test_file_name_carries_a_hash_of_the_failure(tmp_path):
+    name = file_name(_trace())
+    assert re.fullmatch(r"builtin_token_page_size_1-free_sets_agree-[0-9a-f]{8}\.json", name), name
+    assert file_name(_trace()) == name  # the same failure, the same name
+    assert file_name(_trace(n=3)) != name  # other steps
+    assert file_name(_trace(invariant="slots_conserved")) != name
+
+
+def test_write_is_idempotent_and_never_overwrites_another_failure(tmp_path):
+    first = write(_trace(), tmp_path)
+    again = write(_trace(), tmp_path)
+    other = write(_trace(n=3), tmp_path)
+    assert first == again and other != first
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({first.name, other.name})  # no temp files left
+    assert Trace.load(first) == _trace() and Trace.load(other) == _trace(n=3)
+
+
+def test_write_is_atomic(tmp_path, monkeypatch):
+    """A write that fails part way leaves the old file whole and no temp file."""
+    path = write(_trace(), tmp_path)
+    before = path.read_bytes()
+
+    def broken(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(trace_mod.os, "replace", broken)
+    with pytest.raises(TraceError, match="cannot write a trace into .*No space left on device"):
+        write(_trace(), tmp_path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+# --------------------------------------------------------------------------- #
+# Bad input around the trace: factories, output paths, mutants' needs.
+
+FACTORIES = {
+    "returns None": ("def make(**kw):\n    return None\n", "returned None, not an allocator"),
+    "returns an int": ("def make(**kw):\n    return 7\n", "returned an int, not an allocator"),
+    "returns an object without methods": (
+        "class P:\n    def alloc(self, n):\n        return None\n\ndef make(**kw):\n    return P()\n",
+        "lacks free(), free_group_begin(), free_group_end(), available_size()"),
+    "raises SystemExit": ("import sys\ndef make(**kw):\n    sys.exit(3)\n", "cannot build kvl_f_3:make: SystemExit: 3"),
+    "raises KeyboardInterrupt": ("def make(**kw):\n    raise KeyboardInterrupt\n", "KeyboardInterrupt"),
+    "exits at import": ("import sys\nsys.exit('bye\\nnow')\n", "cannot import target module 'kvl_f_5': SystemExit: bye now"),
+}
+
+
+@pytest.mark.parametrize("index, name", list(enumerate(FACTORIES)))
+def test_bad_factory_is_one_line_and_exit_2(index, name, tmp_path, capsys, monkeypatch):
+    source, message = FACTORIES[name]
+    module = f"kvl_f_{index}"
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = cli(["fuzz", "--target", f"{module}:make", "--trace-dir", tmp_path / "traces"], capsys)
+    assert_bad_input(code, out, err, message)
+    path = write_json(tmp_path / "t.json", hostile(("config.target", f"{module}:make")))
+    code, out, err = cli(["replay", path, "--target", f"{module}:make"], capsys)
+    assert_bad_input(code, out, err, message)
+
+
+def test_output_paths_are_checked_before_fuzzing(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    cases = [
+        (["--trace-dir", afile], "is a file, not a folder"),
+        (["--trace-dir", afile / "sub"], f"cannot be created: {afile} is not a folder"),
+        (["--duration", "1", "--stats-json", tmp_path / "missing" / "s.json"], "does not exist"),
+        (["--duration", "1", "--stats-json", tmp_path], "is a folder, not a file"),
+    ]
+    for extra, message in cases:
+        code, out, err = cli(["fuzz", "--mutant", "flag-drift", "--seed", "0", *extra], capsys)
+        assert_bad_input(code, out, err, message)
+        assert "kv-lockstep fuzz:" not in out  # refused before any example ran
+    code, out, err = cli(["replay", write_json(tmp_path / "t.json", BASE), "--emit-pytest", tmp_path / "nope" / "t.py"], capsys)
+    assert_bad_input(code, out, err, "--emit-pytest")
+    assert "does not exist" in err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--target", "builtin:paged", "--mutant", "segment-drops-tail", "--page-size", "1"],
+         "mutant segment-drops-tail of builtin:paged cannot show its bug at --page-size 1: it needs --page-size 2 or more"),
+        (["--target", "builtin:paged", "--mutant", "free-no-dedup"], "needs --page-size 2 or more"),
+        (["--target", "builtin:npu", "--mutant", "decode-boundary"], "needs --page-size 2 or more"),
+        (["--target", "builtin:token", "--mutant", "merge-drops-release"],
+         "mutant merge-drops-release of builtin:token cannot show its bug without --need-sort"),
+    ],
+)
+def test_mutant_whose_bug_cannot_show_is_refused(args, message, tmp_path, capsys):
+    code, out, err = cli(["fuzz", *args, "--trace-dir", tmp_path], capsys)
+    assert_bad_input(code, out, err, message)
+
+
+def test_catalogue_configs_meet_their_mutants_needs():
+    """Every configuration the suite runs a mutant in can show its bug."""
+    from state_machines import targets
+    from state_machines.targets.catalogue import mutant_configs
+
+    for c in mutant_configs():
+        target = targets.resolve(c.target, c.mutant)
+        assert targets.unmet_need(target, size=c.pool_size, page_size=c.page_size, device=c.device, need_sort=c.need_sort) is None
+
+
+def test_the_real_command_prints_one_line(tmp_path):
+    """End to end, in a process of its own: a deep trace and a mutant that cannot show."""
+    deep = write_json(tmp_path / "deep.json", "[" * 100_000 + "]" * 100_000)
+    run = subprocess_cli("replay", deep, cwd=tmp_path)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "nested too deeply" in run.stderr, run.stderr
+    run = subprocess_cli("fuzz", "--target", "builtin:paged", "--mutant", "segment-drops-tail", "--page-size", "1", cwd=tmp_path)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "Traceback" not in run.stderr, run.stderr
+
+
+def test_a_trace_may_name_what_a_step_made_as_it_likes(tmp_path, capsys):
+    """A step's `returns` is the trace's own variable name: `req_7` for the harness's req_0 replays the same."""
+    data = hostile(("steps.0.returns", "req_7"), ("steps.2.args.req", "req_7"))
+    code, out, err = cli(["replay", write_json(tmp_path / "t.json", data)], capsys)
+    assert (code, err) == (0, ""), out + err
+    assert out.splitlines()[-1] == "trace passes: all 4 steps and the teardown check out"

@@ -464,14 +464,20 @@ class Lockstep:
         return named
 
     def _call(self, what: str, fn, *args):
+        limit = self.config.call_timeout_s
         try:
-            with _deadline(CALL_TIMEOUT_S):
+            with _deadline(limit):
                 return fn(*args)
         except InvariantViolation:
             raise
-        except TimeoutError as exc:
-            self._fail("allocator_hung", f"{what} hung: {exc}")
-        except Exception as exc:
+        except TimeoutError:
+            self._fail("allocator_hung", f"{what} hung: no return within {limit:g} s")
+        except (Exception, KeyboardInterrupt, SystemExit) as exc:
+            # The allocator's own KeyboardInterrupt or SystemExit is its failure too;
+            # only where SIGINT has Python's default handler can a real Ctrl-C land
+            # inside the call, and that stops the run.
+            if isinstance(exc, KeyboardInterrupt) and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                raise
             where = traceback.extract_tb(exc.__traceback__)[-1]
             self._fail(
                 "allocator_raised",

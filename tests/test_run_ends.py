@@ -253,17 +253,19 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds workers through /proc")
-@pytest.mark.parametrize("jobs", [1, 2])
+@pytest.mark.parametrize("jobs", [0, 1, 2], ids=["plain", "long-j1", "long-j2"])
 def test_killing_a_worker_fails_the_run(tmp_path, jobs):
-    """kill -9 of one worker, or of the only one: exit 1, worker_died, its last steps kept."""
-    proc = popen(tmp_path, "--target", "builtin:token", "--duration", "60s", "-j", str(jobs))
-    # Workers are forked by the forkserver, a child of the CLI.
+    """kill -9 of the plain run's worker, of one long-run worker, or of the
+    only one: exit 1, worker_died, its last steps kept."""
+    mode = ["--duration", "60s", "-j", str(jobs)] if jobs else ["--max-examples", "100000"]
+    proc = popen(tmp_path, "--target", "builtin:token", *mode)
     deadline = time.monotonic() + 30
     workers = []
-    while len(workers) < jobs and time.monotonic() < deadline and proc.poll() is None:
+    while len(workers) < max(jobs, 1) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
-        workers = [w for child in _children(proc.pid) for w in _children(child)]
-    assert len(workers) == jobs, workers
+        # A plain run forks its worker; a long run's are forked by the forkserver, a child of the CLI.
+        workers = _children(proc.pid) if not jobs else [w for c in _children(proc.pid) for w in _children(c)]
+    assert len(workers) == max(jobs, 1), workers
     time.sleep(1.0)  # into their runs
     os.kill(workers[0], signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=60)
@@ -273,13 +275,14 @@ def test_killing_a_worker_fails_the_run(tmp_path, jobs):
     assert kept(tmp_path, "worker_died").invariant == "worker_died"
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-@pytest.mark.parametrize("mode", [[], LONG], ids=["plain", "long"])
-def test_signal_during_shrinking_keeps_the_failure(pools, sig, code, mode):
+@pytest.mark.parametrize("mode, sig, code", [
+    ([], signal.SIGINT, 130),
+    ([], signal.SIGTERM, 143),
+    (LONG, signal.SIGTERM, 143),  # tests/test_longrun.py sends a long run SIGINT
+], ids=["plain-SIGINT", "plain-SIGTERM", "long-SIGTERM"])
+def test_signal_during_shrinking_keeps_the_failure(pools, mode, sig, code):
     """Ctrl-C or SIGTERM while a failure shrinks: exit 130 / 143, no
     traceback, and the failure as first seen is kept, unshrunk."""
-    if mode and sig == signal.SIGINT:
-        pytest.skip("tests/test_longrun.py covers Ctrl-C of a long run")
     proc = popen(pools, "--target", "bad_pools:slow_to_shrink", "--seed", "0", *mode)
     out = []
     for line in proc.stdout:

@@ -3,8 +3,9 @@
 N worker processes (forkserver or spawn, never threads) each run repeated
 Hypothesis runs with fresh random seeds until the time is up, a failure is
 found, or the user presses Ctrl-C.  Workers send coverage snapshots and
-failures to the parent over a queue; the parent prints progress, the summary
-and the traces.  The example database, when given, is the workers' (and
+failures to the parent, each over a pipe of its own; the parent prints
+progress, the summary and the traces, and watches for workers that hang or
+die (``watchdog``).  The example database, when given, is the workers' (and
 machines') shared memory: a failure one of them found is replayed first by
 every later run.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import queue as queue_mod
 import re
 import signal
 import sys
@@ -76,8 +76,11 @@ def open_database(spec: str | None):
 # -- the worker --
 
 
-def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messages, stop, abort, beacon) -> None:
-    """Run Hypothesis runs until told to stop; report stats and failures."""
+def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messages, beacon) -> None:
+    """Run Hypothesis runs until told to stop; report stats and failures.
+
+    ``messages`` is the worker's own pipe to the parent, ``beacon`` its
+    shared memory (``watchdog``): the parent's stop and abort flags."""
     from state_machines.runs.watchdog import start_worker, worker_signals
 
     # Ctrl-C reaches the whole process group: the parent alone decides what it means.
@@ -96,7 +99,7 @@ def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messag
         messages.put(("found", index, exc.invariant, str(written), coverage.examples))
 
     def should_stop(shrinking: bool) -> bool:
-        return abort.is_set() or (stop.is_set() and not shrinking)
+        return beacon.abort_requested() or (beacon.stop_requested() and not shrinking)
 
     coverage = Coverage(
         config,
@@ -110,7 +113,7 @@ def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messag
         # target once and says whether it could.
         if start_worker(config, beacon, messages, index) is not None:
             database = open_database(db_spec)
-            while not (stop.is_set() or abort.is_set()):
+            while not (beacon.stop_requested() or beacon.abort_requested()):
                 run_seed = None if seed is None else seed * 1_000_003 + index * 10_007 + run
                 run += 1
                 outcome = fuzz(
@@ -120,7 +123,7 @@ def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messag
                     database=database,
                     derandomize=False,
                     record=RunRecord(probe=coverage),
-                    stop=abort.is_set,
+                    stop=beacon.abort_requested,
                 )
                 if outcome.failures:
                     paths = [str(write(trace, trace_dir)) for trace in outcome.failures]
@@ -130,8 +133,11 @@ def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messag
         pass
     except BaseException as exc:  # a harness bug: report it rather than vanish
         messages.put(("error", index, f"{type(exc).__name__}: {exc}"))
-    messages.put(("stats", index, coverage.snapshot()))
-    messages.put(("done", index))
+    try:
+        messages.put(("stats", index, coverage.snapshot()))
+        messages.put(("done", index))
+    except OSError:  # the parent is gone
+        pass
 
 
 def _context():
@@ -179,21 +185,22 @@ def run(
     """
     from state_machines.runs.trace import write
     from state_machines.runs.watchdog import (
-        POLL_S, Beacon, Signals, died_verdict, hung_verdict, kill, start_blocked,
+        POLL_S, Beacon, Channel, Signals, died_verdict, hung_verdict, kill, receive, receive_all, start_blocked,
     )
 
     out, err = out or sys.stdout, err or sys.stderr
     open_database(db_spec)  # bad --db fails here, before workers start
     tty = out.isatty()
     ctx = _context()
-    messages = ctx.Queue()
-    stop, abort = ctx.Event(), ctx.Event()
     Path(trace_dir).mkdir(parents=True, exist_ok=True)
+    # Each worker its own pipe and shared memory: nothing a killed worker
+    # could leave locked is shared (a queue's lock, an Event's).
     beacons = [Beacon(ctx) for _ in range(jobs)]
+    channels = {i: Channel(ctx) for i in range(jobs)}
     workers = [
         ctx.Process(
             target=_worker,
-            args=(i, config.to_dict(), db_spec, seed, trace_dir, messages, stop, abort, beacons[i]),
+            args=(i, config.to_dict(), db_spec, seed, trace_dir, channels[i], beacons[i]),
             name=f"kv-lockstep-worker-{i}",
             daemon=True,
         )
@@ -222,6 +229,17 @@ def run(
     last_print = 0.0
     last_watch = 0.0
 
+    flags = {"stop": False}
+
+    def stop():
+        flags["stop"] = True
+        for beacon in beacons:
+            beacon.request_stop()
+
+    def abort():
+        for beacon in beacons:
+            beacon.request_abort()
+
     def handle(message):
         kind, index = message[0], message[1]
         if kind == "stats":
@@ -233,12 +251,12 @@ def run(
                     print(("\n" if tty else "") + f"rule {rule} disabled for {config.target}: {reason}", file=out)
         elif kind in ("bad_input", "before_any_step"):
             setup.setdefault(kind, message[2])
-            stop.set()
-            abort.set()
+            stop()
+            abort()
         elif kind == "found":
             found.append((index, message[2], message[3]))
             first_examples.append(message[4])
-            stop.set()  # the others stop; the finder shrinks
+            stop()  # the others stop; the finder shrinks
             print(("\n" if tty else "") + f"found {message[2]} (worker {index}, its example {message[4]}); shrinking it;"
                   f" unshrunk trace: {message[3]}", file=out, flush=True)
         elif kind == "failures":
@@ -246,27 +264,24 @@ def run(
             known = {path for _, path in failures}
             failures.extend((t, p) for t, p in zip(message[2], message[3]) if p not in known)
             # One shrunk failure is the answer; others still shrinking keep their unshrunk traces.
-            stop.set()
-            abort.set()
+            stop()
+            abort()
         elif kind == "error":
             errors.append(f"worker {index}: {message[2]}")
-            stop.set()
+            stop()
         elif kind == "done":
             done.add(index)
             ended.add(index)
 
     def drain_now():
-        while True:
-            try:
-                handle(messages.get_nowait())
-            except (queue_mod.Empty, OSError, EOFError):
-                return
+        for message in receive_all(channels):
+            handle(message)
 
     def verdict(trace, line):
         path = write(trace, Path(trace_dir) / "unshrunk")
         verdicts.append((trace, path))
         print(("\n" if tty else "") + f"{line}; unshrunk trace: {path}", file=out, flush=True)
-        stop.set()
+        stop()
 
     def watch():
         """Hung and dead workers: what no message can say."""
@@ -292,10 +307,8 @@ def run(
     def pump(until: float):
         nonlocal last_watch
         while len(ended) < len(started_workers) and time.monotonic() < until:
-            try:
-                handle(messages.get(timeout=POLL_S))
-            except queue_mod.Empty:
-                pass
+            for message in receive(channels, POLL_S):
+                handle(message)
             if time.monotonic() - last_watch >= POLL_S:
                 last_watch = time.monotonic()
                 watch()
@@ -304,16 +317,17 @@ def run(
     signals.install()
     started_workers = []
     try:
-        for w in workers:
+        for i, w in enumerate(workers):
             start_blocked(w)
+            channels[i].started()
             started_workers.append(w)
         while len(ended) < jobs:
             pump(time.monotonic() + POLL_S)
             now = time.monotonic()
-            if now >= deadline and not stop.is_set():
-                stop.set()
+            if now >= deadline and not flags["stop"]:
+                stop()
             if now >= deadline + SHRINK_GRACE_S:
-                abort.set()
+                abort()
                 break
             if now - last_print >= (1.0 if tty else PLAIN_PROGRESS_EVERY_S):
                 last_print = now
@@ -322,8 +336,8 @@ def run(
                 print(("\r" + line) if tty else line, end="" if tty else "\n", file=out, flush=True)
     except KeyboardInterrupt:
         interrupted = True
-        abort.set()
-        stop.set()
+        abort()
+        stop()
     # A second Ctrl-C must not cut the summary short.
     signals.ignore()
     try:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import ctypes
 import json
 import multiprocessing
-import queue as queue_mod
 import signal
 import sys
 import time
@@ -42,7 +41,7 @@ POLL_S = 0.2
 # After Ctrl-C or SIGTERM, a worker gets this long to stop before it is killed.
 INTERRUPT_GRACE_S = 3.0
 
-_STARTED, _LIMIT, _STEPS_LEN, _WHAT_LEN, _STOP = range(5)
+_STARTED, _LIMIT, _STEPS_LEN, _WHAT_LEN, _STOP, _ABORT = range(6)
 
 
 def margin_s(limit: float) -> float:
@@ -59,10 +58,12 @@ def signal_name(number: int) -> str:
 
 
 class Beacon:
-    """Shared memory one worker writes (``install``) and its parent reads."""
+    """Shared memory one worker writes (``install``) and its parent reads;
+    also the parent's stop and abort flags for it.  No lock: a worker killed
+    at any moment can leave none held."""
 
     def __init__(self, ctx) -> None:
-        self.nums = ctx.RawArray(ctypes.c_double, 5)
+        self.nums = ctx.RawArray(ctypes.c_double, 6)
         self.text = ctx.RawArray(ctypes.c_char, STEPS_BYTES + WHAT_BYTES)
 
     # -- the worker --
@@ -89,10 +90,16 @@ class Beacon:
     def stop_requested(self) -> bool:
         return bool(self.nums[_STOP])
 
+    def abort_requested(self) -> bool:
+        return bool(self.nums[_ABORT])
+
     # -- the parent --
 
     def request_stop(self) -> None:
         self.nums[_STOP] = 1.0
+
+    def request_abort(self) -> None:
+        self.nums[_ABORT] = 1.0
 
     def in_call(self) -> bool:
         return bool(self.nums[_STARTED])
@@ -126,6 +133,55 @@ class Beacon:
             except (ValueError, KeyError, TypeError):
                 break
         return out
+
+
+class Channel:
+    """One worker's messages to its parent: a pipe of its own.  A queue
+    shared by workers has a lock that a worker killed while writing keeps
+    forever, and a message cut short there would block its reader; here the
+    parent holds no write end, so a dead worker's pipe ends (EOF)."""
+
+    def __init__(self, ctx) -> None:
+        self.reader, self.writer = ctx.Pipe(duplex=False)
+
+    def put(self, message) -> None:
+        """In the worker."""
+        self.writer.send(message)
+
+    def started(self) -> None:
+        """In the parent, once the worker has started."""
+        self.writer.close()
+
+
+def receive(channels: dict, timeout: float) -> list:
+    """The messages ready within ``timeout`` on the open ``channels``
+    (index: Channel), at most one each; a channel that has ended is
+    dropped from ``channels``."""
+    from multiprocessing.connection import wait
+
+    if not channels:
+        time.sleep(timeout)
+        return []
+    ready = wait([c.reader for c in channels.values()], timeout)
+    out = []
+    for index, channel in list(channels.items()):
+        if channel.reader in ready:
+            try:
+                out.append(channel.reader.recv())
+            except (EOFError, OSError):
+                channel.reader.close()
+                del channels[index]
+    return out
+
+
+def receive_all(channels: dict) -> list:
+    """Everything already sent on ``channels``, without waiting."""
+    out = []
+    while True:
+        got = receive(channels, 0) if channels else []
+        if not got:
+            return out
+        out += got
 
 
 class _Publisher:
@@ -370,11 +426,11 @@ def fuzz_watched(config: Config, *, max_examples: int, seed: int | None, db_spec
     failure, 2 bad input, 128 + the signal on SIGINT / SIGTERM."""
     out, err = out or sys.stdout, err or sys.stderr
     ctx = _plain_context(config)
-    messages = ctx.Queue()
+    channels = {0: Channel(ctx)}
     beacon = Beacon(ctx)
     child = ctx.Process(
         target=_plain_child,
-        args=(config.to_dict(), max_examples, seed, db_spec, trace_dir, messages, beacon),
+        args=(config.to_dict(), max_examples, seed, db_spec, trace_dir, channels[0], beacon),
         name="kv-lockstep-worker-0",
         daemon=True,
     )
@@ -402,10 +458,11 @@ def fuzz_watched(config: Config, *, max_examples: int, seed: int | None, db_spec
 
     def drain(timeout: float = 0.0) -> None:
         end = time.monotonic() + timeout
-        while not done:
-            try:
-                handle(messages.get(timeout=max(0.0, end - time.monotonic())) if timeout else messages.get_nowait())
-            except (queue_mod.Empty, OSError, EOFError):
+        while not done and channels:
+            got_now = receive(channels, max(0.0, end - time.monotonic()))
+            for message in got_now:
+                handle(message)
+            if not got_now and time.monotonic() >= end:
                 return
 
     signals = Signals()
@@ -413,11 +470,10 @@ def fuzz_watched(config: Config, *, max_examples: int, seed: int | None, db_spec
     interrupted = False
     try:
         start_blocked(child)
+        channels[0].started()
         while not done:
-            try:
-                handle(messages.get(timeout=POLL_S))
-            except queue_mod.Empty:
-                pass
+            for message in receive(channels, POLL_S):
+                handle(message)
             if done:
                 break
             seconds = beacon.overdue(time.monotonic())

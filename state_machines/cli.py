@@ -1,6 +1,7 @@
 """``kv-lockstep``: fuzz a target, replay a trace, list targets.
 
-Exit codes: 0 no failure, 1 a failure (with a trace), 2 bad input.
+Exit codes: 0 no failure, 1 a failure (with a trace), 2 bad input,
+130 on SIGINT, 143 on SIGTERM.
 """
 
 from __future__ import annotations
@@ -38,6 +39,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kv-lockstep", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -53,6 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--max-examples", type=_positive, default=300)
     fuzz.add_argument("--trace-dir", default=DEFAULT_TRACE_DIR)
     fuzz.add_argument("--sglang-path", help="a folder holding the sglang package (a checkout's python/)")
+    fuzz.add_argument("--call-timeout", type=_seconds, default=Config().call_timeout_s, metavar="SECONDS",
+                      help="an allocator call running longer is a hang, allocator_hung (default %(default)g)")
     long = fuzz.add_argument_group("long runs (see README, Long runs)")
     long.add_argument("--duration", help="run this long (20s, 10m, 2h) or until a failure, instead of --max-examples")
     long.add_argument("-j", "--jobs", type=_positive, help="worker processes for --duration (default: all cores)")
@@ -80,16 +93,13 @@ def _indent(text: str, by: str = "    ") -> str:
     return "\n".join(by + line for line in text.splitlines())
 
 
-def _report_disabled(state, config) -> None:
-    """One line per rule the target cannot run here, so a skipped rule is never silent."""
-    for rule, reason in sorted(state.disabled_rules.items()):
-        print(f"rule {rule} disabled for {config.target}: {reason}")
-
-
 def cmd_fuzz(args) -> int:
-    from state_machines.harness import build
-    from state_machines.runs.runner import fuzz
-    from state_machines.runs.trace import write
+    """The allocator runs only in worker processes, watched from here
+    (``runs/watchdog.py``), so that a crash, an exit or a hang inside it is
+    a failure with a trace, and Ctrl-C keeps what was found."""
+    from state_machines import targets
+    from state_machines.runs.options import open_database
+    from state_machines.targets import devices
 
     config = Config(
         target=args.target,
@@ -99,44 +109,30 @@ def cmd_fuzz(args) -> int:
         device=args.device,
         size=args.size,
         sglang_path=args.sglang_path,
+        call_timeout_s=args.call_timeout,
     )
     if (args.jobs or args.stats_json) and not args.duration:
         raise UsageError("-j and --stats-json go with --duration (e.g. --duration 10m)")
     _check_output_paths(trace_dir=args.trace_dir, stats_json=args.stats_json)
+    duration_s = None
     if args.duration:
         from state_machines.runs import longrun
 
         duration_s = longrun.parse_duration(args.duration)
-        _report_disabled(build(config), config)  # bad input fails here, before any output
+    # Bad input fails here, before any output; what only building the
+    # allocator can tell, the worker reports the same way.
+    targets.resolve(config.target, config.mutant, config.sglang_path)
+    devices.require(config.device)
+    open_database(args.db)
+    if duration_s is not None:
         return longrun.run(
             config, duration_s=duration_s, jobs=args.jobs or longrun.default_jobs(),
             db_spec=args.db, seed=args.seed, trace_dir=args.trace_dir, stats_json=args.stats_json,
         )
-    _report_disabled(build(config), config)  # bad input fails here, before any output
-    database = None
-    if args.db:
-        from state_machines.runs.longrun import open_database
+    from state_machines.runs.watchdog import fuzz_watched
 
-        database = open_database(args.db)
-    print(f"kv-lockstep fuzz: {config.label()}, up to {args.max_examples} examples, seed {args.seed if args.seed is not None else 'random'}")
-    outcome = fuzz(config, max_examples=args.max_examples, seed=args.seed, database=database, derandomize=False)
-    rec = outcome.record
-    if outcome.ok:
-        print(f"no failure: {rec.examples} examples, {rec.steps} steps in {outcome.elapsed_s:.1f} s")
-        return 0
-    print(
-        f"FAILED: first failure after {rec.first_failure_s:.2f} s ({rec.examples_to_failure} examples);"
-        f" {len(outcome.failures)} distinct failure(s), shrunk in {outcome.elapsed_s:.1f} s total"
-    )
-    for number, trace in enumerate(outcome.failures, 1):
-        path = write(trace, args.trace_dir)
-        print(f"\nfailure {number}: {trace.invariant}")
-        print(_indent(trace.detail))
-        print(f"  shrunk to {len(trace.steps)} steps:")
-        print(_indent(trace.program()))
-        print(f"  trace: {path}")
-        print(f"  replay: kv-lockstep replay {path}")
-    return 1
+    return fuzz_watched(config, max_examples=args.max_examples, seed=args.seed, db_spec=args.db,
+                        trace_dir=args.trace_dir)
 
 
 def _check_output_paths(trace_dir: str | None = None, stats_json: str | None = None, emit_pytest: str | None = None) -> None:
@@ -290,7 +286,7 @@ def cmd_devices(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from state_machines.harness import InvariantViolation
-    from state_machines.runs.longrun import BadOption
+    from state_machines.runs.options import BadOption
     from state_machines.runs.trace import TraceError
 
     try:

@@ -22,6 +22,9 @@ class Config:
     rows: int = 4
     row_pages: int = 12
     sglang_path: str | None = field(default=None)
+    # An allocator call that takes longer than this is reported as a hang
+    # (`allocator_hung`); `kv-lockstep fuzz --call-timeout`.
+    call_timeout_s: float = 10.0
 
     @property
     def pool_size(self) -> int:

@@ -26,7 +26,7 @@ def _configs():
 
 
 if os.environ.get("KV_LOCKSTEP_DB"):
-    from state_machines.runs.longrun import open_database
+    from state_machines.runs.options import open_database
 
     _database = open_database(os.environ["KV_LOCKSTEP_DB"])
 else:

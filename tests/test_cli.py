@@ -35,8 +35,11 @@ def test_mutant_run_fails_with_a_trace_that_replays(tmp_path):
     assert run.returncode == 1, run.stdout + run.stderr
     lines = run.stdout.splitlines()
     assert lines[0] == "kv-lockstep fuzz: builtin:token mutant=flag-drift page_size=1, up to 300 examples, seed 0"
+    # Each failure's first example is written at once, before shrinking.
+    assert re.fullmatch(r"found no_page_freed_twice \(example \d+\); shrinking it; unshrunk trace: "
+                        r"\S+/unshrunk/builtin_token_mutant_flag-drift_page_size_1-no_page_freed_twice-[0-9a-f]{8}\.json", lines[1]), lines[1]
     assert re.fullmatch(r"FAILED: first failure after [\d.]+ s \(\d+ examples\); 1 distinct failure\(s\),"
-                        r" shrunk in [\d.]+ s total", lines[1]), lines[1]
+                        r" shrunk in [\d.]+ s total", lines[2]), lines[2]
     assert [line for line in lines if line.startswith("failure ")] == ["failure 1: no_page_freed_twice"]
     assert "    state.end()  # fails: no_page_freed_twice" in lines
     [path] = sorted(tmp_path.glob("*.json"))
@@ -185,8 +188,6 @@ LIAR = textwrap.dedent(
     '''
 )
 
-# cli.py catches InvariantViolation in main() without importing it, so the
-# except clause itself raises NameError; the fix belongs to cli.py.
 
 @pytest.mark.parametrize("extra", [[], ["--duration", "5s", "-j", "1"]], ids=["max-examples", "duration"])
 def test_target_broken_before_any_step_fails_with_exit_1_and_no_traceback(tmp_path, extra):
@@ -195,7 +196,11 @@ def test_target_broken_before_any_step_fails_with_exit_1_and_no_traceback(tmp_pa
     run = kv_lockstep("fuzz", "--target", "liar:Liar", *extra, "--trace-dir", str(tmp_path), cwd=tmp_path,
                       env_extra={"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"})
     assert run.returncode == 1, run.stdout + run.stderr
-    assert run.stdout.splitlines()[0] == "FAILED before any step: available_size_agrees"
+    lines = run.stdout.splitlines()
+    # A long run prints its header and a progress line first.
+    failed = [line for line in lines if line.startswith("FAILED")]
+    assert failed == ["FAILED before any step: available_size_agrees"], run.stdout
+    assert lines[lines.index(failed[0]) + 1] == "    available_size() 11 / census 10 pages x 1 = 10"
     assert run.stderr == ""
 
 
@@ -219,7 +224,7 @@ def test_replay_on_a_target_broken_before_any_step_fails_at_the_build(tmp_path):
 
 
 def test_ctrl_c_during_a_run_exits_130_without_a_traceback(tmp_path):
-    """SIGINT during a plain fuzz run: exit 130, 'kv-lockstep: interrupted' alone on stderr."""
+    """SIGINT during a plain fuzz run: exit 130, 'kv-lockstep: interrupted (SIGINT)' last, no traceback."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "state_machines.cli", "fuzz", "--max-examples", "100000", "--seed", "0",
          "--trace-dir", str(tmp_path)],
@@ -236,4 +241,5 @@ def test_ctrl_c_during_a_run_exits_130_without_a_traceback(tmp_path):
             proc.kill()
             proc.communicate()
     assert proc.returncode == 130, first + out + err
-    assert err == "kv-lockstep: interrupted\n"
+    assert out.splitlines()[-1] == "kv-lockstep: interrupted (SIGINT)"
+    assert err == ""

@@ -2,9 +2,11 @@
 
 import time
 
+import attrs
+
 from allocators import TokenAllocator
 from state_machines.config import Config
-from state_machines.harness import Step, lockstep
+from state_machines.harness import Step
 from state_machines.runs.runner import fuzz
 
 
@@ -39,10 +41,9 @@ def test_an_exception_in_the_allocator_is_an_allocator_raised_failure():
     assert trace.steps == (Step("alloc", {"n": 1}),)
 
 
-def test_an_allocator_call_past_the_limit_is_an_allocator_hung_failure(monkeypatch):
+def test_an_allocator_call_past_the_limit_is_an_allocator_hung_failure():
     """fuzz reports allocator_hung when alloc() outlives the per-call limit, shrunk to one alloc."""
-    monkeypatch.setattr(lockstep, "CALL_TIMEOUT_S", 0.2)
-    outcome = fuzz(_target(HangsOnAlloc), max_examples=20)
+    outcome = fuzz(attrs.evolve(_target(HangsOnAlloc), call_timeout_s=0.2), max_examples=20)
     assert [t.invariant for t in outcome.failures] == ["allocator_hung"]
     (trace,) = outcome.failures
     assert trace.detail == "alloc(1) hung: no return within 0.2 s"

@@ -17,7 +17,7 @@ import pytest
 from state_machines.config import Config
 from state_machines.harness import Step
 from state_machines.runs.coverage import INTERLEAVINGS
-from state_machines.runs.longrun import BadOption, parse_duration
+from state_machines.runs.options import BadOption, parse_duration
 from state_machines.runs.trace import Trace
 
 REPO = Path(__file__).resolve().parent.parent

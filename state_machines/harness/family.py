@@ -78,4 +78,4 @@ def machine_for(config: Config, record: RunRecord | None = None) -> type[FreeGro
     if state.has_alloc_decode:
         base = type(f"Decode{base.__name__}", (DecodeRules, base), {})
     name = base.__name__ + "_" + "".join(c if c.isalnum() else "_" for c in config.label())
-    return type(name, (base,), {"config": config, "record": record or RunRecord(), "make_state": staticmethod(lambda: build(config))})
+    return type(name, (base,), {"config": config, "record": record or RunRecord(), "build": staticmethod(build)})

@@ -106,22 +106,41 @@ def _deadline(seconds: float):
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-# Where ``observe()`` sends timings; None costs one test per call.
+# Who watches the harness's calls (``watch_calls``); None costs one test per call.
 _observer = None
 
 
-@contextmanager
-def observe(timer):
-    """While the block runs, every allocator call and every predicate the
-    harness judges is timed: ``timer.add(category, seconds)``, the category
-    being ``ALLOCATOR``, ``CENSUS`` or the predicate's name (the bench's
-    cost breakdown)."""
+def watch_calls(observer) -> None:
+    """From now on, in this process, every allocator call and every
+    predicate the harness judges is shown to ``observer``, through those of
+    these methods it has: ``call_started(state, what)`` before a call,
+    ``call_ended(category, seconds)`` after it (``ALLOCATOR`` or
+    ``CENSUS``), ``judged(name, seconds)`` after a predicate.  The bench's
+    cost breakdown and the watchdog's per-call beacon are observers.
+    ``None`` stops watching."""
     global _observer
-    saved, _observer = _observer, timer
+    _observer = None if observer is None else _Observer(
+        getattr(observer, "call_started", None), getattr(observer, "call_ended", None), getattr(observer, "judged", None)
+    )
+
+
+@contextmanager
+def observe(observer):
+    """``watch_calls(observer)`` while the block runs."""
+    global _observer
+    saved = _observer
+    watch_calls(observer)
     try:
         yield
     finally:
         _observer = saved
+
+
+@frozen
+class _Observer:
+    call_started: Callable | None
+    call_ended: Callable | None
+    judged: Callable | None
 
 
 @frozen
@@ -222,7 +241,8 @@ class Lockstep:
     @step
     def alloc(self, n: int, req: ReqRef | None = None, prefix: EntryRef | None = None) -> ReqRef | None:
         """A new request of ``n`` slots (after ``prefix``'s, if given), or an
-        extend of ``req`` by ``n`` slots.  Returns the new request."""
+        extend of ``req`` by ``n`` slots.  Returns the new request (None for
+        an extend, or when the pool is short)."""
         ps = self.page_size
         want_pages = n // ps
         what = f"alloc({n})"
@@ -233,6 +253,7 @@ class Lockstep:
         self._judge(invariants.alloc_returns_whole_pages, n, slots, ps)
         pages = [slots[i] // ps for i in range(0, n, ps)]
         self._judge(invariants.no_slot_handed_out_twice, pages, self.model)
+        made = None
         if req is None:
             row = self.free_rows()[0]
             entry = self.model.cache[prefix.eid] if prefix is not None else None
@@ -241,13 +262,12 @@ class Lockstep:
                 self.rows[row, :start] = self.entry_slots[prefix.eid]
             made = self.model.new_request(row, pages, prefix.eid if prefix is not None else None)
             self.row_holder[row] = made.rid
-            req = ReqRef(made.rid)
         else:
             self.model.take(req.rid, pages)
             row = self.model.requests[req.rid].row
             start = (len(self.model.requests[req.rid].pages) - want_pages) * ps
         self.rows[row, start : start + n] = out.to(self.rows.device, self.rows.dtype)
-        return req
+        return ReqRef(made.rid) if made is not None else None
 
     @step
     def decode(self, reqs: list[ReqRef]) -> None:
@@ -416,12 +436,12 @@ class Lockstep:
     def _judge(self, predicate: Callable[..., str | None], *args, name: str | None = None, label: str = "") -> None:
         """Run a named predicate from ``reference_model``; fail the run
         under its name when it says what is wrong."""
-        if _observer is None:
+        if _observer is None or _observer.judged is None:
             problem = predicate(*args)
         else:
             t0 = time.perf_counter()
             problem = predicate(*args)
-            _observer.add(predicate.__name__, time.perf_counter() - t0)
+            _observer.judged(predicate.__name__, time.perf_counter() - t0)
         if problem:
             self._fail(name or predicate.__name__, label + problem)
 
@@ -455,24 +475,33 @@ class Lockstep:
         return request.row, len(request.pages) * self.page_size
 
     def _call(self, what: str, fn, *args):
-        t0 = time.perf_counter() if _observer is not None else 0.0
+        observer = _observer
+        if observer is not None and observer.call_started is not None:
+            observer.call_started(self, what)
+        t0 = time.perf_counter() if observer is not None else 0.0
+        limit = self.config.call_timeout_s
         try:
-            with _deadline(CALL_TIMEOUT_S):
+            with _deadline(limit):
                 return fn(*args)
         except InvariantViolation:
             raise
-        except TimeoutError as exc:
-            self._fail("allocator_hung", f"{what} hung: {exc}")
-        except Exception as exc:
+        except TimeoutError:
+            self._fail("allocator_hung", f"{what} hung: no return within {limit:g} s")
+        except (Exception, KeyboardInterrupt, SystemExit) as exc:
+            # The allocator's own KeyboardInterrupt or SystemExit is its failure too;
+            # only where SIGINT has Python's default handler can a real Ctrl-C land
+            # inside the call, and that stops the run.
+            if isinstance(exc, KeyboardInterrupt) and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                raise
             where = traceback.extract_tb(exc.__traceback__)[-1]
             self._fail(
                 "allocator_raised",
                 f"{what} raised {type(exc).__name__}: {exc} (at {where.filename}:{where.lineno})",
             )
         finally:
-            if _observer is not None:
+            if observer is not None and observer.call_ended is not None:
                 census = fn is census_of or getattr(fn, "__name__", "") == "available_size"
-                _observer.add(CENSUS if census else ALLOCATOR, time.perf_counter() - t0)
+                observer.call_ended(CENSUS if census else ALLOCATOR, time.perf_counter() - t0)
 
     def _fail(self, invariant: str, detail: str):
         raise violation_type(invariant)(detail, self.steps, self.config)

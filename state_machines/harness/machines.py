@@ -93,17 +93,17 @@ class FreeGroupMachine(RuleBasedStateMachine):
     """Requests, a prefix cache and free groups over one allocator.
 
     Subclassed per configuration by ``family.machine_for``; ``config``,
-    ``record`` and ``make_state`` are set there.
+    ``record`` and ``build`` (config -> state) are set there.
     """
 
     config: Config = Config()
     record: RunRecord = RunRecord()
-    make_state: Callable[[], Any]
+    build: Callable[[Config], Any]
 
     def __init__(self) -> None:
         super().__init__()
         self.record.examples += 1
-        self.state = self.make_state()
+        self.state = self.build(self.config)
 
     def _do(self, name: str, *args, **kwargs):
         """Run the harness step ``name``, counted and shown to the probe."""

@@ -72,11 +72,12 @@ class SWALockstep(Lockstep):
 
     @step
     def alloc(self, n: int, req: ReqRef | None = None, prefix: EntryRef | None = None) -> ReqRef | None:
+        pool_short = self._short(n // self.page_size)
         made = super().alloc(n, req, prefix)
-        if made is None:
+        if pool_short:
             return None
         ps = self.page_size
-        full_pages = self.model.requests[made.rid].own[-(n // ps):]
+        full_pages = self.model.requests[(made or req).rid].own[-(n // ps):]
         full_slots = [p * ps + k for p in full_pages for k in range(ps)]
         swa_slots = ids(self.allocator.full_to_swa_index_mapping.to("cpu")[torch.tensor(full_slots, dtype=torch.int64)])
         self._judge(invariants.swa_alloc_maps_whole_pages, n, full_slots, swa_slots, ps)

@@ -3,8 +3,9 @@
 N worker processes (forkserver or spawn, never threads) each run repeated
 Hypothesis runs with fresh random seeds until the time is up, a failure is
 found, or the user presses Ctrl-C.  Workers send coverage snapshots and
-failures to the parent over a queue; the parent prints progress, the summary
-and the traces.  The example database, when given, is the workers' (and
+failures to the parent, each over a pipe of its own; the parent prints
+progress, the summary and the traces, and watches for workers that hang or
+die (``watchdog``).  The example database, when given, is the workers' (and
 machines') shared memory: a failure one of them found is replayed first by
 every later run.
 """
@@ -12,10 +13,7 @@ every later run.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
-import queue as queue_mod
-import re
 import signal
 import sys
 import time
@@ -23,69 +21,36 @@ from pathlib import Path
 
 from state_machines.config import Config
 from state_machines.runs.coverage import INTERLEAVINGS, Coverage, merge, never_reached, shares, summary_table
+from state_machines.runs.options import BadOption, open_database, parse_duration, worker_context
+
+__all__ = ["BadOption", "default_jobs", "open_database", "parse_duration", "run"]
 
 # Examples per Hypothesis run inside a worker; each run replays the database first.
 CHUNK_EXAMPLES = 1000
 # After the deadline, a worker still shrinking a failure gets this long to finish.
 SHRINK_GRACE_S = 120.0
-# After Ctrl-C, workers get this long to stop before they are terminated.
+# After Ctrl-C or SIGTERM, workers get this long to stop before they are terminated.
 INTERRUPT_GRACE_S = 3.0
 PLAIN_PROGRESS_EVERY_S = 5.0
-
-
-class BadOption(ValueError):
-    """A long-run option the user must mend (one line, exit 2)."""
-
-
-_UNITS = {"s": 1, "m": 60, "h": 3600}
-
-
-def parse_duration(text: str) -> float:
-    """``20s``, ``10m``, ``2h``, ``1.5h`` or plain seconds, as seconds."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
-    if not match or float(match.group(1)) <= 0:
-        raise BadOption(f"--duration {text!r}: give a positive time like 20s, 10m or 2h")
-    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
-
-
-def open_database(spec: str | None):
-    """The Hypothesis example database ``spec`` names: a directory or ``redis://HOST:PORT[/DB]``."""
-    if spec is None:
-        return None
-    if spec.startswith(("redis://", "rediss://")):
-        try:
-            import redis
-        except ImportError:
-            raise BadOption(f"--db {spec} needs the redis package: pip install 'kv-lockstep[redis]'") from None
-        from hypothesis.extra.redis import RedisExampleDatabase
-
-        client = redis.Redis.from_url(spec, socket_connect_timeout=5)
-        try:
-            client.ping()
-        except redis.RedisError as exc:
-            raise BadOption(f"--db {spec}: cannot reach Redis ({exc}); start redis-server or fix the address") from None
-        return RedisExampleDatabase(client)
-    from hypothesis.database import DirectoryBasedExampleDatabase
-
-    path = Path(spec)
-    if path.exists() and not path.is_dir():
-        raise BadOption(f"--db {spec} is a file; give a directory (created if missing) or redis://HOST:PORT")
-    return DirectoryBasedExampleDatabase(str(path))
 
 
 # -- the worker --
 
 
-def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messages, stop, abort) -> None:
-    """Run Hypothesis runs until told to stop; report stats and failures."""
+def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messages, beacon) -> None:
+    """Run Hypothesis runs until told to stop; report stats and failures.
+
+    ``messages`` is the worker's own pipe to the parent, ``beacon`` its
+    shared memory (``watchdog``): the parent's stop and abort flags."""
+    from state_machines.runs.watchdog import start_worker, worker_signals
+
     # Ctrl-C reaches the whole process group: the parent alone decides what it means.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    worker_signals()
     from state_machines.harness import RunRecord
     from state_machines.runs.runner import fuzz
     from state_machines.runs.trace import Trace, write
 
     config = Config.from_dict(config_dict)
-    database = open_database(db_spec)
 
     def on_failure(exc):
         # Keep the unshrunk trace at once, so Ctrl-C during shrinking loses nothing.
@@ -95,7 +60,7 @@ def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messag
         messages.put(("found", index, exc.invariant, str(written), coverage.examples))
 
     def should_stop(shrinking: bool) -> bool:
-        return abort.is_set() or (stop.is_set() and not shrinking)
+        return beacon.abort_requested() or (beacon.stop_requested() and not shrinking)
 
     coverage = Coverage(
         config,
@@ -105,37 +70,35 @@ def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messag
     )
     run = 0
     try:
-        while not (stop.is_set() or abort.is_set()):
-            run_seed = None if seed is None else seed * 1_000_003 + index * 10_007 + run
-            run += 1
-            outcome = fuzz(
-                config,
-                max_examples=CHUNK_EXAMPLES,
-                seed=run_seed,
-                database=database,
-                derandomize=False,
-                record=RunRecord(probe=coverage),
-            )
-            if outcome.failures:
-                paths = [str(write(trace, trace_dir)) for trace in outcome.failures]
-                messages.put(("failures", index, [t.to_json() for t in outcome.failures], paths))
-                break
+        # Publishes every allocator call to the parent's watchdog; builds the
+        # target once and says whether it could.
+        if start_worker(config, beacon, messages, index) is not None:
+            database = open_database(db_spec)
+            while not (beacon.stop_requested() or beacon.abort_requested()):
+                run_seed = None if seed is None else seed * 1_000_003 + index * 10_007 + run
+                run += 1
+                outcome = fuzz(
+                    config,
+                    max_examples=CHUNK_EXAMPLES,
+                    seed=run_seed,
+                    database=database,
+                    derandomize=False,
+                    record=RunRecord(probe=coverage),
+                    stop=beacon.abort_requested,
+                )
+                if outcome.failures:
+                    paths = [str(write(trace, trace_dir)) for trace in outcome.failures]
+                    messages.put(("failures", index, [t.to_json() for t in outcome.failures], paths))
+                    break
     except KeyboardInterrupt:
         pass
     except BaseException as exc:  # a harness bug: report it rather than vanish
         messages.put(("error", index, f"{type(exc).__name__}: {exc}"))
-    messages.put(("stats", index, coverage.snapshot()))
-    messages.put(("done", index))
-
-
-def _context():
-    methods = multiprocessing.get_all_start_methods()
-    if "forkserver" in methods:
-        ctx = multiprocessing.get_context("forkserver")
-        # Import torch and the harness once in the server, not once per worker.
-        ctx.set_forkserver_preload(["state_machines.runs.runner"])
-        return ctx
-    return multiprocessing.get_context("spawn")
+    try:
+        messages.put(("stats", index, coverage.snapshot()))
+        messages.put(("done", index))
+    except OSError:  # the parent is gone
+        pass
 
 
 # -- the parent --
@@ -163,19 +126,41 @@ def run(
     trace_dir: str,
     stats_json: str | None,
     out=None,
+    err=None,
 ) -> int:
-    """Fuzz ``config`` with ``jobs`` workers for ``duration_s``; returns the exit code."""
-    out = out or sys.stdout
+    """Fuzz ``config`` with ``jobs`` workers for ``duration_s``; returns the exit code.
+
+    Workers are watched (``watchdog``): one that hangs in an allocator call
+    past the limit is killed, and one that dies without saying it is done
+    fails the run too, each with an unshrunk trace of its last steps.
+    """
+    from state_machines.runs.trace import write
+    from state_machines.runs.watchdog import (
+        POLL_S,
+        Beacon,
+        Channel,
+        Signals,
+        died_verdict,
+        hung_verdict,
+        kill,
+        receive,
+        receive_all,
+        start_blocked,
+    )
+
+    out, err = out or sys.stdout, err or sys.stderr
     open_database(db_spec)  # bad --db fails here, before workers start
     tty = out.isatty()
-    ctx = _context()
-    messages = ctx.Queue()
-    stop, abort = ctx.Event(), ctx.Event()
+    ctx = worker_context()
     Path(trace_dir).mkdir(parents=True, exist_ok=True)
+    # Each worker its own pipe and shared memory: nothing a killed worker
+    # could leave locked is shared (a queue's lock, an Event's).
+    beacons = [Beacon(ctx) for _ in range(jobs)]
+    channels = {i: Channel(ctx) for i in range(jobs)}
     workers = [
         ctx.Process(
             target=_worker,
-            args=(i, config.to_dict(), db_spec, seed, trace_dir, messages, stop, abort),
+            args=(i, config.to_dict(), db_spec, seed, trace_dir, channels[i], beacons[i]),
             name=f"kv-lockstep-worker-{i}",
             daemon=True,
         )
@@ -195,18 +180,43 @@ def run(
     first_examples: list[int] = []
     failures: list[tuple[str, str]] = []  # (trace json, path), shrunk
     errors: list[str] = []
+    # Hangs and deaths the parent saw itself: (trace, path), unshrunk.
+    verdicts: list = []
+    setup: dict = {}  # "ready" (disabled rules printed), "bad_input", "before"
     done: set[int] = set()
+    ended: set[int] = set()  # done, dead, or killed by the watchdog
     interrupted = False
     last_print = 0.0
+    last_watch = 0.0
+
+    flags = {"stop": False}
+
+    def stop():
+        flags["stop"] = True
+        for beacon in beacons:
+            beacon.request_stop()
+
+    def abort():
+        for beacon in beacons:
+            beacon.request_abort()
 
     def handle(message):
         kind, index = message[0], message[1]
         if kind == "stats":
             snaps[index] = message[2]
+        elif kind == "ready":
+            if "ready" not in setup:
+                setup["ready"] = True
+                for rule, reason in sorted(message[2].items()):
+                    print(("\n" if tty else "") + f"rule {rule} disabled for {config.target}: {reason}", file=out)
+        elif kind in ("bad_input", "before_any_step"):
+            setup.setdefault(kind, message[2])
+            stop()
+            abort()
         elif kind == "found":
             found.append((index, message[2], message[3]))
             first_examples.append(message[4])
-            stop.set()  # the others stop; the finder shrinks
+            stop()  # the others stop; the finder shrinks
             print(("\n" if tty else "") + f"found {message[2]} (worker {index}, its example {message[4]}); shrinking it;"
                   f" unshrunk trace: {message[3]}", file=out, flush=True)
         elif kind == "failures":
@@ -214,94 +224,136 @@ def run(
             known = {path for _, path in failures}
             failures.extend((t, p) for t, p in zip(message[2], message[3]) if p not in known)
             # One shrunk failure is the answer; others still shrinking keep their unshrunk traces.
-            stop.set()
-            abort.set()
+            stop()
+            abort()
         elif kind == "error":
             errors.append(f"worker {index}: {message[2]}")
-            stop.set()
+            stop()
         elif kind == "done":
             done.add(index)
+            ended.add(index)
 
-    def drain(until: float):
-        while len(done) < len(started_workers) and time.monotonic() < until:
-            try:
-                handle(messages.get(timeout=0.2))
-            except queue_mod.Empty:
-                if not any(w.is_alive() for w in started_workers):
-                    break
+    def drain_now():
+        for message in receive_all(channels):
+            handle(message)
 
-    signals = {}
+    def verdict(trace, line):
+        path = write(trace, Path(trace_dir) / "unshrunk")
+        verdicts.append((trace, path))
+        print(("\n" if tty else "") + f"{line}; unshrunk trace: {path}", file=out, flush=True)
+        stop()
 
-    def interrupt(signum, frame):
-        signals["got"] = signum
-        raise KeyboardInterrupt
+    def watch():
+        """Hung and dead workers: what no message can say."""
+        now = time.monotonic()
+        for i in range(len(started_workers)):
+            if i in ended:
+                continue
+            w, beacon = started_workers[i], beacons[i]
+            seconds = beacon.overdue(now)
+            if seconds is not None:
+                kill(w)
+                ended.add(i)
+                trace = hung_verdict(config, beacon, i, seconds)
+                verdict(trace, f"worker {i} hung in {beacon.what()}; killed after {seconds:.1f} s")
+            elif not w.is_alive():
+                w.join(timeout=1)
+                drain_now()  # what it put just before it ended
+                if i not in done:
+                    ended.add(i)
+                    trace = died_verdict(config, beacon, i, w.exitcode)
+                    verdict(trace, f"worker_died: {trace.detail}")
 
-    # Installed explicitly: a shell starts background jobs with SIGINT ignored.
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    def pump(until: float):
+        nonlocal last_watch
+        while len(ended) < len(started_workers) and time.monotonic() < until:
+            for message in receive(channels, POLL_S):
+                handle(message)
+            if time.monotonic() - last_watch >= POLL_S:
+                last_watch = time.monotonic()
+                watch()
+
+    signals = Signals()
+    signals.install()
     started_workers = []
     try:
-        for w in workers:
-            w.start()
+        for i, w in enumerate(workers):
+            start_blocked(w)
+            channels[i].started()
             started_workers.append(w)
-        while len(done) < jobs:
-            try:
-                handle(messages.get(timeout=0.2))
-            except queue_mod.Empty:
-                if not any(w.is_alive() for w in started_workers):
-                    break
+        while len(ended) < jobs:
+            pump(time.monotonic() + POLL_S)
             now = time.monotonic()
-            if now >= deadline and not stop.is_set():
-                stop.set()
+            if now >= deadline and not flags["stop"]:
+                stop()
             if now >= deadline + SHRINK_GRACE_S:
-                abort.set()
+                abort()
                 break
             if now - last_print >= (1.0 if tty else PLAIN_PROGRESS_EVERY_S):
                 last_print = now
-                line = _progress_line(now - started, duration_s, merge(snaps.values()), len(found), jobs - len(done))
+                line = _progress_line(now - started, duration_s, merge(snaps.values()), len(found) + len(verdicts),
+                                      jobs - len(ended))
                 print(("\r" + line) if tty else line, end="" if tty else "\n", file=out, flush=True)
     except KeyboardInterrupt:
         interrupted = True
-        abort.set()
-        stop.set()
+        abort()
+        stop()
     # A second Ctrl-C must not cut the summary short.
-    for sig in previous:
-        signal.signal(sig, signal.SIG_IGN)
-    drain(time.monotonic() + (INTERRUPT_GRACE_S if interrupted else 10.0))
-    for w in started_workers:
+    signals.ignore()
+    try:
+        pump(time.monotonic() + (INTERRUPT_GRACE_S if interrupted else 10.0))
+    except KeyboardInterrupt:
+        pass
+    for i, w in enumerate(started_workers):
         w.join(timeout=0.5)
-        if w.is_alive():
+        if w.is_alive():  # stopped by us, not a death
+            ended.add(i)
             w.terminate()
             w.join(timeout=2)
+            kill(w)
     # Last messages a worker put before exiting.
-    while True:
-        try:
-            handle(messages.get_nowait())
-        except (queue_mod.Empty, OSError, EOFError):
-            break
+    drain_now()
     if tty:
         print(file=out)
-    elapsed = time.monotonic() - started
-    total = merge(snaps.values())
-    _summary(out, config, jobs, elapsed, total, found, failures, errors, interrupted)
-    if stats_json:
-        _write_stats(stats_json, config, jobs, duration_s, elapsed, total, found, failures, interrupted,
-                     min(first_examples, default=None))
-    for sig, handler in previous.items():
-        signal.signal(sig, handler)
-    if interrupted:
-        return 128 + signals.get("got", signal.SIGINT)
-    return 1 if (found or failures or errors) else 0
+    try:
+        if "bad_input" in setup:
+            print(f"kv-lockstep: error: {setup['bad_input']}", file=err)
+            return 2
+        if "before_any_step" in setup:
+            trace = setup["before_any_step"]
+            path = write(trace, trace_dir)
+            print(f"FAILED before any step: {trace.invariant}", file=out)
+            print(f"    {trace.detail}", file=out)
+            print(f"  trace: {path}", file=out)
+            print(f"  replay: kv-lockstep replay {path}", file=out)
+            return 1
+        elapsed = time.monotonic() - started
+        total = merge(snaps.values())
+        _summary(out, config, jobs, elapsed, total, found, failures, errors, interrupted, verdicts, signals.got)
+        if stats_json:
+            _write_stats(stats_json, config, jobs, duration_s, elapsed, total, found, failures, interrupted,
+                         min(first_examples, default=None), verdicts)
+        if interrupted:
+            return signals.exit_code()
+        return 1 if (found or failures or errors or verdicts) else 0
+    finally:
+        signals.restore()
 
 
-def _summary(out, config, jobs, elapsed, total, found, failures, errors, interrupted) -> None:
+def _summary(out, config, jobs, elapsed, total, found, failures, errors, interrupted, verdicts=(),
+             signum=None) -> None:
     from state_machines.runs.trace import Trace
+    from state_machines.runs.watchdog import signal_name
 
-    why = "interrupted" if interrupted else ("stopped at a failure" if (found or failures) else "time is up")
+    if interrupted:
+        why = f"interrupted ({signal_name(signum or signal.SIGINT)})"
+    else:
+        why = "stopped at a failure" if (found or failures or verdicts) else "time is up"
     rate = total["steps"] / elapsed if elapsed else 0.0
     print(f"\nsummary: {config.label()}, {jobs} worker(s), {elapsed:.1f} s, {why}", file=out)
     print(
         f"  {total['examples']:,} examples, {total['steps']:,} steps ({rate:,.0f}/s),"
-        f" {len(failures) or len({f[1] for f in found})} failure(s)",
+        f" {(len(failures) or len({f[1] for f in found})) + len(verdicts)} failure(s)",
         file=out,
     )
     print(summary_table(total, config), file=out)
@@ -318,10 +370,17 @@ def _summary(out, config, jobs, elapsed, total, found, failures, errors, interru
         for _, invariant, path in found:
             print(f"\nFAILED (not shrunk, stopped first): {invariant}; trace: {path}", file=out)
             print(f"  replay: kv-lockstep replay {path}", file=out)
+    for trace, path in verdicts:
+        print(f"\nFAILED (seen by the watchdog, not shrunk): {trace.invariant}", file=out)
+        print(f"    {trace.detail}", file=out)
+        print("\n".join("    " + line for line in trace.program().splitlines()), file=out)
+        print(f"  {len(trace.steps)} steps; trace: {path}", file=out)
+        print(f"  replay: kv-lockstep replay {path}", file=out)
     out.flush()
 
 
-def _write_stats(path, config, jobs, duration_s, elapsed, total, found, failures, interrupted, first) -> None:
+def _write_stats(path, config, jobs, duration_s, elapsed, total, found, failures, interrupted, first,
+                 verdicts=()) -> None:
     data = {
         "config": config.to_dict(),
         "jobs": jobs,
@@ -344,6 +403,7 @@ def _write_stats(path, config, jobs, duration_s, elapsed, total, found, failures
         ]
         or [{"invariant": inv, "trace": p, "shrunk": False} for _, inv, p in found],
     }
+    data["failures"] += [{"invariant": t.invariant, "trace": str(p), "shrunk": False} for t, p in verdicts]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(data, indent=1) + "\n")
 

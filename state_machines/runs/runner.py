@@ -77,17 +77,29 @@ def fuzz(
     derandomize: bool | None = None,
     record: RunRecord | None = None,
     shrink: bool = True,
+    stop=None,
 ) -> Outcome:
     """Run ``config`` under Hypothesis until ``max_examples`` or a failure.
 
     The configuration is built once first, so bad input raises
-    ``TargetError`` here rather than inside Hypothesis.
+    ``TargetError`` here rather than inside Hypothesis.  ``stop()``, when
+    given, is asked between the deletions of ``minimize``; true stops the
+    run with ``KeyboardInterrupt`` (a probe on ``record`` stops the
+    Hypothesis part).
+
+    Once an allocator call hangs, every later example (the shrinker's) runs
+    under a short per-call limit, ``shrink_call_timeout``: each candidate
+    that hangs again would otherwise cost the whole limit.  The shrunk hang
+    is then replayed once under the full limit, and kept only if it still
+    hangs there; else the first hang, unshrunk, is the answer.
     """
     build(config)
     record = record if record is not None else RunRecord()
     machine = machine_for(config, record)
     if seed is not None:
         machine = hypothesis_seed(seed)(machine)
+    watch = _HangWatch(record.probe, machine, config)
+    record.probe = watch
     started = time.monotonic()
     failures: tuple[Trace, ...] = ()
     try:
@@ -98,10 +110,69 @@ def fuzz(
         found = violations_in(exc)
         if not found:
             raise
-        failures = tuple(minimize(Trace.from_violation(v)) for v in found) if shrink else tuple(
-            Trace.from_violation(v) for v in found
-        )
+        traces = [Trace.from_violation(v) for v in found]
+        if shrink:
+            traces = [minimize(t, stop=stop) for t in traces]
+        elif watch.first_hang is not None:
+            traces = [Trace.from_violation(watch.first_hang) if t.invariant == "allocator_hung" else t for t in traces]
+        failures = tuple(_under_full_limit(t, config, watch.first_hang) for t in traces)
+    finally:
+        record.probe = watch.inner
     return Outcome(config, failures, record, time.monotonic() - started)
+
+
+def shrink_call_timeout(limit: float, slowest_step_s: float) -> float:
+    """The per-call limit while a hang shrinks: ten times the slowest step
+    that returned, at least 0.1 s, at most the run's own limit."""
+    return min(limit, max(0.1, 10 * slowest_step_s))
+
+
+class _HangWatch:
+    """The run's probe (``inner``, may be None), wrapped: it times each step,
+    and the first ``allocator_hung`` moves the machine onto a short per-call
+    limit (``shrink_call_timeout``)."""
+
+    def __init__(self, inner, machine, config: Config) -> None:
+        self.inner = inner
+        self.machine = machine
+        self.config = config
+        self.first_hang: InvariantViolation | None = None
+        self.slowest_step_s = 0.0
+        self._began = 0.0
+
+    def before(self, machine, name, call) -> None:
+        if self.inner is not None:
+            self.inner.before(machine, name, call)
+        self._began = time.perf_counter()
+
+    def after(self, machine, name) -> None:
+        took = time.perf_counter() - self._began
+        if took > self.slowest_step_s:
+            self.slowest_step_s = took
+        if self.inner is not None:
+            self.inner.after(machine, name)
+
+    def failed(self, machine, exc) -> None:
+        if exc.invariant == "allocator_hung" and self.first_hang is None:
+            self.first_hang = exc
+            short = shrink_call_timeout(self.config.call_timeout_s, self.slowest_step_s)
+            # Machines build their Lockstep from the class's config.
+            self.machine.config = attrs.evolve(self.config, call_timeout_s=short)
+        if self.inner is not None:
+            self.inner.failed(machine, exc)
+
+
+def _under_full_limit(trace: Trace, config: Config, first_hang: InvariantViolation | None) -> Trace:
+    """``trace`` as the run's own per-call limit sees it (see ``fuzz``)."""
+    if trace.config.call_timeout_s == config.call_timeout_s:
+        return trace
+    full = attrs.evolve(trace, config=attrs.evolve(trace.config, call_timeout_s=config.call_timeout_s))
+    again = replay(full)
+    if again is not None and again.invariant == trace.invariant:
+        return Trace.from_violation(again)
+    if trace.invariant == "allocator_hung" and first_hang is not None:
+        return Trace.from_violation(first_hang)
+    return full
 
 
 def replay(trace: Trace, config: Config | None = None) -> InvariantViolation | None:
@@ -119,7 +190,7 @@ def replay(trace: Trace, config: Config | None = None) -> InvariantViolation | N
     return None
 
 
-def minimize(trace: Trace) -> Trace:
+def minimize(trace: Trace, stop=None) -> Trace:
     """Delete steps Hypothesis's shrinker left behind, while the trace still
     fails on the same invariant.
 
@@ -136,6 +207,8 @@ def minimize(trace: Trace) -> Trace:
         for width in (2, 1):
             i = 0
             while i + width <= len(best.steps):
+                if stop is not None and stop():
+                    raise KeyboardInterrupt("stop requested")
                 candidate = attrs.evolve(best, steps=best.steps[:i] + best.steps[i + width :])
                 try:
                     again = replay(candidate)

@@ -33,6 +33,7 @@ MAX_SLOTS = 1 << 22  # pool slots, and req_to_token's rows * row slots
 MAX_ROWS = 256
 MAX_ROW_PAGES = 4096
 MAX_TEXT = 100_000  # characters of failure.detail
+MAX_CALL_TIMEOUT_S = 24 * 3600
 
 _REF = re.compile(r"(req|cache)_(0|[1-9][0-9]{0,8})", re.ASCII)
 _INVARIANT = re.compile(r"[a-z_]{1,64}", re.ASCII)
@@ -185,7 +186,14 @@ _CONFIG_CHECKS = {
     "rows": lambda v, w: _int(v, 1, MAX_ROWS, w),
     "row_pages": lambda v, w: _int(v, 1, MAX_ROW_PAGES, w),
     "sglang_path": _optional(_path_text),
+    "call_timeout_s": lambda v, w: _seconds(v, w),
 }
+
+
+def _seconds(value, where: str) -> float:
+    if type(value) not in (int, float) or not 0 < value <= MAX_CALL_TIMEOUT_S:
+        raise TraceError(f"{where} is {_show(value)}, not a number of seconds in (0, {MAX_CALL_TIMEOUT_S}]")
+    return float(value)
 
 
 def check_config(data, where: str = "config") -> Config:

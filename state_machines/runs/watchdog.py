@@ -1,0 +1,545 @@
+"""Runs that end right, whatever the allocator does.
+
+``kv-lockstep fuzz`` calls the allocator only in worker processes (one for
+a plain run, N for a long run); the process the user started watches them.
+Each worker publishes into shared memory, at every allocator call
+(``Lockstep._call``): when the call began, the per-call limit it runs
+under, what it calls, and the steps of its current example so far.  From
+that the parent knows, without asking the worker:
+
+- a call running past its limit plus a margin hangs where SIGALRM cannot
+  reach it (a blocked signal, a C call that never returns): the parent
+  kills the worker and reports ``allocator_hung``;
+- a worker that exits or is killed without saying it is done failed the
+  run (``worker_died``): ``os._exit`` in the allocator, a crash, kill -9;
+
+each with the steps recorded so far, written at once as an unshrunk trace
+(``TRACE_DIR/unshrunk/``).  Publishing costs a shared-memory write per call
+and a short JSON line per step.
+
+``fuzz_watched`` is the plain run (``--max-examples``) done this way;
+``longrun`` watches its workers with the same ``Beacon``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import multiprocessing
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from state_machines.config import Config
+
+STEPS_BYTES = 1 << 18
+WHAT_BYTES = 1 << 10
+# How often the parent looks at its workers.
+POLL_S = 0.2
+# After Ctrl-C or SIGTERM, a worker gets this long to stop before it is killed.
+INTERRUPT_GRACE_S = 3.0
+
+_STARTED, _LIMIT, _STEPS_LEN, _WHAT_LEN, _STOP, _ABORT = range(6)
+
+
+def margin_s(limit: float) -> float:
+    """How far past its limit a call may run before the watchdog acts:
+    SIGALRM inside the worker gets the first chance."""
+    return max(1.0, 0.2 * limit)
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+class Beacon:
+    """Shared memory one worker writes (``install``) and its parent reads;
+    also the parent's stop and abort flags for it.  No lock: a worker killed
+    at any moment can leave none held."""
+
+    def __init__(self, ctx) -> None:
+        self.nums = ctx.RawArray(ctypes.c_double, 6)
+        self.text = ctx.RawArray(ctypes.c_char, STEPS_BYTES + WHAT_BYTES)
+
+    # -- the worker --
+
+    def install(self) -> None:
+        """In this process, every allocator call the harness makes publishes
+        itself (``harness.lockstep.watch_calls``)."""
+        from state_machines.harness import lockstep
+
+        lockstep.watch_calls(_Publisher(self))
+
+    def stop_requested(self) -> bool:
+        return bool(self.nums[_STOP])
+
+    def abort_requested(self) -> bool:
+        return bool(self.nums[_ABORT])
+
+    # -- the parent --
+
+    def request_stop(self) -> None:
+        self.nums[_STOP] = 1.0
+
+    def request_abort(self) -> None:
+        self.nums[_ABORT] = 1.0
+
+    def in_call(self) -> bool:
+        return bool(self.nums[_STARTED])
+
+    def overdue(self, now: float) -> float | None:
+        """Seconds the current allocator call has run, when that is past
+        its limit plus the margin; else None."""
+        started, limit = self.nums[_STARTED], self.nums[_LIMIT]
+        if started and now - started > limit + margin_s(limit):
+            return now - started
+        return None
+
+    def limit(self) -> float:
+        return self.nums[_LIMIT]
+
+    def what(self) -> str:
+        n = int(self.nums[_WHAT_LEN])
+        return ctypes.string_at(ctypes.addressof(self.text) + STEPS_BYTES, n).decode("utf-8", "replace")
+
+    def steps(self) -> list:
+        """The steps of the worker's current example (or replay), as of its
+        last allocator call; a line torn by a kill mid-write is dropped."""
+        from state_machines.harness import Step
+
+        n = int(self.nums[_STEPS_LEN])
+        out = []
+        for line in ctypes.string_at(ctypes.addressof(self.text), n).splitlines():
+            try:
+                data = json.loads(line)
+                out.append(Step(data["rule"], dict(data["args"]), data.get("returns")))
+            except (ValueError, KeyError, TypeError):
+                break
+        return out
+
+
+class Channel:
+    """One worker's messages to its parent: a pipe of its own.  A queue
+    shared by workers has a lock that a worker killed while writing keeps
+    forever, and a message cut short there would block its reader; here the
+    parent holds no write end, so a dead worker's pipe ends (EOF)."""
+
+    def __init__(self, ctx) -> None:
+        self.reader, self.writer = ctx.Pipe(duplex=False)
+
+    def put(self, message) -> None:
+        """In the worker."""
+        self.writer.send(message)
+
+    def started(self) -> None:
+        """In the parent, once the worker has started."""
+        self.writer.close()
+
+
+def receive(channels: dict, timeout: float) -> list:
+    """The messages ready within ``timeout`` on the open ``channels``
+    (index: Channel), at most one each; a channel that has ended is
+    dropped from ``channels``."""
+    from multiprocessing.connection import wait
+
+    if not channels:
+        time.sleep(timeout)
+        return []
+    ready = wait([c.reader for c in channels.values()], timeout)
+    out = []
+    for index, channel in list(channels.items()):
+        if channel.reader in ready:
+            try:
+                out.append(channel.reader.recv())
+            except (EOFError, OSError):
+                channel.reader.close()
+                del channels[index]
+    return out
+
+
+def receive_all(channels: dict) -> list:
+    """Everything already sent on ``channels``, without waiting."""
+    out = []
+    while True:
+        got = receive(channels, 0) if channels else []
+        if not got:
+            return out
+        out += got
+
+
+class _Publisher:
+    """The worker's side: one JSON line per step, written as the step list
+    grows; only the last step is ever rewritten (the step seam names what
+    an alloc made after its call)."""
+
+    def __init__(self, beacon: Beacon) -> None:
+        self.nums = beacon.nums
+        self.base = ctypes.addressof(beacon.text)
+        self.state = None
+        self.written: list = []  # the Step objects published, in order
+        self.ends = [0]  # byte offset after each
+
+    def call_ended(self, category: str, seconds: float) -> None:
+        self.nums[_STARTED] = 0.0
+
+    def call_started(self, state, what: str) -> None:
+        nums = self.nums
+        steps = state.steps
+        if state is not self.state:
+            self.state, self.written, self.ends = state, [], [0]
+            nums[_STEPS_LEN] = 0
+        written = self.written
+        if len(steps) != len(written) or (written and steps[-1] is not written[-1]):
+            keep = min(len(written), len(steps))
+            if keep and steps[keep - 1] is not written[keep - 1]:
+                keep -= 1
+            del written[keep:], self.ends[keep + 1 :]
+            offset = self.ends[-1]
+            for step in steps[keep:]:
+                line = (json.dumps(step.to_dict(), separators=(",", ":"), default=repr) + "\n").encode()
+                if offset + len(line) > STEPS_BYTES:
+                    break
+                ctypes.memmove(self.base + offset, line, len(line))
+                offset += len(line)
+                written.append(step)
+                self.ends.append(offset)
+            nums[_STEPS_LEN] = offset
+        text = what.encode("utf-8", "replace")[:WHAT_BYTES]
+        ctypes.memmove(self.base + STEPS_BYTES, text, len(text))
+        nums[_WHAT_LEN] = len(text)
+        nums[_LIMIT] = state.config.call_timeout_s
+        nums[_STARTED] = time.monotonic()
+
+
+# -- verdicts the parent reaches on its own --
+
+
+def hung_verdict(config: Config, beacon: Beacon, index: int, seconds: float):
+    """The trace of a hang the worker could not report: its steps so far."""
+    from state_machines.runs.trace import Trace
+
+    limit = beacon.limit()
+    detail = (
+        f"{beacon.what()} hung: no return within {limit:g} s, and SIGALRM could not interrupt it;"
+        f" the watchdog killed worker {index} after {seconds:.1f} s"
+    )
+    return Trace(config, tuple(beacon.steps()), "allocator_hung", detail)
+
+
+def died_verdict(config: Config, beacon: Beacon, index: int, exitcode: int | None):
+    """The trace of a worker that ended without saying it was done."""
+    from state_machines.runs.trace import Trace
+
+    if exitcode is not None and exitcode < 0:
+        how = f"was killed by {signal_name(-exitcode)}"
+    else:
+        how = f"exited with code {exitcode}"
+    where = f"during {beacon.what()}" if beacon.in_call() else "between allocator calls"
+    return Trace(config, tuple(beacon.steps()), "worker_died", f"worker {index} {how} {where}")
+
+
+def kill(process) -> None:
+    """SIGKILL: a worker stuck in a call cannot be asked."""
+    if process.is_alive():
+        process.kill()
+    process.join(timeout=5)
+
+
+class Signals:
+    """SIGINT and SIGTERM raise ``KeyboardInterrupt`` in the parent, which
+    remembers which came (the exit code is 128 + its number)."""
+
+    def __init__(self) -> None:
+        self.got: int | None = None
+        self.previous: dict = {}
+
+    def install(self) -> None:
+        # Installed explicitly: a shell starts background jobs with SIGINT ignored.
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def _handle(self, signum, frame):
+        self.got = signum
+        raise KeyboardInterrupt
+
+    def ignore(self) -> None:
+        """A second Ctrl-C must not cut the summary short."""
+        for sig in self.previous:
+            signal.signal(sig, signal.SIG_IGN)
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def exit_code(self) -> int:
+        return 128 + (self.got or signal.SIGINT)
+
+
+def start_blocked(process) -> None:
+    """Start a worker with SIGINT and SIGTERM blocked, so that none reaches
+    it before it sets its own handlers (``worker_signals``)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def worker_signals() -> None:
+    """In a worker: Ctrl-C reaches the whole process group, and the parent
+    alone decides what it means; SIGTERM ends the worker."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def start_worker(config: Config, beacon: Beacon, messages, index: int):
+    """In a worker: publish calls, build the target once, and say so.
+
+    Returns the built state, or None after reporting ``bad_input`` (a
+    ``TargetError``) or ``before_any_step`` (the fresh allocator already
+    disagrees with the model).
+    """
+    from state_machines.harness import InvariantViolation, build
+    from state_machines.runs.trace import Trace
+    from state_machines.targets import TargetError
+
+    beacon.install()
+    try:
+        state = build(config)
+    except TargetError as exc:
+        messages.put(("bad_input", index, str(exc)))
+        return None
+    except InvariantViolation as exc:
+        messages.put(("before_any_step", index, Trace.from_violation(exc)))
+        return None
+    messages.put(("ready", index, dict(state.disabled_rules)))
+    return state
+
+
+class FirstSight:
+    """A run's probe: writes each invariant's first failing example at once,
+    unshrunk, so an interrupt during shrinking loses nothing; stops the run
+    (``KeyboardInterrupt``, which Hypothesis neither shrinks nor saves) when
+    ``should_stop()`` says so."""
+
+    def __init__(self, trace_dir, on_found, should_stop) -> None:
+        self.trace_dir = Path(trace_dir) / "unshrunk"
+        self.on_found = on_found
+        self.should_stop = should_stop
+        self.seen: set[str] = set()
+
+    def before(self, machine, name, call) -> None:
+        pass
+
+    def after(self, machine, name) -> None:
+        if self.should_stop():
+            raise KeyboardInterrupt("stop requested")
+
+    def failed(self, machine, exc) -> None:
+        if exc.invariant in self.seen:
+            return
+        self.seen.add(exc.invariant)
+        from state_machines.runs.trace import Trace, write
+
+        path = write(Trace.from_violation(exc), self.trace_dir)
+        self.on_found(exc.invariant, str(path), machine.record.examples)
+
+
+# -- the plain run --
+
+
+def _plain_child(config_dict, max_examples, seed, db_spec, trace_dir, messages, beacon) -> None:
+    worker_signals()
+    try:
+        from state_machines.harness import RunRecord
+        from state_machines.runs.options import open_database
+        from state_machines.runs.runner import fuzz
+        from state_machines.runs.trace import write
+
+        config = Config.from_dict(config_dict)
+        if start_worker(config, beacon, messages, 0) is None:
+            return
+        probe = FirstSight(
+            trace_dir, lambda inv, path, examples: messages.put(("found", 0, inv, path, examples)), beacon.stop_requested
+        )
+        outcome = fuzz(
+            config, max_examples=max_examples, seed=seed, database=open_database(db_spec), derandomize=False,
+            record=RunRecord(probe=probe), stop=beacon.stop_requested,
+        )
+        rec = outcome.record
+        messages.put((
+            "outcome", 0,
+            [(t, str(write(t, trace_dir))) for t in outcome.failures],
+            {"examples": rec.examples, "steps": rec.steps, "first_failure_s": rec.first_failure_s,
+             "examples_to_failure": rec.examples_to_failure, "elapsed_s": outcome.elapsed_s},
+        ))
+    except KeyboardInterrupt:
+        messages.put(("interrupted", 0))
+    except BaseException:  # a harness bug: report it rather than vanish
+        messages.put(("error", 0, traceback.format_exc()))
+    finally:
+        messages.put(("done", 0))
+
+
+def _plain_context(config: Config):
+    """Fork where it is safe (CPU: the child shares the imports already
+    made, torch included); elsewhere a fresh interpreter, as long runs use."""
+    if config.device == "cpu" and "fork" in multiprocessing.get_all_start_methods():
+        import state_machines.runs.runner  # noqa: F401 - imported once, shared by the fork
+
+        return multiprocessing.get_context("fork")
+    from state_machines.runs.options import worker_context
+
+    return worker_context()
+
+
+def _indent(text: str, by: str = "    ") -> str:
+    return "\n".join(by + line for line in text.splitlines())
+
+
+def print_trace(out, trace, path, *, shrunk: bool) -> None:
+    print(_indent(trace.detail or ""), file=out)
+    print(f"  {'shrunk to' if shrunk else 'not shrunk;'} {len(trace.steps)} steps:", file=out)
+    print(_indent(trace.program()), file=out)
+    print(f"  trace: {path}", file=out)
+    print(f"  replay: kv-lockstep replay {path}", file=out)
+
+
+def fuzz_watched(config: Config, *, max_examples: int, seed: int | None, db_spec: str | None, trace_dir: str,
+                 out=None, err=None) -> int:
+    """``kv-lockstep fuzz`` without ``--duration``: Hypothesis runs in one
+    worker, watched from here.  Returns the exit code: 0 no failure, 1 a
+    failure, 2 bad input, 128 + the signal on SIGINT / SIGTERM."""
+    out, err = out or sys.stdout, err or sys.stderr
+    ctx = _plain_context(config)
+    channels = {0: Channel(ctx)}
+    beacon = Beacon(ctx)
+    child = ctx.Process(
+        target=_plain_child,
+        args=(config.to_dict(), max_examples, seed, db_spec, trace_dir, channels[0], beacon),
+        name="kv-lockstep-worker-0",
+        daemon=True,
+    )
+    got: dict = {"found": [], "outcome": None, "verdict": None, "bad_input": None, "before": None, "error": None}
+    done = False
+
+    def handle(message) -> None:
+        nonlocal done
+        kind = message[0]
+        if kind == "ready":
+            for rule, reason in sorted(message[2].items()):
+                print(f"rule {rule} disabled for {config.target}: {reason}", file=out)
+            print(f"kv-lockstep fuzz: {config.label()}, up to {max_examples} examples,"
+                  f" seed {seed if seed is not None else 'random'}", file=out, flush=True)
+        elif kind == "found":
+            got["found"].append((message[2], message[3]))
+            print(f"found {message[2]} (example {message[4]}); shrinking it; unshrunk trace: {message[3]}",
+                  file=out, flush=True)
+        elif kind in ("outcome", "bad_input", "error"):
+            got[kind] = message[2:] if kind == "outcome" else message[2]
+        elif kind == "before_any_step":
+            got["before"] = message[2]
+        elif kind == "done":
+            done = True
+
+    def drain(timeout: float = 0.0) -> None:
+        end = time.monotonic() + timeout
+        while not done and channels:
+            got_now = receive(channels, max(0.0, end - time.monotonic()))
+            for message in got_now:
+                handle(message)
+            if not got_now and time.monotonic() >= end:
+                return
+
+    signals = Signals()
+    signals.install()
+    interrupted = False
+    try:
+        start_blocked(child)
+        channels[0].started()
+        while not done:
+            for message in receive(channels, POLL_S):
+                handle(message)
+            if done:
+                break
+            seconds = beacon.overdue(time.monotonic())
+            if seconds is not None:
+                kill(child)
+                got["verdict"] = hung_verdict(config, beacon, 0, seconds)
+                break
+            if not child.is_alive():
+                drain(1.0)  # what it put just before it ended
+                if not done:
+                    got["verdict"] = died_verdict(config, beacon, 0, child.exitcode)
+                break
+    except KeyboardInterrupt:
+        interrupted = True
+        signals.ignore()
+        beacon.request_stop()
+        drain(INTERRUPT_GRACE_S)
+    finally:
+        signals.ignore()
+        child.join(timeout=2 if done else 0)
+        if child.is_alive():
+            kill(child)
+    try:
+        drain()
+        return _plain_report(out, err, config, got, interrupted, signals, trace_dir)
+    finally:
+        signals.restore()
+
+
+def _plain_report(out, err, config, got, interrupted, signals, trace_dir) -> int:
+    from state_machines.runs.trace import write
+
+    if got["bad_input"] is not None:
+        print(f"kv-lockstep: error: {got['bad_input']}", file=err)
+        return 2
+    if got["before"] is not None:
+        trace = got["before"]
+        path = write(trace, trace_dir)
+        print(f"FAILED before any step: {trace.invariant}", file=out)
+        print(_indent(trace.detail or ""), file=out)
+        print(f"  trace: {path}", file=out)
+        print(f"  replay: kv-lockstep replay {path}", file=out)
+        return 1
+    verdict = got["verdict"]
+    verdict_path = write(verdict, Path(trace_dir) / "unshrunk") if verdict is not None else None
+    failures = []
+    if got["outcome"] is not None:
+        pairs, rec = got["outcome"]
+        failures = list(pairs)
+        if not failures and verdict is None and not interrupted and got["error"] is None:
+            print(f"no failure: {rec['examples']} examples, {rec['steps']} steps in {rec['elapsed_s']:.1f} s", file=out)
+            return 0
+        if failures:
+            print(
+                f"FAILED: first failure after {rec['first_failure_s']:.2f} s ({rec['examples_to_failure']} examples);"
+                f" {len(failures)} distinct failure(s), shrunk in {rec['elapsed_s']:.1f} s total",
+                file=out,
+            )
+            for number, (trace, path) in enumerate(failures, 1):
+                print(f"\nfailure {number}: {trace.invariant}", file=out)
+                print_trace(out, trace, path, shrunk=True)
+    if verdict is not None:
+        print(f"\nFAILED: {verdict.invariant} (seen by the watchdog, not shrunk)", file=out)
+        print_trace(out, verdict, verdict_path, shrunk=False)
+    shrunk = {t.invariant for t, _ in failures}
+    kept = [(inv, path) for inv, path in got["found"] if inv not in shrunk]
+    if got["error"] is not None:
+        print(f"kv-lockstep: harness error in the worker:\n{got['error']}", file=err)
+    if interrupted:
+        print(f"\nkv-lockstep: interrupted ({signal_name(signals.got or signal.SIGINT)})", file=out)
+    for invariant, path in kept:
+        print(f"\nFAILED (not shrunk, {'interrupted' if interrupted else 'stopped'} first): {invariant}; trace: {path}",
+              file=out)
+        print(f"  replay: kv-lockstep replay {path}", file=out)
+    out.flush()
+    if interrupted:
+        return signals.exit_code()
+    return 1

@@ -1,0 +1,328 @@
+"""How a run ends when the allocator does not play along: it exits, raises
+KeyboardInterrupt or SystemExit, hangs where SIGALRM cannot reach it, is
+killed, or is wrong from its first census; and when the user presses Ctrl-C
+or sends SIGTERM.  Each ends with the right exit code, no traceback, and the
+failure kept as a trace."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from state_machines.runs.trace import Trace
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Allocators that misbehave in free_group_end() once a group queued a free;
+# each is reached as --target bad_pools:NAME.
+BAD_POOLS = textwrap.dedent(
+    '''
+    import ctypes, os, signal, time
+    import torch
+
+    class Pool:
+        def __init__(self, size, page_size, device, need_sort):
+            self.page_size = page_size
+            self.free_set = set(range(1, size // page_size + 1))
+            self.queue = None
+
+        def alloc(self, n):
+            k = n // self.page_size
+            if k > len(self.free_set):
+                return None
+            pages = sorted(self.free_set)[:k]
+            self.free_set -= set(pages)
+            t = torch.tensor(pages, dtype=torch.int64)
+            return (t[:, None] * self.page_size + torch.arange(self.page_size)).reshape(-1)
+
+        def free(self, index):
+            if self.queue is not None:
+                self.queue.append(index.clone())
+                return
+            self.free_set |= set((index // self.page_size).tolist())
+
+        def free_group_begin(self):
+            self.queue = []
+
+        def free_group_end(self):
+            queue, self.queue = self.queue, None
+            if queue:
+                self.misbehave()
+            for index in queue or ():
+                self.free(index)
+
+        def misbehave(self):
+            pass
+
+        def available_size(self):
+            return len(self.free_set) * self.page_size
+
+        def get_all_free_pages(self):
+            return torch.tensor(sorted(self.free_set), dtype=torch.int64)
+
+    class Exits(Pool):
+        def misbehave(self):
+            os._exit(3)
+
+    class Interrupts(Pool):
+        def misbehave(self):
+            raise KeyboardInterrupt
+
+    class SysExits(Pool):
+        def misbehave(self):
+            raise SystemExit(4)
+
+    class Stuck(Pool):
+        # A C call that holds the GIL and never returns, SIGALRM blocked in this
+        # thread: no Python signal handler can run until it returns.
+        def misbehave(self):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+            while True:
+                ctypes.PyDLL(None).sleep(3600)
+
+    class Sleeps(Pool):
+        # A hang SIGALRM does reach.
+        def misbehave(self):
+            global hangs
+            hangs += 1
+            time.sleep(3600)
+
+    class SlowToShrink(Pool):
+        # A wrong answer found at once, but every example that reaches it costs
+        # a second: shrinking takes long enough to be interrupted.
+        def misbehave(self):
+            time.sleep(1.0)
+            raise ValueError("wrong")
+
+    class BadCensus(Pool):
+        def get_all_free_pages(self):
+            return torch.tensor(sorted(self.free_set) + [1], dtype=torch.int64)
+
+    hangs = 0
+
+    def _factory(cls):
+        return lambda size, page_size, device, need_sort: cls(size, page_size, device, need_sort)
+
+    exits, interrupts, sysexits, stuck, sleeps = map(_factory, (Exits, Interrupts, SysExits, Stuck, Sleeps))
+    slow_to_shrink, bad_census = _factory(SlowToShrink), _factory(BadCensus)
+    '''
+)
+
+
+@pytest.fixture
+def pools(tmp_path):
+    (tmp_path / "bad_pools.py").write_text(BAD_POOLS)
+    return tmp_path
+
+
+def _env(tmp_path):
+    return dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}")
+
+
+def cli(tmp_path, *args, timeout=60):
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "state_machines.cli", "fuzz", *args,
+                          "--trace-dir", str(tmp_path / "traces")],
+                         cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=timeout)
+    run.seconds = time.monotonic() - started
+    return run
+
+
+def popen(tmp_path, *args):
+    return subprocess.Popen([sys.executable, "-m", "state_machines.cli", "fuzz", *args,
+                             "--trace-dir", str(tmp_path / "traces")],
+                            cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def kept(tmp_path, invariant, where="unshrunk") -> Trace:
+    """The one trace of ``invariant`` the run wrote, loaded."""
+    paths = sorted((tmp_path / "traces" / where).glob(f"*{invariant}*.json"))
+    assert paths, f"no {invariant} trace in {tmp_path / 'traces' / where}"
+    return Trace.load(paths[0])
+
+
+def ended(run, code):
+    assert run.returncode == code, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+
+
+LONG = ["--duration", "60s", "-j", "1"]
+
+
+@pytest.mark.parametrize("mode", [[], LONG], ids=["plain", "long"])
+def test_allocator_that_exits_fails_the_run(pools, mode):
+    """os._exit inside the allocator: the worker dies, the run fails (not
+    'time is up'), naming the worker, the call, and its last steps."""
+    run = cli(pools, "--target", "bad_pools:exits", "--seed", "0", *mode)
+    ended(run, 1)
+    assert "worker_died" in run.stdout and "worker 0 exited with code 3 during free_group_end()" in run.stdout
+    trace = kept(pools, "worker_died")
+    assert trace.steps[-1].rule == "end" and any(s.rule == "begin" for s in trace.steps)
+
+
+def test_allocator_raising_keyboard_interrupt_is_its_failure(pools):
+    """KeyboardInterrupt raised by the allocator is allocator_raised, shrunk
+    like any other failure, not an interrupt of the run."""
+    run = cli(pools, "--target", "bad_pools:interrupts", "--seed", "0")
+    ended(run, 1)
+    assert "raised KeyboardInterrupt" in run.stdout
+    assert kept(pools, "allocator_raised", where=".").steps[-1].rule == "end"
+    kept(pools, "allocator_raised")  # and unshrunk, as soon as it was seen
+
+
+def test_a_real_ctrl_c_inside_a_call_still_stops(pools, monkeypatch):
+    """Lockstep._call: SystemExit from the allocator is its failure; so is
+    KeyboardInterrupt, except where SIGINT has Python's default handler
+    (in-process runs), where it may be a real Ctrl-C and stops the run."""
+    from state_machines.config import Config
+    from state_machines.harness.lockstep import InvariantViolation, Step
+    from state_machines.runs.runner import replay
+
+    monkeypatch.syspath_prepend(str(pools))
+    steps = (Step("begin", {}), Step("alloc", {"n": 1}, "req_0"), Step("finish", {"req": "req_0"}), Step("end", {}))
+    failure = replay(Trace(Config(target="bad_pools:sysexits"), steps))
+    assert failure.invariant == "allocator_raised" and "raised SystemExit: 4" in failure.detail
+    interrupts = Trace(Config(target="bad_pools:interrupts"), steps)
+    monkeypatch.setattr(signal, "getsignal", lambda sig: signal.default_int_handler)  # as in-process
+    with pytest.raises(KeyboardInterrupt):
+        replay(interrupts)
+    monkeypatch.setattr(signal, "getsignal", lambda sig: signal.SIG_IGN)  # as in a worker
+    failure = replay(interrupts)
+    assert isinstance(failure, InvariantViolation) and failure.invariant == "allocator_raised"
+
+
+def test_long_run_allocator_raising_keyboard_interrupt_fails_the_run(pools):
+    """In a long run too: exit 1 at the failure, never 'time is up'."""
+    run = cli(pools, "--target", "bad_pools:interrupts", *LONG)
+    ended(run, 1)
+    assert "stopped at a failure" in run.stdout and "time is up" not in run.stdout
+    assert kept(pools, "allocator_raised", where=".").invariant == "allocator_raised"
+
+
+@pytest.mark.parametrize("mode", [[], LONG], ids=["plain", "long"])
+def test_hang_sigalrm_cannot_reach_is_caught_by_the_watchdog(pools, mode):
+    """A call stuck in C with SIGALRM blocked: the parent kills the worker
+    after --call-timeout plus a margin and reports allocator_hung with the
+    steps so far."""
+    run = cli(pools, "--target", "bad_pools:stuck", "--seed", "0", "--call-timeout", "1", *mode)
+    ended(run, 1)
+    assert "allocator_hung" in run.stdout and "SIGALRM could not interrupt it" in run.stdout
+    trace = kept(pools, "allocator_hung")
+    assert trace.steps[-1].rule == "end" and "free_group_end()" in trace.detail
+    assert run.seconds < 30, run.seconds
+
+
+def test_shrinking_a_hang_does_not_pay_the_full_limit_each_time(pools, monkeypatch):
+    """Once a call hangs, the shrinker's examples run under a short limit;
+    the shrunk trace is checked once more under the full one."""
+    monkeypatch.syspath_prepend(str(pools))
+    import bad_pools
+
+    from state_machines.config import Config
+    from state_machines.runs.runner import fuzz
+
+    limit = 1.0
+    started = time.monotonic()
+    outcome = fuzz(Config(target="bad_pools:sleeps", call_timeout_s=limit), max_examples=100, seed=0,
+                   database=None, derandomize=False)
+    took = time.monotonic() - started
+    (trace,) = outcome.failures
+    assert trace.invariant == "allocator_hung" and trace.config.call_timeout_s == limit
+    assert f"no return within {limit:g} s" in trace.detail
+    assert [s.rule for s in trace.steps] == ["begin", "alloc", "finish", "end"]
+    # Without the short limit every hang costs the full second.
+    assert bad_pools.hangs > 10 and took < 0.5 * bad_pools.hangs * limit, (bad_pools.hangs, took)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds workers through /proc")
+@pytest.mark.parametrize("jobs", [0, 1, 2], ids=["plain", "long-j1", "long-j2"])
+def test_killing_a_worker_fails_the_run(tmp_path, jobs):
+    """kill -9 of the plain run's worker, of one long-run worker, or of the
+    only one: exit 1, worker_died, its last steps kept."""
+    mode = ["--duration", "60s", "-j", str(jobs)] if jobs else ["--max-examples", "100000"]
+    proc = popen(tmp_path, "--target", "builtin:token", *mode)
+    deadline = time.monotonic() + 30
+    workers = []
+    while len(workers) < max(jobs, 1) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+        # A plain run forks its worker; a long run's are forked by the forkserver, a child of the CLI.
+        workers = _children(proc.pid) if not jobs else [w for c in _children(proc.pid) for w in _children(c)]
+    assert len(workers) == max(jobs, 1), workers
+    time.sleep(1.0)  # into their runs
+    os.kill(workers[0], signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stdout + stderr
+    assert "Traceback" not in stderr
+    assert "was killed by SIGKILL" in stdout and "time is up" not in stdout
+    assert kept(tmp_path, "worker_died").invariant == "worker_died"
+
+
+@pytest.mark.parametrize("mode, sig, code", [
+    ([], signal.SIGINT, 130),
+    ([], signal.SIGTERM, 143),
+    (LONG, signal.SIGTERM, 143),  # tests/test_longrun.py sends a long run SIGINT
+], ids=["plain-SIGINT", "plain-SIGTERM", "long-SIGTERM"])
+def test_signal_during_shrinking_keeps_the_failure(pools, mode, sig, code):
+    """Ctrl-C or SIGTERM while a failure shrinks: exit 130 / 143, no
+    traceback, and the failure as first seen is kept, unshrunk."""
+    proc = popen(pools, "--target", "bad_pools:slow_to_shrink", "--seed", "0", *mode)
+    out = []
+    for line in proc.stdout:
+        out.append(line)
+        if line.startswith("found "):
+            break
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=60)
+    stdout = "".join(out) + stdout
+    assert proc.returncode == code, stdout + stderr
+    assert "Traceback" not in stderr and "interrupted" in stdout
+    assert kept(pools, "allocator_raised").steps[-1].rule == "end"
+
+
+def test_ctrl_c_on_a_clean_run_exits_130(tmp_path):
+    """Ctrl-C before any failure: exit 130, one line, no traceback."""
+    proc = popen(tmp_path, "--target", "builtin:token", "--max-examples", "100000")
+    for line in proc.stdout:
+        if line.startswith("kv-lockstep fuzz:"):
+            break
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stdout + stderr
+    assert "Traceback" not in stderr and "interrupted" in stdout
+
+
+@pytest.mark.parametrize("mode", [[], LONG], ids=["plain", "long"])
+def test_allocator_wrong_from_its_first_census(pools, mode):
+    """Inconsistent before any step: exit 1, 'FAILED before any step', the
+    invariant with its detail, and a trace of no steps that replays."""
+    run = cli(pools, "--target", "bad_pools:bad_census", *mode)
+    ended(run, 1)
+    assert "FAILED before any step: no_page_freed_twice" in run.stdout
+    assert "pages [1]" in run.stdout
+    trace = kept(pools, "no_page_freed_twice", where=".")
+    assert trace.steps == ()
+
+
+def test_bad_call_timeout_is_exit_2(tmp_path):
+    run = cli(tmp_path, "--call-timeout", "0")
+    ended(run, 2)
+    assert run.stderr.count("\n") == 1 and "--call-timeout" in run.stderr

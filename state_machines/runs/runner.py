@@ -6,9 +6,8 @@ import time
 
 import attrs
 from attrs import frozen
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis import seed as hypothesis_seed
-from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
 from state_machines.config import Config
@@ -51,6 +50,8 @@ def fuzz_settings(
         stateful_step_count=STEPS_PER_EXAMPLE,
         deadline=None,
         print_blob=False,
+        # Hypothesis's own report is replaced by the trace's program form.
+        verbosity=Verbosity.quiet,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
         **{k: v for k, v in chosen.items() if v is not None or k == "database"},
     )
@@ -103,9 +104,7 @@ def fuzz(
     started = time.monotonic()
     failures: tuple[Trace, ...] = ()
     try:
-        # Hypothesis's own report is replaced by the trace's program form.
-        with with_reporter(lambda _: None):
-            run_state_machine_as_test(machine, settings=fuzz_settings(max_examples, database, derandomize, shrink))
+        run_state_machine_as_test(machine, settings=fuzz_settings(max_examples, database, derandomize, shrink))
     except Exception as exc:
         found = violations_in(exc)
         if not found:

@@ -20,7 +20,7 @@ from state_machines.config import Config
 from state_machines.targets import TargetError
 
 SGLANG_ROOT = Path(".sglang")
-COLUMNS = ("release", "target", "result", "examples", "seconds", "s to first failure", "shrunk length", "failing invariant", "rules disabled")
+COLUMNS = ("release", "target", "result", "examples", "seconds", "s to first failure", "shrunk length", "failing invariant", "disabled")
 
 
 def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str | None, kinds=None) -> list[dict]:
@@ -101,9 +101,16 @@ def _cell(row: dict, column: str) -> str:
         return str(row.get("first_failure_s", "-"))
     if column == "shrunk length":
         return ", ".join(str(f["length"]) for f in failures) or "-"
-    if column == "rules disabled":
-        return "; ".join(f"{rule} ({reason[:60]})" for rule, reason in row.get("disabled", {}).items()) or "-"
+    if column == "disabled":
+        return "; ".join(f"{rule} ({_short(reason)})" for rule, reason in row.get("disabled", {}).items()) or "-"
     return ", ".join(f["invariant"] for f in failures) or "-"
+
+
+def _short(reason: str, width: int = 60) -> str:
+    """A reason cut at a word to about ``width`` characters."""
+    if len(reason) <= width:
+        return reason
+    return reason[:width].rsplit(" ", 1)[0] + " ..."
 
 
 def table(rows: list[dict]) -> str:

@@ -330,7 +330,7 @@ def make_paged(size: int, page_size: int, device: str, need_sort: bool):
 
 
 def make_npu(size: int, page_size: int, device: str, need_sort: bool):
-    """The NPU subclass on CPU; see describe_capabilities()["cpu_unavailable"]."""
+    """The NPU subclass on CPU: its Python paths, no torch_npu."""
     return _construct(_cls("npu"), **_common(size, page_size, device, need_sort))
 
 

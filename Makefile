@@ -13,12 +13,9 @@ JUNIT ?=
 KV_LOCKSTEP_DB ?=
 HYPOFUZZ_ARGS ?=
 
-# Releases `make sglang-matrix` gates; each installs with `make sglang V=...`.
-SGLANG_RELEASES ?= 0.5.17 0.5.18 0.5.23
-
 BENCH_ARGS ?=
 
-.PHONY: install fuzz test lint hypofuzz sglang-matrix bench clean
+.PHONY: install fuzz test lint hypofuzz sglang-matrix sglang-coverage bench clean
 
 # `make install` always (re)installs; the other targets run it only when
 # .venv is missing, so a torch upgraded by `make sglang` is left alone.
@@ -50,14 +47,8 @@ hypofuzz: $(PY)
 	$(PIP_INSTALL) hypofuzz $(if $(findstring redis,$(KV_LOCKSTEP_DB)),redis)
 	KV_LOCKSTEP_DB=$(KV_LOCKSTEP_DB) $(VENV)/bin/hypothesis fuzz $(HYPOFUZZ_ARGS) -- tests/fuzz_targets.py -p no:cacheprovider
 
+# make sglang V=..., sglang-matrix (SGLANG_RELEASES=...), sglang-coverage
 include mk/sglang.mk
-
-# The gate on each release's token (page size 1), paged (4), SWA and NPU
-# allocators; one table row per release and target.
-sglang-matrix: $(PY)
-	for v in $(SGLANG_RELEASES); do $(MAKE) --no-print-directory sglang V=$$v || exit 1; done
-	@mkdir -p .kv-lockstep
-	$(PY) -m state_machines.runs.matrix $(SGLANG_RELEASES) --json .kv-lockstep/matrix.json
 
 # Not a test: measures time to failure, shrinking, throughput and scaling,
 # and writes bench/results.json and bench/RESULTS.md (about 10 minutes on 2 cores).

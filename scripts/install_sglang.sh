@@ -95,14 +95,23 @@ else
 fi
 
 # --- import check, only after changes -----------------------------------------
+# kv-lockstep's own loader: it reads the release's allocator layout (a package
+# or one allocator.py) and names a package the import set lacks, in one line.
 if [[ "$did_work" == 1 ]]; then
     echo "[check] importing sglang allocators from $TARGET ..."
-    PYTHONPATH="$TARGET" "$PY" -W ignore -c '
-import sglang.srt.mem_cache.allocator.token, sglang.srt.mem_cache.allocator.paged
-import torch, sglang
-print("[check] ok: sglang", getattr(sglang, "__version__", "?"), "torch", torch.__version__)
-' 2>&1 | grep -E '^\[check\]|Error' || {
+    if ! PYTHONPATH="$ROOT" "$PY" -W ignore -c '
+import sys
+from state_machines.targets import TargetError, sglang
+try:
+    info = sglang.load_sglang(sys.argv[1])
+except TargetError as exc:
+    sys.exit(f"[check] failed: {exc}")
+import torch
+print("[check] ok: sglang", info.version, "(" + info.layout + " layout), torch", torch.__version__)
+for kind, why in info.unavailable.items():
+    print(f"[check] {kind}: unavailable: {why}")
+' "$TARGET" 2>&1 | grep -E '^\[check\]'; then
         echo "install_sglang: import check failed for $TARGET" >&2
         exit 1
-    }
+    fi
 fi

@@ -14,7 +14,6 @@ from pathlib import Path
 import attrs
 
 from state_machines.config import Config
-from state_machines.targets import TargetError
 
 DEFAULT_TARGET = "builtin:token"
 DEFAULT_TRACE_DIR = ".kv-lockstep/traces"
@@ -66,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--sglang-path", help="a folder holding the sglang package (a checkout's python/)")
     fuzz.add_argument("--call-timeout", type=_seconds, default=Config().call_timeout_s, metavar="SECONDS",
                       help="an allocator call running longer is a hang, allocator_hung (default %(default)g)")
+    fuzz.add_argument("--cover", action="store_true",
+                      help="also measure statement coverage of the target's allocator code, per file (needs coverage.py)")
     long = fuzz.add_argument_group("long runs (see README, Long runs)")
     long.add_argument("--duration", help="run this long (20s, 10m, 2h) or until a failure, instead of --max-examples")
     long.add_argument("-j", "--jobs", type=_positive, help="worker processes for --duration (default: all cores)")
@@ -82,9 +83,10 @@ def _parser() -> argparse.ArgumentParser:
     targets = sub.add_parser("targets", help="list targets and mutants, or what one target can run here")
     targets.add_argument("--target", help="show this target's family, steps and disabled steps (with reasons)")
     targets.add_argument("--mutant")
-    targets.add_argument("--page-size", type=_positive, default=1)
+    targets.add_argument("--page-size", type=_positive, help="the page size to describe at (default 1; for a release's"
+                         " kinds that take any, 4)")
     targets.add_argument("--need-sort", action="store_true")
-    targets.add_argument("--sglang-path")
+    targets.add_argument("--sglang-path", help="without --target: list this sglang's kinds, each described")
     sub.add_parser("devices", help="which devices (cpu, cuda, npu) can run here, and why not")
     return parser
 
@@ -113,6 +115,13 @@ def cmd_fuzz(args) -> int:
     )
     if (args.jobs or args.stats_json) and not args.duration:
         raise UsageError("-j and --stats-json go with --duration (e.g. --duration 10m)")
+    if args.cover:
+        from state_machines.runs import cover
+
+        if reason := cover.missing():
+            raise UsageError(reason)
+        if args.duration:
+            raise UsageError("--cover measures a plain run (--max-examples), not a --duration run")
     _check_output_paths(trace_dir=args.trace_dir, stats_json=args.stats_json)
     duration_s = None
     if args.duration:
@@ -131,8 +140,38 @@ def cmd_fuzz(args) -> int:
         )
     from state_machines.runs.watchdog import fuzz_watched
 
-    return fuzz_watched(config, max_examples=args.max_examples, seed=args.seed, db_spec=args.db,
-                        trace_dir=args.trace_dir)
+    if not args.cover:
+        return fuzz_watched(config, max_examples=args.max_examples, seed=args.seed, db_spec=args.db,
+                            trace_dir=args.trace_dir)
+    return _fuzz_covered(config, args)
+
+
+def _fuzz_covered(config: Config, args) -> int:
+    """``fuzz --cover``: the run, then statement coverage of the target's
+    allocator code, one row per file (a file never imported at 0%)."""
+    from state_machines.runs import cover
+    from state_machines.runs.watchdog import fuzz_watched
+
+    files = cover.measured_files(config)
+    seen: dict[str, set[int]] = {}
+    reports = []
+
+    def received(lines: dict) -> None:
+        reports.append(lines)
+        cover.union(seen, lines)
+
+    code = fuzz_watched(config, max_examples=args.max_examples, seed=args.seed, db_spec=args.db,
+                        trace_dir=args.trace_dir, cover=cover.Recorder(files), on_cover=received)
+    if code == 2:
+        return code
+    root = cover.root_of(config, files)
+    print(f"\nstatement coverage of {config.target}'s allocator code under {root} ({len(files)} files;"
+          " a file never imported counts at 0%):")
+    if not reports:
+        print("  none: the worker ended before it reported the lines it ran")
+        return code
+    print(cover.table(cover.tally(files, {f: sorted(s) for f, s in seen.items()}, root)))
+    return code
 
 
 def _check_output_paths(trace_dir: str | None = None, stats_json: str | None = None, emit_pytest: str | None = None) -> None:
@@ -230,20 +269,63 @@ def cmd_replay(args) -> int:
     return 1
 
 
-def _describe_target(args) -> int:
+def _describe(config: Config) -> list[str]:
+    """What ``config``'s target runs here: its class and harness, then one
+    line each for the steps it runs, each disabled step and each check it
+    cannot offer (with reasons)."""
     from state_machines.harness import build
     from state_machines.harness.steps import steps_of
 
-    config = Config(target=args.target, mutant=args.mutant, page_size=args.page_size, need_sort=args.need_sort,
-                    sglang_path=args.sglang_path)
     state = build(config)
-    print(f"{config.label()}: {type(state.allocator).__name__}, harness {type(state).__name__}")
+    lines = [f"{config.label()}: {type(state.allocator).__name__}, harness {type(state).__name__}"]
     runs = [name for name in sorted(steps_of(type(state))) if name not in state.disabled_rules]
     if not state.has_alloc_decode and "decode" in runs:
         runs.remove("decode")
-    print(f"  steps: {', '.join(runs)}")
-    for rule, reason in sorted(state.disabled_rules.items()):
-        print(f"  disabled: {rule}: {reason}")
+    lines.append(f"  steps: {', '.join(runs)}")
+    lines += [f"  disabled: {rule}: {reason}" for rule, reason in sorted(state.disabled_rules.items())]
+    lines += [f"  not checked: {name}: {why}" for name, why in sorted(getattr(state, "skipped_checks", {}).items())]
+    return lines
+
+
+def _describe_target(args) -> int:
+    config = Config(target=args.target, mutant=args.mutant, page_size=args.page_size or 1, need_sort=args.need_sort,
+                    sglang_path=args.sglang_path)
+    print("\n".join(_describe(config)))
+    return 0
+
+
+def _describe_release(args) -> int:
+    """``targets --sglang-path P``: every sglang kind of that release, with
+    its class, the page sizes it takes, and what it runs here (at
+    ``--page-size`` where it takes that, else 1 or the gate's page size)."""
+    from state_machines.harness import InvariantViolation
+    from state_machines.targets import TargetError, resolve, sglang
+
+    info = sglang.load_sglang(args.sglang_path)
+    where = ("one file, sglang/srt/mem_cache/allocator.py" if info.layout == sglang.SINGLE_FILE
+             else "a package, sglang/srt/mem_cache/allocator/")
+    print(f"sglang {info.version} at {info.path}: allocators in {where}")
+    for kind, gate_page_size in sglang.gate_kinds():
+        spec = f"sglang:{kind}"
+        try:
+            target = resolve(spec, None, args.sglang_path)
+        except TargetError as exc:
+            print(f"  {spec}: unavailable: {exc}")
+            continue
+        cls = sglang.class_of(kind)
+        takes = target.page_sizes
+        page_size = args.page_size if args.page_size and (takes is None or args.page_size in takes) else gate_page_size
+        pages = f"page size {', '.join(map(str, takes))} only" if takes else "any page size"
+        print(f"  {spec}: {cls.__name__} ({cls.__module__}), {pages}")
+        config = Config(target=spec, page_size=page_size, need_sort=args.need_sort, sglang_path=args.sglang_path)
+        try:
+            lines = _describe(config)
+        except InvariantViolation as exc:
+            print(f"    at page size {page_size}: fails before any step: {exc.invariant}: {exc.detail.splitlines()[0]}")
+            continue
+        harness = lines[0].rpartition(", ")[2]
+        print(f"    at page size {page_size}: {harness}")
+        print("\n".join("  " + line for line in lines[1:]))
     return 0
 
 
@@ -253,6 +335,8 @@ def cmd_targets(args) -> int:
 
     if args.target:
         return _describe_target(args)
+    if args.sglang_path:
+        return _describe_release(args)
     print("built-in targets (--target builtin:NAME [--mutant M]):")
     for name, (cls, mutants) in sorted(allocators.BUILTINS.items()):
         print(f"  builtin:{name:<10} {(cls.__doc__ or '').strip().splitlines()[0]}")
@@ -285,9 +369,13 @@ def cmd_devices(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Imported here, not at the top: a worker that ``fuzz --cover`` starts
+    # re-imports this module, and must not import the allocators before its
+    # coverage starts.
     from state_machines.harness import InvariantViolation
     from state_machines.runs.options import BadOption
     from state_machines.runs.trace import TraceError
+    from state_machines.targets import TargetError
 
     try:
         args = _parser().parse_args(argv)

@@ -1,4 +1,5 @@
-"""The gate on real sglang releases finds the two historical bugs.
+"""The gate on real sglang releases finds the two historical bugs, from
+the single-file releases (0.5.8-0.5.12) on.
 
 Each release runs in a fresh process (one process imports one sglang).  The
 releases come from `make sglang V=...`; without them these tests skip.
@@ -107,3 +108,56 @@ def test_0_5_23_runs_its_whole_budget_clean(tmp_path):
     for kind, row in rows.items():
         assert row["result"] == "pass", row
         assert row["examples"] >= 200
+
+
+def targets_listing(version: str) -> list[str]:
+    """`kv-lockstep targets --sglang-path` of one release, as lines."""
+    run = subprocess.run(
+        [sys.executable, "-m", "state_machines.cli", "targets", "--sglang-path", str(release_dir(version))],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout.splitlines()
+
+
+def test_0_5_12_loads_its_single_file_as_token_paged_swa_and_npu():
+    """0.5.12 keeps every allocator in mem_cache/allocator.py; each kind loads from where that release keeps it."""
+    lines = targets_listing("0.5.12")
+    assert lines[0].endswith(": allocators in one file, sglang/srt/mem_cache/allocator.py")
+    assert lines[0].startswith("sglang 0.5.12 at ")
+    kinds = [line for line in lines if line.startswith("  sglang:")]
+    assert kinds == [
+        "  sglang:token: TokenToKVPoolAllocator (sglang.srt.mem_cache.allocator), page size 1 only",
+        "  sglang:paged: PagedTokenToKVPoolAllocator (sglang.srt.mem_cache.allocator), any page size",
+        "  sglang:swa: SWATokenToKVPoolAllocator (sglang.srt.mem_cache.swa_memory_pool), page size 1 only",
+        "  sglang:npu: NPUPagedTokenToKVPoolAllocator (sglang.srt.hardware_backend.npu.allocator_npu), any page size",
+    ]
+
+
+def test_0_5_12_token_fails_on_the_seed_bugs(tmp_path):
+    """The single-file release's token allocator fails, each shrunk trace the aliasing story or a repeated end."""
+    row = gate("0.5.12", tmp_path, kinds="token")["token"]
+    assert row["result"] == "FAIL", row
+    assert row["failures"], row
+    for failure in row["failures"]:
+        assert is_aliasing_story(failure["rules"]) or is_repeated_end(failure["rules"]), failure
+
+
+def test_targets_lists_every_kind_of_a_release_with_its_steps():
+    """`targets --sglang-path` on 0.5.23: each kind's class and page sizes, the page size it is shown at, its steps and disabled steps."""
+    lines = targets_listing("0.5.23")
+    assert lines[0].endswith(": allocators in a package, sglang/srt/mem_cache/allocator/")
+    at = lines.index("  sglang:token: TokenToKVPoolAllocator (sglang.srt.mem_cache.allocator.token), page size 1 only")
+    assert lines[at + 1 : at + 4] == [
+        "    at page size 1: harness Lockstep",
+        "    steps: alloc, begin, end, evict, finish, free, free_segment, overwrite_row, rematch",
+        "    disabled: decode: alloc_decode: not provided (NotImplementedError)",
+    ]
+    at = lines.index("  sglang:paged: PagedTokenToKVPoolAllocator (sglang.srt.mem_cache.allocator.paged), any page size")
+    assert lines[at + 1 : at + 3] == [
+        "    at page size 4: harness Lockstep",
+        "    steps: alloc, begin, decode, end, evict, finish, free, free_segment, overwrite_row, rematch",
+    ]
+    assert "  sglang:swa: SWATokenToKVPoolAllocator (sglang.srt.mem_cache.allocator.swa), page size 1 only" in lines
+    assert ("  sglang:npu: NPUPagedTokenToKVPoolAllocator (sglang.srt.hardware_backend.npu.allocator_npu), any page size"
+            in lines)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 
 import torch
-from attrs import define
+from attrs import define, field
 
 from reference_model import SWASide, invariants
 from state_machines.harness.lockstep import Lockstep, Pool, census_of, ids
@@ -36,12 +36,23 @@ class SWALockstep(Lockstep):
     # Whether free_swa() inside an open group queues the SWA release (see
     # free_swa_defers); a free() queues it either way.
     swa_defers: bool = True
+    # Checks this allocator does not offer, with the reason: sglang 0.5.8's
+    # available_size() raises NotImplementedError by design (its callers ask
+    # each pool), so the joint size is not checked; each pool's still is.
+    skipped_checks: dict[str, str] = field(factory=dict)
 
     def start_models(self, defers_frees: bool) -> None:
         super().start_models(defers_frees)
         initial = self._call("SWA census", census_of, self.allocator.swa_attn_allocator)
         self.swa = SWASide.from_census(self.model, sorted(set(initial)))
         self.swa_defers = free_swa_defers(self.allocator)
+        try:
+            self.allocator.available_size()
+        except NotImplementedError as exc:
+            said = f" ({exc})" if str(exc) else ""
+            self.skipped_checks["hybrid_available_size_agrees"] = (
+                f"available_size() raises NotImplementedError{said}; each pool's available_size() is still checked"
+            )
 
     # -- checks --
 
@@ -58,6 +69,8 @@ class SWALockstep(Lockstep):
         swa_free = set(censuses[1])
         mapping = ids(a.full_to_swa_index_mapping)
         self._judge(invariants.swa_mapping_consistent, mapping, self.page_size, self.model, self.swa, swa_free)
+        if "hybrid_available_size_agrees" in self.skipped_checks:
+            return
         self._judge(
             invariants.hybrid_available_size_agrees,
             int(self._call("available_size()", a.available_size)),

@@ -1,8 +1,10 @@
 """The gate across sglang releases: one row per release and target.
 
-``python -m state_machines.runs.matrix 0.5.17 0.5.18 0.5.23`` runs each release
+``python -m state_machines.runs.matrix 0.5.8 0.5.17 0.5.23`` runs each release
 in a fresh process (one process can import only one sglang), fuzzes every
-sglang target of it, and prints the table.  ``--json FILE`` keeps the rows.
+sglang kind it has (``sglang.gate_kinds()``), and prints the table.  A
+release that is not installed, or cannot be imported, is one row saying
+why.  ``--json FILE`` keeps the rows.
 """
 
 from __future__ import annotations
@@ -17,23 +19,28 @@ from pathlib import Path
 from state_machines.config import Config
 from state_machines.targets import TargetError
 
-# (kind, page size) per row, in table order.
-KINDS = (("token", 1), ("paged", 4), ("swa", 1), ("npu", 4))
 SGLANG_ROOT = Path(".sglang")
-COLUMNS = ("release", "target", "result", "examples", "s to first failure", "shrunk length", "failing invariant", "rules disabled")
+COLUMNS = ("release", "target", "result", "examples", "seconds", "s to first failure", "shrunk length", "failing invariant", "disabled")
 
 
 def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str | None, kinds=None) -> list[dict]:
-    """Fuzz every kind of one release (or those in ``kinds``), in this process."""
+    """Fuzz every kind of one release (or those in ``kinds``), in this
+    process; a release that cannot be imported is one row saying why."""
     from state_machines.harness import build
     from state_machines.runs.runner import fuzz
     from state_machines.runs.trace import write
+    from state_machines.targets import sglang
 
+    release = Path(release_dir).name
+    try:
+        sglang.load_sglang(release_dir)
+    except TargetError as exc:
+        return [{"release": release, "target": "all", "result": f"cannot import: {exc}"}]
     rows = []
-    for kind, page_size in KINDS:
+    for kind, page_size in sglang.gate_kinds():
         if kinds and kind not in kinds:
             continue
-        row = {"release": Path(release_dir).name, "target": f"sglang:{kind} page_size={page_size}"}
+        row = {"release": release, "target": f"sglang:{kind} page_size={page_size}"}
         config = Config(target=f"sglang:{kind}", page_size=page_size, sglang_path=release_dir)
         started = time.monotonic()
         try:
@@ -65,14 +72,16 @@ def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str |
 
 
 def _disabled(build, config) -> dict[str, str]:
-    """Rules the target cannot run here, with reasons; a fresh pool that
-    already fails its checks is left for the run to report."""
+    """Rules (and checks) the target cannot run here, with reasons; a fresh
+    pool that already fails its checks is left for the run to report."""
     from state_machines.harness import InvariantViolation
 
     try:
-        return build(config).disabled_rules
+        state = build(config)
     except InvariantViolation:
         return {}
+    skipped = {f"check {name}": why for name, why in getattr(state, "skipped_checks", {}).items()}
+    return {**state.disabled_rules, **skipped}
 
 
 def _cell(row: dict, column: str) -> str:
@@ -82,16 +91,26 @@ def _cell(row: dict, column: str) -> str:
     if column == "target":
         return row["target"]
     if column == "result":
-        return row["result"] if len(row["result"]) < 70 else row["result"][:67] + "..."
+        # Why a release or kind did not run is the row's point: kept whole.
+        return row["result"].replace("|", "\\|")
     if column == "examples":
         return str(row.get("examples", "-"))
+    if column == "seconds":
+        return str(row.get("seconds", "-"))
     if column == "s to first failure":
         return str(row.get("first_failure_s", "-"))
     if column == "shrunk length":
         return ", ".join(str(f["length"]) for f in failures) or "-"
-    if column == "rules disabled":
-        return "; ".join(f"{rule} ({reason[:60]})" for rule, reason in row.get("disabled", {}).items()) or "-"
+    if column == "disabled":
+        return "; ".join(f"{rule} ({_short(reason)})" for rule, reason in row.get("disabled", {}).items()) or "-"
     return ", ".join(f["invariant"] for f in failures) or "-"
+
+
+def _short(reason: str, width: int = 60) -> str:
+    """A reason cut at a word to about ``width`` characters."""
+    if len(reason) <= width:
+        return reason
+    return reason[:width].rsplit(" ", 1)[0] + " ..."
 
 
 def table(rows: list[dict]) -> str:
@@ -103,11 +122,11 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m state_machines.runs.matrix", description=__doc__.splitlines()[0])
     parser.add_argument("releases", nargs="+", help="release versions under .sglang/, or folders holding sglang")
-    parser.add_argument("--max-examples", type=int, default=200)
+    parser.add_argument("--max-examples", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trace-dir", default=".kv-lockstep/traces/matrix")
     parser.add_argument("--json", help="write the rows here")
-    parser.add_argument("--kinds", help="comma-separated subset of " + ",".join(k for k, _ in KINDS))
+    parser.add_argument("--kinds", help="comma-separated subset of the sglang kinds (token,paged,swa,npu,...)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 

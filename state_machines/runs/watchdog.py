@@ -353,8 +353,10 @@ class FirstSight:
 # -- the plain run --
 
 
-def _plain_child(config_dict, max_examples, seed, db_spec, trace_dir, messages, beacon) -> None:
+def _plain_child(config_dict, max_examples, seed, db_spec, trace_dir, messages, beacon, cover=None) -> None:
     worker_signals()
+    if cover is not None:  # first: the target's import-time lines count too
+        cover.start()
     try:
         from state_machines.harness import RunRecord
         from state_machines.runs.options import open_database
@@ -383,12 +385,17 @@ def _plain_child(config_dict, max_examples, seed, db_spec, trace_dir, messages, 
     except BaseException:  # a harness bug: report it rather than vanish
         messages.put(("error", 0, traceback.format_exc()))
     finally:
+        if cover is not None:
+            messages.put(("cover", 0, cover.stop()))
         messages.put(("done", 0))
 
 
-def _plain_context(config: Config):
+def _plain_context(config: Config, fresh: bool = False):
     """Fork where it is safe (CPU: the child shares the imports already
-    made, torch included); elsewhere a fresh interpreter, as long runs use."""
+    made, torch included); elsewhere, or when ``fresh`` asks for a worker
+    that imports everything itself, a fresh interpreter."""
+    if fresh:
+        return multiprocessing.get_context("spawn")
     if config.device == "cpu" and "fork" in multiprocessing.get_all_start_methods():
         import state_machines.runs.runner  # noqa: F401 - imported once, shared by the fork
 
@@ -411,17 +418,21 @@ def print_trace(out, trace, path, *, shrunk: bool) -> None:
 
 
 def fuzz_watched(config: Config, *, max_examples: int, seed: int | None, db_spec: str | None, trace_dir: str,
-                 out=None, err=None) -> int:
+                 out=None, err=None, cover=None, on_cover=None) -> int:
     """``kv-lockstep fuzz`` without ``--duration``: Hypothesis runs in one
     worker, watched from here.  Returns the exit code: 0 no failure, 1 a
-    failure, 2 bad input, 128 + the signal on SIGINT / SIGTERM."""
+    failure, 2 bad input, 128 + the signal on SIGINT / SIGTERM.
+
+    ``cover`` (``runs.cover.Recorder``) records statement coverage in the
+    worker, a fresh interpreter then; ``on_cover(lines)`` receives what it
+    saw, unless the worker died first."""
     out, err = out or sys.stdout, err or sys.stderr
-    ctx = _plain_context(config)
+    ctx = _plain_context(config, fresh=cover is not None)
     channels = {0: Channel(ctx)}
     beacon = Beacon(ctx)
     child = ctx.Process(
         target=_plain_child,
-        args=(config.to_dict(), max_examples, seed, db_spec, trace_dir, channels[0], beacon),
+        args=(config.to_dict(), max_examples, seed, db_spec, trace_dir, channels[0], beacon, cover),
         name="kv-lockstep-worker-0",
         daemon=True,
     )
@@ -444,6 +455,8 @@ def fuzz_watched(config: Config, *, max_examples: int, seed: int | None, db_spec
             got[kind] = message[2:] if kind == "outcome" else message[2]
         elif kind == "before_any_step":
             got["before"] = message[2]
+        elif kind == "cover" and on_cover is not None:
+            on_cover(message[2])
         elif kind == "done":
             done = True
 

@@ -1,7 +1,11 @@
 """Real sglang KV-slot allocators as kv-lockstep targets (CPU only).
 
 ``load_sglang(path)`` puts one sglang release on ``sys.path`` and imports its
-allocator modules; every failure becomes a one-line ``TargetError``.  The
+allocator modules; every failure becomes a one-line ``TargetError``.  Two
+layouts exist, told apart by what the release's folder holds: a package
+``sglang/srt/mem_cache/allocator/`` (one module per kind, ``MODULES``) and,
+in older releases, one file ``sglang/srt/mem_cache/allocator.py``
+(``SINGLE_FILE_MODULES``).  The
 factories build allocators from the loaded release with the uniform signature
 ``factory(size, page_size, device, need_sort)``; they pass constructor
 arguments by parameter name, so a release that reorders or adds parameters
@@ -15,6 +19,7 @@ import contextlib
 import dataclasses
 import re
 import sys
+import traceback
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
@@ -23,13 +28,31 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CONSTRAINTS = REPO_ROOT / "constraints" / "sglang.txt"
 FALLBACK_TORCH = "2.14.1"
 
+# Where each kind's class lives when mem_cache/allocator/ is a package.
 MODULES = {
     "token": "sglang.srt.mem_cache.allocator.token",
     "paged": "sglang.srt.mem_cache.allocator.paged",
     "swa": "sglang.srt.mem_cache.allocator.swa",
     "npu": "sglang.srt.hardware_backend.npu.allocator_npu",
 }
+# The same when mem_cache/allocator.py is one file (sglang up to 0.5.12);
+# a kind missing here is unavailable in that layout, with the reason shown.
+SINGLE_FILE_MODULES = {
+    "token": "sglang.srt.mem_cache.allocator",
+    "paged": "sglang.srt.mem_cache.allocator",
+    "swa": "sglang.srt.mem_cache.swa_memory_pool",
+    "npu": "sglang.srt.hardware_backend.npu.allocator_npu",
+}
+PACKAGE = "package"
+SINGLE_FILE = "single-file"
+LAYOUTS = {PACKAGE: MODULES, SINGLE_FILE: SINGLE_FILE_MODULES}
+# Allocator code outside mem_cache/ that a kind runs (``release_files``).
+NPU_FILE = ("srt", "hardware_backend", "npu", "allocator_npu.py")
 REQUIRED = ("token", "paged")
+# Kinds that work at page size 1 only: the token allocator, and SWA's alloc().
+PAGE_SIZE_ONE = ("token", "swa")
+# The page size a kind that takes any is gated and described at (``gate_kinds``).
+GATE_PAGE_SIZE = 4
 CLASSES = {
     "token": "TokenToKVPoolAllocator",
     "paged": "PagedTokenToKVPoolAllocator",
@@ -47,6 +70,7 @@ class SglangInfo:
     version: str
     modules: dict[str, ModuleType]  # kind -> imported module
     unavailable: dict[str, str]  # kind -> one-line reason (optional kinds only)
+    layout: str = PACKAGE  # PACKAGE or SINGLE_FILE (``layout_of``)
 
 
 _loaded: SglangInfo | None = None
@@ -81,8 +105,8 @@ def _release_of(path: Path) -> str | None:
     return None
 
 
-def _hint(version: str | None) -> str:
-    return f"run `make sglang V={version or '<version>'}` or pass --sglang-path"
+def _named(release: str | None, path: Path) -> str:
+    return f"sglang {release}" if release else f"sglang at {path}"
 
 
 def _package_dir(mod: ModuleType) -> Path | None:
@@ -91,6 +115,66 @@ def _package_dir(mod: ModuleType) -> Path | None:
         return Path(f).resolve().parent.parent
     paths = list(getattr(mod, "__path__", []) or [])
     return Path(paths[0]).resolve().parent if paths else None
+
+
+def _find_sglang() -> Path:
+    """The folder holding the ``sglang`` that ``import sglang`` would find,
+    located without running it."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise TargetError("no sglang is importable here: run `make sglang V=<version>` and pass --sglang-path .sglang/<version>")
+    return Path(locations[0]).resolve().parent
+
+
+def layout_of(path: Path) -> str:
+    """How the sglang in ``path`` lays out its allocators, read from its
+    files (never from its version): ``PACKAGE`` or ``SINGLE_FILE``."""
+    mem_cache = path / "sglang" / "srt" / "mem_cache"
+    if (mem_cache / "allocator" / "__init__.py").is_file():
+        return PACKAGE
+    if (mem_cache / "allocator.py").is_file():
+        return SINGLE_FILE
+    raise TargetError(
+        f"sglang at {path} has neither sglang/srt/mem_cache/allocator/ nor sglang/srt/mem_cache/allocator.py:"
+        " no allocator layout kv-lockstep knows"
+    )
+
+
+def release_files(sglang_path: str | None) -> list[Path]:
+    """The allocator code of the sglang in ``sglang_path`` (else the one
+    ``import sglang`` finds), read from its folder without importing it:
+    every file of the allocator package (or the one allocator.py), then the
+    NPU allocator where present."""
+    path = Path(sglang_path).expanduser().resolve() if sglang_path else _find_sglang()
+    mem_cache = path / "sglang" / "srt" / "mem_cache"
+    files = sorted((mem_cache / "allocator").glob("*.py")) if layout_of(path) == PACKAGE else [mem_cache / "allocator.py"]
+    npu = path.joinpath("sglang", *NPU_FILE)
+    return files + ([npu] if npu.is_file() else [])
+
+
+def _missing_package(exc: BaseException, release: str | None, path: Path) -> str | None:
+    """When an allocator module failed to import for want of a package
+    outside sglang, one line naming it and the line of sglang that imports
+    it; else None."""
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    top = (missing or "").split(".")[0]
+    if not top or top == "sglang":
+        return None
+    where = ""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        with contextlib.suppress(ValueError):
+            where = f" (at {Path(frame.filename).resolve().relative_to(path)}:{frame.lineno})"
+            break
+    return (
+        f"{_named(release, path)} needs the package {top}, which the import set lacks: {one_line(exc)}{where};"
+        f" add it to {CONSTRAINTS.relative_to(REPO_ROOT)} and rerun `make sglang V={release or '<version>'}`"
+    )
 
 
 # --------------------------------------------------------------------------- #
@@ -102,6 +186,10 @@ def load_sglang(sglang_path: str | None = None) -> SglangInfo:
 
     ``sglang_path`` is a directory holding a ``sglang/`` package: a checkout's
     ``python/`` folder or an unpacked release such as ``.sglang/0.5.23``.
+    Without it, the sglang ``import sglang`` finds.  Its layout is read from
+    its files (``layout_of``).  Raises a one-line ``TargetError`` when a
+    required kind (token, paged) cannot be imported; an optional kind that
+    cannot is recorded in ``unavailable`` with its reason.
     """
     global _loaded
 
@@ -125,50 +213,57 @@ def load_sglang(sglang_path: str | None = None) -> SglangInfo:
             path = have
     if _loaded is not None and path is not None and Path(_loaded.path) == path:
         return _loaded
+    if path is None:
+        path = _find_sglang()
 
-    release = _release_of(path) if path is not None else None
+    release = _release_of(path)
+    layout = layout_of(path)
 
     try:
         import torch
     except Exception as exc:  # noqa: BLE001 - any failure is user-facing
-        raise TargetError(f"torch not importable: {one_line(exc)} ({_hint(release)})")
+        raise TargetError(f"torch not importable: {one_line(exc)} (run `make sglang V={release or '<version>'}`)")
     need = _required_torch()
     have_torch = torch.__version__.split("+")[0]
     if have_torch != need:
-        where = f"at {path} " if path is not None else ""
         raise TargetError(
-            f"sglang {where}needs torch {need}, found {torch.__version__}: "
+            f"sglang at {path} needs torch {need}, found {torch.__version__}: "
             f"run `make sglang V={release or '<version>'}`"
         )
 
-    if path is not None and str(path) not in sys.path:
+    if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
     import importlib
 
+    names = LAYOUTS[layout]
     modules: dict[str, ModuleType] = {}
     unavailable: dict[str, str] = {}
     with quiet():
-        for kind, name in MODULES.items():
+        for kind in MODULES:
+            if kind not in names:
+                unavailable[kind] = f"this release keeps its allocators in one file, mem_cache/allocator.py, with no {kind} allocator"
+                continue
             try:
-                modules[kind] = importlib.import_module(name)
+                modules[kind] = importlib.import_module(names[kind])
             except Exception as exc:  # noqa: BLE001
-                reason = one_line(exc)
+                missing = _missing_package(exc, release, path)
                 if kind in REQUIRED:
-                    raise TargetError(f"sglang not importable: {reason} ({_hint(release)})")
-                unavailable[kind] = reason
+                    raise TargetError(missing or f"{_named(release, path)} not importable: {one_line(exc)}") from None
+                unavailable[kind] = missing or one_line(exc)
 
     import sglang
 
     got = _package_dir(sglang)
-    if path is not None and got is not None and got != path:
+    if got is not None and got != path:
         raise TargetError(f"imported sglang from {got}, not from {path}")
     version = getattr(sglang, "__version__", None) or release or "unknown"
     _loaded = SglangInfo(
-        path=str(got or path or ""),
+        path=str(path),
         version=str(version),
         modules=modules,
         unavailable=unavailable,
+        layout=layout,
     )
     return _loaded
 
@@ -182,10 +277,17 @@ def _cls(kind: str) -> type:
     if kind not in info.modules:
         reason = info.unavailable.get(kind, "not imported")
         raise TargetError(f"sglang {info.version}: {kind} allocator unavailable: {reason}")
-    cls = getattr(info.modules[kind], CLASSES[kind], None)
+    module = info.modules[kind]
+    cls = getattr(module, CLASSES[kind], None)
     if cls is None:
-        raise TargetError(f"sglang {info.version}: {MODULES[kind]} has no {CLASSES[kind]}")
+        raise TargetError(f"sglang {info.version}: {module.__name__} has no {CLASSES[kind]}")
     return cls
+
+
+def class_of(kind: str) -> type:
+    """The loaded release's class for ``kind``, or a one-line ``TargetError``
+    saying why it has none."""
+    return _cls(kind)
 
 
 def _construct(cls: type, **available: Any):
@@ -228,7 +330,7 @@ def make_paged(size: int, page_size: int, device: str, need_sort: bool):
 
 
 def make_npu(size: int, page_size: int, device: str, need_sort: bool):
-    """The NPU subclass on CPU; see describe_capabilities()["cpu_unavailable"]."""
+    """The NPU subclass on CPU: its Python paths, no torch_npu."""
     return _construct(_cls("npu"), **_common(size, page_size, device, need_sort))
 
 
@@ -267,9 +369,11 @@ def _swa_standin(base: type):
 def make_swa(size: int, page_size: int, device: str, need_sort: bool, size_swa: int | None = None):
     cls = _cls("swa")
     mod = sys.modules[cls.__module__]
-    base = getattr(mod, "BaseSWAKVPool", None)
+    # The pool class the allocator asserts its kvcache is: the abstract base
+    # where the release has one, else (0.5.8) the concrete pool.
+    base = getattr(mod, "BaseSWAKVPool", None) or getattr(mod, "SWAKVPool", None)
     if base is None:
-        raise TargetError(f"sglang {_info().version}: swa allocator module exposes no BaseSWAKVPool")
+        raise TargetError(f"sglang {_info().version}: {mod.__name__} exposes neither BaseSWAKVPool nor SWAKVPool")
     args = _common(size, page_size, device, need_sort)
     args.update(size_swa=size if size_swa is None else size_swa, kvcache=_swa_standin(base))
     return _construct(cls, **args)
@@ -281,6 +385,12 @@ FACTORIES: dict[str, Callable[..., Any]] = {
     "swa": make_swa,
     "npu": make_npu,
 }
+
+
+def gate_kinds() -> list[tuple[str, int]]:
+    """Every kind with the page size the gate runs it at: 1 where the kind
+    takes only 1, else ``GATE_PAGE_SIZE``."""
+    return [(kind, 1 if kind in PAGE_SIZE_ONE else GATE_PAGE_SIZE) for kind in FACTORIES]
 
 
 def factory(kind: str) -> Callable[..., Any]:
@@ -299,19 +409,22 @@ def resolve(kind: str, sglang_path: str | None) -> Target:
     return Target(
         spec=f"sglang:{kind}",
         factory=make,
-        # The token allocator, and SWA's alloc(), work at page size 1 only.
-        page_sizes=(1,) if kind in ("token", "swa") else None,
+        page_sizes=(1,) if kind in PAGE_SIZE_ONE else None,
         family="swa" if kind == "swa" else None,
     )
 
 
 __all__ = [
     "SglangInfo",
+    "class_of",
     "factory",
+    "gate_kinds",
+    "layout_of",
     "load_sglang",
     "make_npu",
     "make_paged",
     "make_swa",
     "make_token",
+    "release_files",
     "resolve",
 ]

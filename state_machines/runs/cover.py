@@ -1,0 +1,205 @@
+"""Statement coverage of a target's allocator code (``fuzz --cover``).
+
+Which code: for ``sglang:`` targets, every file of the release's allocator
+package ``sglang/srt/mem_cache/allocator/`` (or its one file
+``mem_cache/allocator.py``) plus ``hardware_backend/npu/allocator_npu.py``;
+for built-in targets, ``allocators/``; for a custom ``MODULE:ATTR``, the file
+that defines it.  A file the run never imported counts, at 0%.
+
+The allocator runs in a watched worker (``watchdog.fuzz_watched``), so the
+lines are recorded there: a ``Recorder`` is handed to the worker, which
+starts it before it imports anything of the target (a fresh interpreter, so
+import-time lines count too) and sends back the lines it saw.  Statements
+are counted by coverage.py's own parser (``Coverage.analysis2``).
+
+``python -m state_machines.runs.cover`` (``make sglang-coverage``) runs
+every kind of one release in turn, each in its own worker, and prints one
+table of the union of their lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import re
+import sys
+import time
+from pathlib import Path
+
+from attrs import frozen
+
+from state_machines.config import Config
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SGLANG_ROOT = REPO_ROOT / ".sglang"
+INSTALL = "pip install 'kv-lockstep[cover]' (into this venv: .venv/bin/python -m pip install 'coverage>=7')"
+
+
+def missing() -> str | None:
+    """Why ``--cover`` cannot run here (coverage.py is not installed), or None."""
+    try:
+        import coverage  # noqa: F401
+    except ImportError:
+        return f"--cover needs coverage.py, which is not installed: {INSTALL}"
+    return None
+
+
+def measured_files(config: Config) -> list[Path]:
+    """The allocator code of ``config``'s target, found without importing it."""
+    from state_machines.targets import sglang
+
+    kind, _, name = config.target.partition(":")
+    if kind == "sglang":
+        return sglang.release_files(config.sglang_path)
+    if kind == "builtin":
+        return sorted((REPO_ROOT / "allocators").glob("*.py"))
+    from state_machines.targets import resolve
+
+    source = sys.modules.get(getattr(resolve(config.target).factory, "__module__", ""), None)
+    path = getattr(source, "__file__", None)
+    return [Path(path).resolve()] if path else []
+
+
+def root_of(config: Config, files: list[Path]) -> Path:
+    """The folder a table's file names are shown relative to."""
+    if config.target.startswith("sglang:") and files:
+        # .../ROOT/sglang/srt/mem_cache/...: shown from sglang/ on.
+        return next(p for p in files[0].parents if p.name == "sglang").parent
+    return REPO_ROOT
+
+
+class Recorder:
+    """Statement coverage of ``files`` in the process that calls ``start``;
+    picklable until then, so a worker can be handed one."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self.files = [str(f) for f in files]
+        self._cov = None
+
+    def start(self) -> None:
+        import coverage
+
+        self._cov = coverage.Coverage(data_file=None, include=self.files, config_file=False)
+        self._cov.start()
+
+    def stop(self) -> dict[str, list[int]]:
+        """The lines executed since ``start``, by file (those never run are absent)."""
+        if self._cov is None:
+            return {}
+        self._cov.stop()
+        data = self._cov.get_data()
+        return {f: sorted(data.lines(f) or ()) for f in data.measured_files()}
+
+
+@frozen
+class FileCoverage:
+    name: str  # shown relative to the table's root
+    statements: int
+    executed: int
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.executed / self.statements if self.statements else 100.0
+
+
+def tally(files: list[Path], lines: dict[str, list[int]], root: Path) -> list[FileCoverage]:
+    """Per file of ``files``: its statements, and how many of them ``lines``
+    (file -> executed line numbers) ran; a file absent from ``lines`` ran none."""
+    import coverage
+
+    cov = coverage.Coverage(data_file=None, config_file=False)
+    data = cov.get_data()
+    known = {str(Path(f).resolve()): f for f in lines}
+    data.add_lines({str(f): lines[known[str(f.resolve())]] for f in files if str(f.resolve()) in known})
+    out = []
+    for f in files:
+        _, statements, _, missed, _ = cov.analysis2(str(f))
+        try:
+            name = str(f.relative_to(root))
+        except ValueError:
+            name = str(f)
+        out.append(FileCoverage(name, len(statements), len(statements) - len(missed)))
+    return out
+
+
+def table(rows: list[FileCoverage]) -> str:
+    """A Markdown table: one row per file, then the total."""
+    statements, executed = sum(r.statements for r in rows), sum(r.executed for r in rows)
+    total = FileCoverage("total", statements, executed)
+    lines = ["| file | statements | executed | % |", "|---|---:|---:|---:|"]
+    for r in [*rows, total]:
+        name = f"**{r.name}**" if r is total else f"`{r.name}`"
+        lines.append(f"| {name} | {r.statements} | {r.executed} | {r.percent:.1f} |")
+    return "\n".join(lines)
+
+
+def union(into: dict[str, set[int]], lines: dict[str, list[int]]) -> None:
+    for f, got in lines.items():
+        into.setdefault(str(Path(f).resolve()), set()).update(got)
+
+
+# -- make sglang-coverage: every kind of one release, one table --
+
+
+def newest_release(root: Path = SGLANG_ROOT) -> Path | None:
+    """The installed release under ``root`` with the highest version."""
+
+    def key(p: Path):
+        return tuple(int(n) for n in re.findall(r"\d+", p.name))
+
+    found = [p for p in root.glob("*") if (p / "sglang").is_dir() and re.match(r"\d", p.name)]
+    return max(found, key=key) if found else None
+
+
+def _summary(text: str, code: int) -> str:
+    """The line of a run's output that says how it ended."""
+    if code == 2:
+        return "unavailable: " + (text.strip().splitlines() or ["?"])[-1].removeprefix("kv-lockstep: error: ")
+    for line in text.splitlines():
+        if line.startswith(("no failure:", "FAILED")):
+            return line
+    return f"exit {code}"
+
+
+def cover_release(release: Path, *, max_examples: int, seed: int, trace_dir: str, out=None) -> int:
+    """Fuzz every kind of ``release`` with coverage, each in its own worker,
+    and print the per-kind results and one table of the union."""
+    from state_machines.runs.watchdog import fuzz_watched
+    from state_machines.targets import sglang
+
+    out = out or sys.stdout
+    files = sglang.release_files(str(release))
+    seen: dict[str, set[int]] = {}
+    print(f"statement coverage of sglang {release.name}'s allocator code, {max_examples} examples per kind, seed {seed}",
+          file=out)
+    for kind, page_size in sglang.gate_kinds():
+        config = Config(target=f"sglang:{kind}", page_size=page_size, sglang_path=str(release))
+        buffer = io.StringIO()
+        started = time.monotonic()
+        code = fuzz_watched(config, max_examples=max_examples, seed=seed, db_spec=None, trace_dir=trace_dir,
+                            out=buffer, err=buffer, cover=Recorder(files), on_cover=lambda got: union(seen, got))
+        print(f"  {config.label()}: {_summary(buffer.getvalue(), code)} ({time.monotonic() - started:.0f} s)", file=out)
+    print(table(tally(files, {f: sorted(s) for f, s in seen.items()}, release)), file=out)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m state_machines.runs.cover", description=__doc__.splitlines()[0])
+    parser.add_argument("--sglang-path", help="a folder holding sglang (default: the newest release under .sglang/)")
+    parser.add_argument("--max-examples", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trace-dir", default=".kv-lockstep/traces/coverage")
+    args = parser.parse_args(argv)
+    if reason := missing():
+        print(f"kv-lockstep: error: {reason}", file=sys.stderr)
+        return 2
+    release = Path(args.sglang_path) if args.sglang_path else newest_release()
+    if release is None or not (release / "sglang").is_dir():
+        print(f"kv-lockstep: error: no sglang release at {release or SGLANG_ROOT}: run `make sglang V=<version>`",
+              file=sys.stderr)
+        return 2
+    return cover_release(release.resolve(), max_examples=args.max_examples, seed=args.seed, trace_dir=args.trace_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -36,6 +36,8 @@ class SWALockstep(Lockstep):
     # Whether free_swa() inside an open group queues the SWA release (see
     # free_swa_defers); a free() queues it either way.
     swa_defers: bool = True
+    # Decode and extend would take SWA slots this harness does not model.
+    caller_steps = ()
 
     def start_models(self, defers_frees: bool) -> None:
         super().start_models(defers_frees)

@@ -40,6 +40,40 @@ class NPUPagedAllocator(PagedAllocator):
         self.free_pages = self.free_pages[num_new:]
         return out
 
+    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens: int):
+        """``PagedAllocator.alloc_extend``'s contract, computed token by token
+        on the device as a kernel would; int32 slots, as sglang's NPU
+        allocator returns them."""
+        ps = self.page_size
+        pages_before = (prefix_lens_cpu + ps - 1) // ps
+        num_new = int(((seq_lens_cpu + ps - 1) // ps - pages_before).sum())
+        if self.need_sort and num_new > len(self.free_pages):
+            self.merge_and_sort_free()
+        if num_new > len(self.free_pages):
+            return None
+        dev = self.free_pages.device
+        prefix, seq, last = (t.to(dev, torch.int64) for t in (prefix_lens, seq_lens, last_loc))
+        grow = seq - prefix
+        # Token j of the batch: its request, and its position in that request.
+        owner = torch.repeat_interleave(torch.arange(len(grow), device=dev), grow)
+        first = torch.cumsum(grow, 0) - grow
+        pos = prefix[owner] + torch.arange(extend_num_tokens, device=dev) - first[owner]
+        before = (prefix + ps - 1) // ps
+        on_last_page = pos < before[owner] * ps
+        out = last[owner] + 1 + pos - prefix[owner]
+        if num_new:
+            new_per_request = (seq + ps - 1) // ps - before
+            rank = (torch.cumsum(new_per_request, 0) - new_per_request)[owner] + pos // ps - before[owner]
+            pages = self._new_pages(num_new)
+            fresh = pages[rank.clamp(0, num_new - 1)] * ps + pos % ps
+            out = torch.where(on_last_page, out, fresh)
+        self.free_pages = self.free_pages[num_new:]
+        return out.int()
+
+    def _new_pages(self, num_new: int) -> torch.Tensor:
+        """The pages an extend hands out: those it takes off the free list."""
+        return self.free_pages[:num_new]
+
     def _starts_page(self, seq_lens: torch.Tensor) -> torch.Tensor:
         return (seq_lens - 1) % self.page_size == 0
 
@@ -71,11 +105,21 @@ class DecodeBoundaryNPUPagedAllocator(NPUPagedAllocator):
         return seq_lens % self.page_size == 0
 
 
+class ExtendWrongEndNPUPagedAllocator(NPUPagedAllocator):
+    """Mutant: alloc_extend hands out the free list's last pages and takes
+    its first ones off: the pages handed out stay free."""
+
+    def _new_pages(self, num_new: int) -> torch.Tensor:
+        return self.free_pages[len(self.free_pages) - num_new :]
+
+
 NPU_MUTANTS = {
     m.name: m
     for m in (
         Mutant("alias", AliasNPUPagedAllocator, "free()'s group queue keeps the caller's row view"),
         Mutant("decode-one-past", DecodeOnePastNPUPagedAllocator, "alloc_decode indexes one past each new page"),
         Mutant("decode-boundary", DecodeBoundaryNPUPagedAllocator, "alloc_decode takes a page one token late", needs={"min_page_size": 2}),
+        Mutant("extend-wrong-end", ExtendWrongEndNPUPagedAllocator, "alloc_extend hands out pages it leaves on the free list",
+               needs={"min_page_size": 2}),
     )
 }

@@ -31,6 +31,11 @@ def _decode(*reqs: str) -> Step:
     return _s("decode", reqs=list(reqs))
 
 
+def _extend(reqs: list[str], tokens: list[int]) -> Step:
+    """An ``extend`` step: ``reqs[i]`` grows by ``tokens[i]`` tokens."""
+    return _s("extend", reqs=list(reqs), tokens=list(tokens))
+
+
 # The aliasing story: a view of row 0 is queued, the row changes, the group ends.
 _ALIAS_TOKEN = (_s("begin"), _s("alloc", "req_0", n=1), _s("finish", req="req_0"), _s("overwrite_row", row=0), _s("end"))
 _ALIAS_PAGED = (_s("begin"), _s("alloc", "req_0", n=4), _s("finish", req="req_0"), _s("overwrite_row", row=0), _s("end"))
@@ -179,6 +184,28 @@ KNOWN: tuple[KnownShortest, ...] = (
         "free_sets_agree",
         "an alloc fills a page, then a decode must take a new one: the mutant takes none and hands out "
         "the slot past the page, whose page stays free",
+    ),
+    _mutant(
+        _PAGED,
+        "extend-early",
+        [_s("admit", "req_0"), _extend(["req_0"], [1]), _extend(["req_0"], [1])],
+        "extend_continues_last_page",
+        "a request must hold a partly used page before an extend can continue it: an admit, an extend of "
+        "fewer tokens than a page, then the extend the mutant starts one slot early",
+    ),
+    _mutant(
+        _PAGED,
+        "extend-floor",
+        [_s("admit", "req_0"), _extend(["req_0"], [1])],
+        "free_sets_agree",
+        "an admit, then an extend that ends mid-page: floor counts no new page, so the page handed out stays free",
+    ),
+    _mutant(
+        _NPU,
+        "extend-wrong-end",
+        [_s("admit", "req_0"), _extend(["req_0"], [1])],
+        "free_sets_agree",
+        "an admit, then an extend taking a page: the mutant hands out the free list's last page and takes its first",
     ),
     # sglang 0.5.17 has both bugs (a flag beside the queue, and a queue of
     # views); flag drift shows in as few steps as aliasing.

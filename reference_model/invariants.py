@@ -152,6 +152,48 @@ def decode_takes_page_boundary(what: str, names: list[str], needs: list[bool], l
     return None
 
 
+# -- extend: alloc_extend (or alloc() at page size 1) for a batch --
+#
+# Each judges one batch: ``names``, ``prefix_lens`` (tokens before), ``last``
+# (each request's last slot, -1 when it has none) and ``slots`` (what the
+# call returned, split by request in batch order).
+
+
+def _spare(prefix_len: int, page_size: int) -> int:
+    """Slots left on the page a prefix of ``prefix_len`` tokens ends in."""
+    return -prefix_len % page_size
+
+
+def extend_continues_last_page(
+    what: str, names: list[str], prefix_lens: list[int], last: list[int], slots: list[list[int]], page_size: int
+) -> str | None:
+    """A request whose prefix ends mid-page first fills that page: its first
+    slots are ``last + 1, last + 2, ...`` up to the page's end."""
+    for name, prefix_len, prev, got in zip(names, prefix_lens, last, slots):
+        cont = min(len(got), _spare(prefix_len, page_size))
+        want = [prev + 1 + j for j in range(cont)]
+        if got[:cont] != want:
+            return (f"{what} gave {name} (prefix {prefix_len} tokens, last slot {prev}) {got[:cont]} first"
+                    f" / the rest of its last page, {want}")
+    return None
+
+
+def extend_takes_whole_new_pages(
+    what: str, names: list[str], prefix_lens: list[int], slots: list[list[int]], page_size: int
+) -> str | None:
+    """Past its last page, a request's slots fill new pages in order, each
+    from its first slot (slot ``i`` of a page at offset ``i``); the last may
+    be partly used.  (That they are free, and that the allocator takes them
+    off its free list, ``no_slot_handed_out_twice`` and the census judge.)"""
+    ps = page_size
+    for name, prefix_len, got in zip(names, prefix_lens, slots):
+        rest = got[min(len(got), _spare(prefix_len, ps)):]
+        if not all(rest[i] % ps == i % ps and rest[i] // ps == rest[i - i % ps] // ps for i in range(len(rest))):
+            return (f"{what} gave {name} {rest[:16]} past its last page"
+                    f" / {len(rest)} slots filling {-(-len(rest) // ps)} whole new pages of {ps} in order")
+    return None
+
+
 # -- hybrid (full + SWA) pools --
 
 

@@ -44,8 +44,9 @@ class Request:
     own: list[int] = field(factory=list)
     # Cache entries this request holds a lock on.
     locks: list[int] = field(factory=list)
-    # Slots of the last page not yet written by decode steps; 0 after any
-    # other step, which leaves the row page-aligned.
+    # Slots of the last page past the request's last token: its length is
+    # len(pages) * page_size - spare.  Decode and extend leave it mid-page;
+    # an alloc, a free or a rematch leaves it page-aligned (0).
     spare: int = 0
 
     @property
@@ -135,6 +136,23 @@ class OwnershipModel:
     def decode_needs_page(self, rid: int, page_size: int) -> bool:
         """A decode step takes a page exactly when the new token starts one."""
         return self.tokens(rid, page_size) % page_size == 0
+
+    def extend_new_pages(self, rid: int, tokens: int, page_size: int) -> int:
+        """Pages an extend by ``tokens`` takes: the tokens past the last
+        page's spare slots, in whole pages, the last perhaps partly used;
+        ``ceil(seq_len / page_size) - ceil(prefix_len / page_size)``."""
+        past = tokens - self.requests[rid].spare
+        return max(0, -(-past // page_size))
+
+    def extend(self, rid: int, pages: list[int], tokens: int, page_size: int) -> None:
+        """``tokens`` more tokens: they fill the last page's spare slots,
+        then ``pages`` (new, as ``extend_new_pages`` says)."""
+        req = self.requests[rid]
+        length = self.tokens(rid, page_size) + tokens
+        if pages:
+            self.take(rid, pages)
+        req.spare = len(req.pages) * page_size - length
+        assert 0 <= req.spare < page_size, f"req_{rid}: {length} tokens on {len(req.pages)} pages of {page_size}"
 
     def decode(self, rid: int, page: int | None, page_size: int) -> None:
         """One decode token: on a new ``page``, or in the last page's spare slots."""

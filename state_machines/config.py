@@ -25,6 +25,13 @@ class Config:
     # An allocator call that takes longer than this is reported as a hang
     # (`allocator_hung`); `kv-lockstep fuzz --call-timeout`.
     call_timeout_s: float = 10.0
+    # req_to_token's dtype: int32 as sglang's ReqToTokenPool keeps it; "int64"
+    # for `kv-lockstep fuzz --row-dtype int64`.
+    row_dtype: str = "int32"
+    # Drive what no sglang caller does (`fuzz --latent`): at page size 1,
+    # decode and extend go to alloc_decode / alloc_extend instead of alloc().
+    # A failure then is a latent finding, not a gate failure.
+    latent: bool = False
 
     @property
     def pool_size(self) -> int:
@@ -50,4 +57,8 @@ class Config:
             bits.append(f"device={self.device}")
         if self.sglang_path:
             bits.append(f"sglang={Path(self.sglang_path).name}")
+        if self.row_dtype != "int32":
+            bits.append(f"rows={self.row_dtype}")
+        if self.latent:
+            bits.append("latent")
         return " ".join(bits)

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 # The free_group bugs live in free(); these rules free a view of a row.
 FREES_A_VIEW = {"free", "free_segment", "finish", "rematch"}
 # These overwrite a row a queued view may point into.
-OVERWRITES_A_ROW = {"overwrite_row", "rematch", "alloc"}
+OVERWRITES_A_ROW = {"overwrite_row", "rematch", "alloc", "admit", "decode", "extend"}
 
 
 def release_dir(version: str) -> Path:

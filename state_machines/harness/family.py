@@ -18,7 +18,7 @@ from state_machines import targets
 from state_machines.config import Config
 from state_machines.harness import swa
 from state_machines.harness.lockstep import Lockstep
-from state_machines.harness.machines import DecodeRules, FreeGroupMachine, RunRecord
+from state_machines.harness.machines import DecodeRules, ExtendRules, FreeGroupMachine, RunRecord
 from state_machines.targets import devices, probe
 
 
@@ -65,17 +65,20 @@ def build(config: Config | None = None, **overrides) -> Lockstep:
         target, size=config.pool_size, page_size=config.page_size, device=config.device, need_sort=config.need_sort
     )
     family = family_of(target, allocator)
-    disabled = probe.disabled_steps(allocator, page_size=config.page_size, device=config.device)
+    disabled = probe.disabled_steps(allocator, page_size=config.page_size, device=config.device, latent=config.latent)
     return family.lockstep.create(config, allocator, defers_frees=target.defers_frees, disabled=disabled)
 
 
 def machine_for(config: Config, record: RunRecord | None = None) -> type[FreeGroupMachine]:
     """A machine bound to ``config``: its family's rules, with ``decode``
-    where the target can run ``alloc_decode``.  Its name spells the
-    configuration, so the example database keeps configurations apart."""
+    and ``extend`` where they run on the target (``Lockstep.runs``).  Its
+    name spells the configuration, so the example database keeps
+    configurations apart."""
     state = build(config)
     base = next(f.machine for f in FAMILIES.values() if type(state) is f.lockstep)
-    if state.has_alloc_decode:
+    if state.runs("decode"):
         base = type(f"Decode{base.__name__}", (DecodeRules, base), {})
+    if state.runs("extend"):
+        base = type(f"Extend{base.__name__}", (ExtendRules, base), {})
     name = base.__name__ + "_" + "".join(c if c.isalnum() else "_" for c in config.label())
     return type(name, (base,), {"config": config, "record": record or RunRecord(), "build": staticmethod(build)})

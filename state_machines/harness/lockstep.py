@@ -27,6 +27,7 @@ from attrs import define, field, frozen
 from reference_model import CHECKS, OwnershipModel, invariants
 from state_machines.config import Config
 from state_machines.harness.steps import EntryRef, ReqRef, Step, StepSpec, step
+from state_machines.targets import probe
 
 # An allocator call that takes longer than this is reported as a hang.
 CALL_TIMEOUT_S = 10.0
@@ -175,6 +176,10 @@ class Lockstep:
     # How deep inside step calls we are: a family's override calls super().
     step_depth: int = 0
 
+    # The batched steps sglang's scheduler drives (decode, extend) that this
+    # harness models; a family whose other pools they would not update sets ().
+    caller_steps = ("decode", "extend")
+
     @classmethod
     def create(cls, config: Config, allocator, *, defers_frees: bool, disabled: dict[str, str]) -> Lockstep:
         """A fresh state around a freshly built ``allocator``; the model
@@ -184,7 +189,7 @@ class Lockstep:
             allocator=allocator,
             model=OwnershipModel.from_census([], defers_frees=defers_frees),
             rows=torch.zeros(
-                (config.rows, config.row_pages * config.page_size), dtype=torch.int64, device=config.device
+                (config.rows, config.row_pages * config.page_size), dtype=getattr(torch, config.row_dtype), device=config.device
             ),
             row_holder=[None] * config.rows,
             has_free_segment=callable(getattr(allocator, "free_segment", None)),
@@ -202,9 +207,25 @@ class Lockstep:
     def page_size(self) -> int:
         return self.config.page_size
 
-    @property
-    def has_alloc_decode(self) -> bool:
-        return callable(getattr(self.allocator, "alloc_decode", None)) and "decode" not in self.disabled_rules
+    def why_not(self, step: str) -> str | None:
+        """Why ``step`` does not run on this target here, or None when it
+        does: the harness does not model it, the probe disabled it, or the
+        allocator lacks the method the caller sends it to
+        (``probe.caller_sends``: at page size 1, ``alloc()``).  ``admit``
+        runs where ``extend`` does: it only readies a request for one."""
+        if step == "admit":
+            return self.why_not("extend")
+        if step in probe.OPTIONAL and step not in self.caller_steps:
+            return f"the {type(self).__name__} harness does not model {step}"
+        if step in self.disabled_rules:
+            return self.disabled_rules[step]
+        method = probe.caller_sends(step, self.page_size, self.config.latent)
+        if method is not None and not callable(getattr(self.allocator, method, None)):
+            return f"{self.config.target} has no {method}"
+        return None
+
+    def runs(self, step: str) -> bool:
+        return self.why_not(step) is None
 
     # -- what a rule may act on --
 
@@ -213,6 +234,10 @@ class Lockstep:
 
     def live(self) -> list[ReqRef]:
         return [ReqRef(rid) for rid in self.model.requests]
+
+    def decodable(self) -> list[ReqRef]:
+        """Live requests holding tokens: a request decodes after its prefill."""
+        return [ReqRef(r.rid) for r in self.model.requests.values() if r.pages]
 
     def with_own_pages(self) -> list[ReqRef]:
         return [ReqRef(r.rid) for r in self.model.requests.values() if r.own]
@@ -271,19 +296,26 @@ class Lockstep:
 
     @step
     def decode(self, reqs: list[ReqRef]) -> None:
-        """``alloc_decode``: each request in the batch (in batch order) grows
-        by one token; a request takes a new page exactly when its length
-        crosses a page boundary, else it gets the next slot of its last page."""
+        """Each request in the batch (in batch order) grows by one token; a
+        request takes a new page exactly when its length crosses a page
+        boundary, else it gets the next slot of its last page.  As sglang's
+        ``alloc_for_decode`` does: ``alloc_decode`` at page size > 1
+        (``last_loc`` read off the rows, in their dtype), ``alloc(len(reqs))``
+        at page size 1 (``alloc_decode`` there only with ``latent``)."""
         ps = self.page_size
         lengths = [self.model.tokens(r.rid, ps) for r in reqs]
         rows = [self.model.requests[r.rid].row for r in reqs]
         last = [int(self.rows[row, n - 1]) if n else -1 for row, n in zip(rows, lengths)]
         needs = [self.model.decode_needs_page(r.rid, ps) for r in reqs]
-        seq_lens_cpu = torch.tensor([n + 1 for n in lengths], dtype=torch.int64)
-        seq_lens = seq_lens_cpu.to(self.rows.device)
-        last_loc = torch.tensor(last, dtype=torch.int64, device=self.rows.device)
-        what = f"alloc_decode(seq_lens={seq_lens_cpu.tolist()}, last_loc={last})"
-        out = self._call(what, self.allocator.alloc_decode, seq_lens, seq_lens_cpu, last_loc)
+        if probe.caller_sends("decode", ps, self.config.latent) is None:
+            what = f"alloc({len(reqs)})"
+            out = self._call(what, self.allocator.alloc, len(reqs))
+        else:
+            seq_lens_cpu = torch.tensor([n + 1 for n in lengths], dtype=torch.int64)
+            seq_lens = seq_lens_cpu.to(self.rows.device)
+            last_loc = torch.tensor(last, dtype=self.rows.dtype, device=self.rows.device)
+            what = f"alloc_decode(seq_lens={seq_lens_cpu.tolist()}, last_loc={last})"
+            out = self._call(what, self.allocator.alloc_decode, seq_lens, seq_lens_cpu, last_loc)
         slots = self._index_tensor(what, out, len(reqs), sum(needs))
         if slots is None:
             return
@@ -297,6 +329,79 @@ class Lockstep:
                 # The row holds whole pages; later decodes fill the rest of this one.
                 self.rows[request.row, len(request.pages) * ps : (len(request.pages) + 1) * ps] = slot + offsets
             self.model.decode(ref.rid, slot // ps if need else None, ps)
+
+    @step
+    def admit(self, prefix: EntryRef | None = None) -> ReqRef | None:
+        """A request takes a free row (sglang's ``alloc_req_slots``) and no
+        KV slots yet: the next ``extend`` allocates them.  On ``prefix``, the
+        cache entry's slots are written into its row and the entry locked.
+        No allocator call.  Returns the new request."""
+        row = self.free_rows()[0]
+        made = self.model.new_request(row, [], prefix.eid if prefix is not None else None)
+        if prefix is not None:
+            slots = self.entry_slots[prefix.eid]
+            self.rows[row, : len(slots)] = slots
+        self.row_holder[row] = made.rid
+        return ReqRef(made.rid)
+
+    @step
+    def extend(self, reqs: list[ReqRef], tokens: list[int]) -> None:
+        """Request ``reqs[i]`` grows by ``tokens[i]`` tokens, in one batch as
+        sglang's ``alloc_for_extend`` sends it: at page size > 1 one
+        ``alloc_extend(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu,
+        last_loc, extend_num_tokens)``, ``prefix_lens`` each request's length
+        and ``last_loc`` its last slot (-1 with none); at page size 1
+        ``alloc(extend_num_tokens)`` (``alloc_extend`` there only with
+        ``latent``).  A request first fills its last page, then takes
+        ``ceil(seq_len / page_size) - ceil(prefix_len / page_size)`` new
+        pages; ``None`` exactly when the pool has fewer free pages than the
+        batch takes."""
+        ps = self.page_size
+        model = self.model
+        prefix_lens = [model.tokens(r.rid, ps) for r in reqs]
+        seq_lens = [p + k for p, k in zip(prefix_lens, tokens)]
+        rows = [model.requests[r.rid].row for r in reqs]
+        last = [int(self.rows[row, p - 1]) if p else -1 for row, p in zip(rows, prefix_lens)]
+        new_counts = [model.extend_new_pages(r.rid, k, ps) for r, k in zip(reqs, tokens)]
+        total = sum(tokens)
+        if probe.caller_sends("extend", ps, self.config.latent) is None:
+            what = f"alloc({total})"
+            out = self._call(what, self.allocator.alloc, total)
+        else:
+            device = self.rows.device
+
+            def host(values):
+                return torch.tensor(values, dtype=torch.int64)
+
+            what = f"alloc_extend(prefix_lens={prefix_lens}, seq_lens={seq_lens}, last_loc={last}, extend_num_tokens={total})"
+            out = self._call(
+                what, self.allocator.alloc_extend, host(prefix_lens).to(device), host(prefix_lens),
+                host(seq_lens).to(device), host(seq_lens), host(last).to(device), total,
+            )
+        slots = self._index_tensor(what, out, total, sum(new_counts))
+        if slots is None:
+            return
+        names = [repr(r) for r in reqs]
+        ends = [sum(tokens[: i + 1]) for i in range(len(tokens))]
+        per = [slots[end - k : end] for end, k in zip(ends, tokens)]
+        self._judge(invariants.extend_continues_last_page, what, names, prefix_lens, last, per, ps)
+        self._judge(invariants.extend_takes_whole_new_pages, what, names, prefix_lens, per, ps)
+        # Each request's new pages: the page of every page_size-th slot past its last page.
+        new_pages = []
+        for got, prefix_len in zip(per, prefix_lens):
+            rest = got[min(len(got), -prefix_len % ps):]
+            new_pages.append([rest[j] // ps for j in range(0, len(rest), ps)])
+        self._judge(invariants.no_slot_handed_out_twice, [p for pages in new_pages for p in pages], model)
+        start = 0
+        for ref, row, prefix_len, k, pages in zip(reqs, rows, prefix_lens, tokens, new_pages):
+            self.rows[row, prefix_len : prefix_len + k] = out[start : start + k].to(self.rows.device, self.rows.dtype)
+            start += k
+            model.extend(ref.rid, pages, k, ps)
+            end = len(model.requests[ref.rid].pages) * ps
+            if pages and end > prefix_len + k:
+                # The row holds whole pages; later steps fill the rest of this one.
+                tail = torch.arange(prefix_len + k - (end - ps), ps, dtype=self.rows.dtype, device=self.rows.device)
+                self.rows[row, prefix_len + k : end] = pages[-1] * ps + tail
 
     @step
     def begin(self) -> None:

@@ -202,12 +202,12 @@ class FreeGroupMachine(RuleBasedStateMachine):
 
 
 class DecodeRules:
-    """Mixed into a machine whose target has ``alloc_decode``."""
+    """Mixed into a machine whose target runs ``decode`` (``Lockstep.runs``)."""
 
-    @draws(guard=lambda s: s.live(), mask=(1, 15), order=(0, 3))
+    @draws(guard=lambda s: s.decodable(), mask=(1, 15), order=(0, 3))
     def decode(self, mask, order):
         s = self.state
-        live = s.live()
+        live = s.decodable()
         # A request that needs a new page needs room for it in its row.
         batch = [
             r for i, r in enumerate(live)
@@ -223,3 +223,45 @@ class DecodeRules:
             k = order % len(batch)
             batch = batch[k:] + batch[:k]
         self._do("decode", batch)
+
+
+# An extend grows a request by 1 .. EXTEND_TOKENS_PAGES * page_size tokens.
+EXTEND_TOKENS_PAGES = MAX_PAGES
+# Batch members an extend draws a token count for: each live request and each
+# fresh one needs a row, and there are rows of them (4 by default).
+EXTEND_BATCH = 4
+
+
+class ExtendRules:
+    """Mixed into a machine whose target runs ``extend``."""
+
+    @draws(
+        guard=lambda s: s.live() or s.free_rows(),
+        mask=(0, 15), fresh=(0, 2), prefix=(0, 4), order=(0, 3),
+        t0=(1, 64), t1=(1, 64), t2=(1, 64), t3=(1, 64),
+    )
+    def extend(self, mask, fresh, prefix, order, t0, t1, t2, t3):
+        # mask picks live requests to continue (bit i % 4 for the i-th);
+        # fresh requests are admitted first, the first of them on a cached
+        # prefix when prefix > 0.  t_i is the i-th member's token count, any
+        # residue modulo the page size; order rotates the batch.
+        s = self.state
+        batch = [r for i, r in enumerate(s.live()) if mask >> (i % 4) & 1]
+        entries = s.entries()
+        for i in range(min(fresh, len(s.free_rows()))):
+            entry = _pick(entries, prefix - 1) if i == 0 and prefix and entries else None
+            batch.append(self._do("admit", prefix=entry))
+        batch = batch[:EXTEND_BATCH]
+        if not batch:
+            return
+        k = order % len(batch)
+        batch = batch[k:] + batch[:k]
+        reqs, tokens = [], []
+        for req, t in zip(batch, (t0, t1, t2, t3)):
+            room = s.config.row_pages * s.page_size - s.model.tokens(req.rid, s.page_size)
+            n = min(1 + (t - 1) % (EXTEND_TOKENS_PAGES * s.page_size), room)
+            if n > 0:
+                reqs.append(req)
+                tokens.append(n)
+        if reqs:
+            self._do("extend", reqs, tokens)

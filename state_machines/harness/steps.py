@@ -44,8 +44,8 @@ class EntryRef:
 
 
 # Argument kinds, read off annotations: what a value is and how JSON holds it.
-INT, FLAG, REQ, ENTRY, REQS = "int", "flag", "req", "entry", "reqs"
-_KINDS = {"int": INT, "bool": FLAG, "ReqRef": REQ, "EntryRef": ENTRY, "list[ReqRef]": REQS}
+INT, FLAG, REQ, ENTRY, REQS, INTS = "int", "flag", "req", "entry", "reqs", "ints"
+_KINDS = {"int": INT, "bool": FLAG, "ReqRef": REQ, "EntryRef": ENTRY, "list[ReqRef]": REQS, "list[int]": INTS}
 
 
 @frozen
@@ -91,7 +91,12 @@ class StepSpec:
             value = call.get(p.name)
             if value is None:
                 continue
-            out[p.name] = [repr(r) for r in value] if p.kind == REQS else repr(value) if p.kind in (REQ, ENTRY) else value
+            if p.kind == REQS:
+                out[p.name] = [repr(r) for r in value]
+            elif p.kind in (REQ, ENTRY):
+                out[p.name] = repr(value)
+            else:
+                out[p.name] = list(value) if p.kind == INTS else value
         return out
 
 

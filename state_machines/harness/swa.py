@@ -40,6 +40,8 @@ class SWALockstep(Lockstep):
     # available_size() raises NotImplementedError by design (its callers ask
     # each pool), so the joint size is not checked; each pool's still is.
     skipped_checks: dict[str, str] = field(factory=dict)
+    # Decode and extend would take SWA slots this harness does not model.
+    caller_steps = ()
 
     def start_models(self, defers_frees: bool) -> None:
         super().start_models(defers_frees)

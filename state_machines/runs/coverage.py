@@ -29,6 +29,8 @@ class Interleaving:
     summary: str
     # Config fields it needs, e.g. {"need_sort": True}; else not applicable.
     needs: tuple = ()
+    # A step it needs the target to run (``Lockstep.runs``), known once a state is built.
+    step: str | None = None
 
     def applies_to(self, config: Config) -> bool:
         return all(check(config) for check in self.needs)
@@ -49,8 +51,20 @@ INTERLEAVINGS = (
         needs=(lambda c: c.need_sort,),
     ),
     Interleaving("alloc_short", "an alloc the pool could not serve"),
+    Interleaving(
+        "extend_continues_partial_page", "an extend of a request whose last page is partly used",
+        needs=(lambda c: c.page_size > 1,), step="extend",
+    ),
+    Interleaving(
+        "extend_mixed_batch", "one extend batch of requests with pages of their own and fresh ones, with none", step="extend"
+    ),
 )
-NEEDS_TEXT = {"segment_ends_mid_page": "--page-size > 1", "alloc_merged_release": "--need-sort"}
+NEEDS_TEXT = {
+    "segment_ends_mid_page": "--page-size > 1",
+    "alloc_merged_release": "--need-sort",
+    "extend_continues_partial_page": "--page-size > 1 and a target that runs extend",
+    "extend_mixed_batch": "a target that runs extend",
+}
 
 
 class Coverage:
@@ -65,7 +79,9 @@ class Coverage:
     def __init__(self, config: Config, *, flush=None, flush_every_s: float = 0.5, should_stop=None, on_failure=None,
                  use_hypothesis: bool = True):
         self.config = config
-        self.applicable = [i.name for i in INTERLEAVINGS if i.applies_to(config)]
+        # Those needing a step join once a state shows the target runs it.
+        self.applicable = [i.name for i in INTERLEAVINGS if i.applies_to(config) and i.step is None]
+        self._steps_known = False
         self.ran: Counter = Counter()
         self.blocked: Counter = Counter()
         self.checks = 0
@@ -122,6 +138,12 @@ class Coverage:
 
     def _new_example(self, state) -> None:
         self._state = state
+        if not self._steps_known:
+            self._steps_known = True
+            self.applicable = [
+                i.name for i in INTERLEAVINGS
+                if i.applies_to(self.config) and (i.step is None or (hasattr(state, "runs") and state.runs(i.step)))
+            ]
         self.examples += 1
         self._hits_this_example = 0
         # Rows freed as views inside the open group, and those overwritten since.
@@ -175,6 +197,22 @@ class Coverage:
             if in_group:
                 self._group_queued = True
                 yield "evict_in_group"
+        elif name == "admit":
+            # A request on a prefix writes the cache's slots into the first free row.
+            if call.get("prefix") is not None and state.free_rows() and state.free_rows()[0] in self._freed_rows:
+                self._overwritten.add(state.free_rows()[0])
+        elif name in ("decode", "extend"):
+            requests = [state.model.requests.get(r.rid) for r in call["reqs"]]
+            requests = [r for r in requests if r is not None]
+            for request in requests:
+                # The step writes the request's row: an overwrite of a row freed as a view.
+                if request.row in self._freed_rows:
+                    self._overwritten.add(request.row)
+            if name == "extend":
+                if ps > 1 and any(r.spare for r in requests):
+                    yield "extend_continues_partial_page"
+                if any(r.own for r in requests) and any(not r.own for r in requests):
+                    yield "extend_mixed_batch"
         elif name == "alloc":
             want = call["n"] // ps
             if state.model.num_free < want:

@@ -24,20 +24,24 @@ from state_machines.harness import InvariantViolation, build
 from state_machines.runs.trace import Trace, TraceError, check_config, run_steps, shown, step_source, write_atomic
 
 
-def _recorded_allocs(trace: Trace, config: Config) -> list[list[int] | None]:
-    """What each alloc step returned on ``config``, in order (None when short).
+def _recorded_allocs(trace: Trace, config: Config) -> dict[int, list[int] | None]:
+    """What ``alloc()`` returned on ``config``, by the index of the step that
+    called it (None when short).  Decode and extend call it too at page
+    size 1; only alloc steps' returns are shown.
 
     A step that does not apply raises ``TraceError``: no file is written."""
-    seen: list[list[int] | None] = []
+    seen: dict[int, list[int] | None] = {}
     state = build(config)
     real_alloc = state.allocator.alloc
 
     def recording(n):
         out = real_alloc(n)
+        # The seam records a step before it runs: the last one is the caller.
+        index = len(state.steps) - 1
         try:
-            seen.append(None if out is None else [int(x) for x in out.detach().to("cpu").reshape(-1).tolist()])
+            seen[index] = None if out is None else [int(x) for x in out.detach().to("cpu").reshape(-1).tolist()]
         except Exception:  # noqa: BLE001 - not a tensor of slot ids: the harness reports that
-            seen.append(None)
+            seen[index] = None
         return out
 
     state.allocator.alloc = recording
@@ -60,12 +64,12 @@ def pytest_source(trace: Trace, config: Config, source: str | None = None) -> st
     config = check_config(config.to_dict(), "the replay's config")
     invariant = trace.invariant  # [a-z_]{1,64} or None, checked
     name = f"test_{invariant or 'every_invariant'}_regression"
-    allocs = iter(_recorded_allocs(trace, config))
+    allocs = _recorded_allocs(trace, config)
     body = []
     for index, step in enumerate(trace.steps):
         line = step_source(step)
         if step.rule == "alloc":
-            got = next(allocs, None)
+            got = allocs.get(index)
             line += "  # " + _comment(f"returned torch.tensor({got})" if got is not None else "returned None")
         if index == len(trace.steps) - 1 and invariant:
             line += "  # " + _comment(f"broke {invariant} when recorded")

@@ -42,6 +42,7 @@ _DOTTED = rf"{_IDENT}(?:\.{_IDENT}){{0,15}}"
 _TARGET = re.compile(rf"builtin:[a-z0-9][a-z0-9_-]{{0,63}}|sglang:[a-z0-9][a-z0-9_-]{{0,63}}|{_DOTTED}:{_DOTTED}", re.ASCII)
 _MUTANT = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}", re.ASCII)
 _DEVICE = re.compile(r"(cpu|cuda|npu)(:[0-9]{1,3})?", re.ASCII)
+_ROW_DTYPE = re.compile(r"int32|int64", re.ASCII)
 
 
 class TraceError(Exception):
@@ -60,10 +61,13 @@ ROW = "row"        # a row of req_to_token: 0 .. rows - 1
 PAGES = "pages"    # pages: 1 .. row_pages
 PAGES0 = "pages0"  # pages, possibly none: 0 .. row_pages
 FLAG, REQ, ENTRY, REQS = seam.FLAG, seam.REQ, seam.ENTRY, seam.REQS
+LIST = "list of "  # prefixed to a unit: a list[int] argument, each element in the unit
 
-# (rule, integer argument) -> its unit; an integer argument not named here
-# is refused, so a new step's integers get a unit before a trace can carry them.
+# (rule, integer argument) -> its unit (of each element, for a list[int]); an
+# integer argument not named here is refused, so a new step's integers get a
+# unit before a trace can carry them.
 _UNITS = {
+    ("extend", "tokens"): SPAN,
     ("alloc", "n"): SLOTS,
     ("free", "n"): SLOTS,
     ("free_segment", "start"): OFFSET,
@@ -80,7 +84,9 @@ def _schema() -> dict[str, tuple[dict[str, tuple[str, bool]], str | None]]:
     for name, spec in STEPS.items():
         params = {}
         for p in spec.params:
-            kind = _UNITS.get((name, p.name), "unbounded") if p.kind == seam.INT else p.kind
+            kind = _UNITS.get((name, p.name), "unbounded") if p.kind in (seam.INT, seam.INTS) else p.kind
+            if p.kind == seam.INTS:
+                kind = LIST + kind
             params[p.name] = (kind, p.optional)
         out[name] = (params, spec.returns)
     return out
@@ -187,6 +193,8 @@ _CONFIG_CHECKS = {
     "row_pages": lambda v, w: _int(v, 1, MAX_ROW_PAGES, w),
     "sglang_path": _optional(_path_text),
     "call_timeout_s": lambda v, w: _seconds(v, w),
+    "row_dtype": lambda v, w: _text(v, w, _ROW_DTYPE, "int32 or int64"),
+    "latent": _bool,
 }
 
 
@@ -245,6 +253,13 @@ def _check_arg(kind: str, value, where: str, config: Config, defined: dict[str, 
         if len(set(names)) != len(names):
             raise TraceError(f"{where} names a request twice")
         return value
+    if kind.startswith(LIST):
+        if type(value) is not list:
+            raise TraceError(f"{where} is {_show(value)}, not a list of whole numbers")
+        if not value or len(value) > MAX_ROWS:
+            raise TraceError(f"{where} must hold 1..{MAX_ROWS} numbers, not {len(value)}")
+        lo, hi, multiple = _int_bounds(kind.removeprefix(LIST), config)
+        return [_int(v, lo, hi, f"{where}[{i}]", multiple) for i, v in enumerate(value)]
     lo, hi, multiple = _int_bounds(kind, config)
     return _int(value, lo, hi, where, multiple)
 
@@ -273,6 +288,8 @@ def check_step(raw, index: int, config: Config, defined: dict[str, str] | None =
         _check_arg(kind, args[key], f"{where}.args.{key}", config, defined)
     if rule == "free_segment" and args["start"] + args["n"] > config.row_pages * config.page_size:
         raise TraceError(f"{where}: free_segment runs past the end of a row ({config.row_pages * config.page_size} slots)")
+    if rule == "extend" and len(args["tokens"]) != len(decode_names(args["reqs"])):
+        raise TraceError(f"{where}: extend names {len(decode_names(args['reqs']))} requests and {len(args['tokens'])} token counts")
     returns = raw.get("returns")
     if returns is not None:
         if returns_kind is None:
@@ -413,6 +430,10 @@ def step_source(step: Step) -> str:
             if not all(isinstance(n, str) and _REF.fullmatch(n) for n in names):
                 raise TraceError(f"{step.rule}: {key} is not a list of names")
             parts.append(f"{key}=[{', '.join(names)}]")
+        elif kind.startswith(LIST):
+            if type(value) is not list or not all(type(v) is int for v in value):
+                raise TraceError(f"{step.rule}: {key} is not a list of numbers")
+            parts.append(f"{key}={value!r}")
         elif type(value) not in (int, bool):
             raise TraceError(f"{step.rule}: {key} is not a number")
         else:
@@ -484,13 +505,34 @@ def _not_applicable(state: Lockstep, rule: str, args: dict) -> str | None:
     if rule == "evict":
         return None if entry in state.evictable() else f"{entry!r} is not evictable (evicted, or locked)"
     if rule == "decode":
-        if not state.has_alloc_decode:
-            return f"{state.config.target} has no alloc_decode here"
+        if (why := state.why_not("decode")) is not None:
+            return f"decode does not run on {state.config.target} here: {why}"
         for ref in args["reqs"]:
             if ref.rid not in model.requests:
                 return f"{ref!r} has finished"
+            if not model.requests[ref.rid].pages:
+                return f"{ref!r} holds no tokens: a request decodes after its prefill"
             if state.room(ref) <= 0 and model.decode_needs_page(ref.rid, ps):
                 return f"{ref!r} needs a new page and its row is full"
+        return None
+    if rule == "admit":
+        if (why := state.why_not("admit")) is not None:
+            return f"admit does not run on {state.config.target} here: {why}"
+        if not state.free_rows():
+            return f"every one of the {state.config.rows} rows is in use"
+        prefix = args.get("prefix")
+        if prefix is not None and prefix.eid not in model.cache:
+            return f"{prefix!r} was evicted"
+        return None
+    if rule == "extend":
+        if (why := state.why_not("extend")) is not None:
+            return f"extend does not run on {state.config.target} here: {why}"
+        row_slots = state.config.row_pages * ps
+        for ref, tokens in zip(args["reqs"], args["tokens"]):
+            if ref.rid not in model.requests:
+                return f"{ref!r} has finished"
+            if model.tokens(ref.rid, ps) + tokens > row_slots:
+                return f"{ref!r} holds {model.tokens(ref.rid, ps)} tokens: {tokens} more do not fit in a row of {row_slots}"
         return None
     if rule == "slide":
         if req not in state.slidable():
@@ -509,8 +551,8 @@ def run_steps(state: Lockstep, steps) -> None:
     for index, step in enumerate(steps):
         if step.rule not in _ARGS or not callable(getattr(state, step.rule, None)):
             raise TraceError(f"step {index}: rule {step.rule!r} does not exist for {state.config.target}")
-        if step.rule in state.disabled_rules:
-            raise TraceError(f"step {index}: rule {step.rule} is disabled for {state.config.target}: {state.disabled_rules[step.rule]}")
+        if (why := state.why_not(step.rule)) is not None:
+            raise TraceError(f"step {index}: rule {step.rule} does not run on {state.config.target} here: {why}")
         check_step(step.to_dict(), index, state.config)
         kinds = arg_kinds(step.rule)
         args = {}

@@ -507,6 +507,12 @@ def fuzz_watched(config: Config, *, max_examples: int, seed: int | None, db_spec
         signals.restore()
 
 
+def latent_tag(config) -> str:
+    """How a failure of a ``--latent`` run is labeled: outside the caller's
+    contract, a latent finding rather than a gate failure."""
+    return " [latent: outside the caller's contract, not a gate failure]" if config.latent else ""
+
+
 def _plain_report(out, err, config, got, interrupted, signals, trace_dir) -> int:
     from state_machines.runs.trace import write
 
@@ -532,12 +538,13 @@ def _plain_report(out, err, config, got, interrupted, signals, trace_dir) -> int
             return 0
         if failures:
             print(
-                f"FAILED: first failure after {rec['first_failure_s']:.2f} s ({rec['examples_to_failure']} examples);"
+                f"{'LATENT FINDING' if config.latent else 'FAILED'}: first failure after {rec['first_failure_s']:.2f} s"
+                f" ({rec['examples_to_failure']} examples);"
                 f" {len(failures)} distinct failure(s), shrunk in {rec['elapsed_s']:.1f} s total",
                 file=out,
             )
             for number, (trace, path) in enumerate(failures, 1):
-                print(f"\nfailure {number}: {trace.invariant}", file=out)
+                print(f"\nfailure {number}: {trace.invariant}{latent_tag(trace.config)}", file=out)
                 print_trace(out, trace, path, shrunk=True)
     if verdict is not None:
         print(f"\nFAILED: {verdict.invariant} (seen by the watchdog, not shrunk)", file=out)

@@ -1,6 +1,8 @@
 """Capabilities, probed for every target (built-in, sglang or custom).
 
-An optional step runs only where its method runs here: each is called once
+An optional step runs only where its method runs here: each method the
+caller sends a step to (``caller_sends``: at page size 1, sglang's callers
+send decode and extend to ``alloc()``, which every target has) is called once
 on a throwaway copy of a freshly built allocator, and a method that raises
 (``NotImplementedError`` in a base class, a device kernel, an assertion
 about the pool's shape) disables its step with the reason, which ``fuzz``
@@ -28,26 +30,56 @@ def _decode(allocator, page_size: int, device: str):
     )
 
 
+def _extend(allocator, page_size: int, device: str):
+    # A batch of two: one request continuing mid-page (its prefix ends one
+    # token into page 2), one fresh; each grows by page_size + 1 tokens.
+    prefix, grow = [page_size + 1, 0], page_size + 1
+    last = [2 * page_size, -1]
+    seq = [p + grow for p in prefix]
+    i64 = dict(dtype=torch.int64)
+    return allocator.alloc_extend(
+        torch.tensor(prefix, device=device, **i64), torch.tensor(prefix, **i64),
+        torch.tensor(seq, device=device, **i64), torch.tensor(seq, **i64),
+        torch.tensor(last, device=device, **i64), 2 * grow,
+    )
+
+
 # step -> (the method it needs, how to call it once)
 OPTIONAL: dict[str, tuple[str, Callable[[Any, int, str], Any]]] = {
     "decode": ("alloc_decode", _decode),
+    "extend": ("alloc_extend", _extend),
 }
+
+
+def caller_sends(step: str, page_size: int, latent: bool) -> str | None:
+    """The allocator method sglang's caller sends ``step`` to, when it is
+    an optional one (``OPTIONAL``); None when the caller uses ``alloc()``.
+
+    At page size 1 every release's caller sends decode and extend to
+    ``alloc()`` (``alloc_token_slots`` in ``mem_cache/allocation.py``),
+    never to ``alloc_decode`` / ``alloc_extend``; ``latent`` drives those
+    anyway, outside the contract."""
+    if step not in OPTIONAL:
+        return None
+    return OPTIONAL[step][0] if page_size > 1 or latent else None
+
 
 _PROBED: dict[tuple, dict[str, str]] = {}
 
 
-def disabled_steps(allocator, *, page_size: int, device: str) -> dict[str, str]:
-    """Optional steps this allocator cannot run here, each with the reason."""
-    key = (type(allocator), page_size, device, getattr(allocator, "need_sort", None))
+def disabled_steps(allocator, *, page_size: int, device: str, latent: bool = False) -> dict[str, str]:
+    """Optional steps this allocator cannot run here, each with the reason.
+    Only the methods the caller sends a step to are probed (``caller_sends``)."""
+    key = (type(allocator), page_size, device, getattr(allocator, "need_sort", None), latent)
     if key not in _PROBED:
-        _PROBED[key] = _probe(allocator, page_size, device)
+        _PROBED[key] = _probe(allocator, page_size, device, latent)
     return _PROBED[key]
 
 
-def _probe(allocator, page_size: int, device: str) -> dict[str, str]:
+def _probe(allocator, page_size: int, device: str, latent: bool) -> dict[str, str]:
     out = {}
     for step, (method, call) in OPTIONAL.items():
-        if not callable(getattr(allocator, method, None)):
+        if caller_sends(step, page_size, latent) is None or not callable(getattr(allocator, method, None)):
             continue
         try:
             throwaway = copy.deepcopy(allocator)

@@ -65,3 +65,10 @@ def test_cover_without_coverage_installed_is_one_line_saying_how_to_install(tmp_
         "kv-lockstep: error: --cover needs coverage.py, which is not installed: pip install 'kv-lockstep[cover]'"
         " (into this venv: .venv/bin/python -m pip install 'coverage>=7')"
     ]
+
+
+def test_cover_counts_the_lines_run_at_import(covered_run):
+    """The worker records from before it imports the target: allocators/__init__.py, all import-time code, is 100%."""
+    init = next(r for r in table_rows(covered_run.stdout) if r["name"] == "allocators/__init__.py")
+    assert int(init["statements"]) > 0
+    assert init["executed"] == init["statements"]

@@ -14,10 +14,15 @@ ROW = re.compile(r"\| `(?P<name>[^`]+)` \| (?P<statements>\d+) \| (?P<executed>\
 
 
 def kv_lockstep(*args, cwd: Path, python_prefix: str | None = None):
-    """The CLI in a fresh process; ``python_prefix`` runs first (to hide a package)."""
-    code = f"{python_prefix or ''}\nimport sys\nfrom state_machines.cli import main\nsys.exit(main(sys.argv[1:]))"
+    """The CLI in a fresh process, as ``python -m`` runs it (the worker that
+    --cover spawns re-imports that main module); ``python_prefix``, when
+    given, runs first (to hide a package)."""
+    if python_prefix is None:
+        command = ["-m", "state_machines.cli"]
+    else:
+        command = ["-c", f"{python_prefix}\nimport sys\nfrom state_machines.cli import main\nsys.exit(main(sys.argv[1:]))"]
     return subprocess.run(
-        [sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+        [sys.executable, *command, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
         env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
 

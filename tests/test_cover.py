@@ -14,10 +14,15 @@ ROW = re.compile(r"\| `(?P<name>[^`]+)` \| (?P<statements>\d+) \| (?P<executed>\
 
 
 def kv_lockstep(*args, cwd: Path, python_prefix: str | None = None):
-    """The CLI in a fresh process; ``python_prefix`` runs first (to hide a package)."""
-    code = f"{python_prefix or ''}\nimport sys\nfrom state_machines.cli import main\nsys.exit(main(sys.argv[1:]))"
+    """The CLI in a fresh process, as ``python -m`` runs it (the worker that
+    --cover spawns re-imports that main module); ``python_prefix``, when
+    given, runs first (to hide a package)."""
+    if python_prefix is None:
+        command = ["-m", "state_machines.cli"]
+    else:
+        command = ["-c", f"{python_prefix}\nimport sys\nfrom state_machines.cli import main\nsys.exit(main(sys.argv[1:]))"]
     return subprocess.run(
-        [sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+        [sys.executable, *command, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
         env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
 
@@ -65,3 +70,10 @@ def test_cover_without_coverage_installed_is_one_line_saying_how_to_install(tmp_
         "kv-lockstep: error: --cover needs coverage.py, which is not installed: pip install 'kv-lockstep[cover]'"
         " (into this venv: .venv/bin/python -m pip install 'coverage>=7')"
     ]
+
+
+def test_cover_counts_the_lines_run_at_import(covered_run):
+    """The worker records from before it imports the target: allocators/__init__.py, all import-time code, is 100%."""
+    init = next(r for r in table_rows(covered_run.stdout) if r["name"] == "allocators/__init__.py")
+    assert int(init["statements"]) > 0
+    assert init["executed"] == init["statements"]

@@ -25,6 +25,12 @@ class Config:
     # An allocator call that takes longer than this is reported as a hang
     # (`allocator_hung`); `kv-lockstep fuzz --call-timeout`.
     call_timeout_s: float = 10.0
+    # Who drives the allocator: "harness" (the simulated caller), or sglang's
+    # own cache and scheduler helpers ("radix", "unified", MODULE:ATTR), with
+    # free groups where the release's scheduler opens them ("release"), or
+    # forced around every result ("all") or none ("none").
+    caller: str = "harness"
+    groups: str = "release"
 
     @property
     def pool_size(self) -> int:
@@ -48,6 +54,8 @@ class Config:
             bits.append("need_sort")
         if self.device != "cpu":
             bits.append(f"device={self.device}")
+        if self.caller != "harness":
+            bits.append(f"caller={self.caller} groups={self.groups}")
         if self.sglang_path:
             bits.append(f"sglang={Path(self.sglang_path).name}")
         return " ".join(bits)

@@ -59,6 +59,11 @@ def build(config: Config | None = None, **overrides) -> Lockstep:
     in the harness of the target's family.  Raises ``TargetError`` on bad
     input, ``InvariantViolation`` where the fresh allocator already disagrees."""
     config = config or Config(**overrides)
+    if config.caller != "harness":
+        # The real caller: state_machines/callers registers this family when imported.
+        if "caller" not in FAMILIES:
+            raise targets.TargetError(f"--caller {config.caller}: import state_machines.callers first")
+        return FAMILIES["caller"].lockstep.from_config(config)
     target = targets.resolve(config.target, config.mutant, config.sglang_path)
     devices.require(config.device)
     allocator = targets.build(

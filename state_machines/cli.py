@@ -54,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     fuzz = sub.add_parser("fuzz", help="run a target in lockstep with the ownership model")
-    fuzz.add_argument("--target", default=DEFAULT_TARGET, help="builtin:NAME, sglang:NAME or MODULE:ATTR (default %(default)s)")
+    fuzz.add_argument("--target", help=f"builtin:NAME, sglang:NAME or MODULE:ATTR (default {DEFAULT_TARGET};"
+                      " with --caller, sglang:token at page size 1, else sglang:paged)")
     fuzz.add_argument("--mutant", help="a named bug variant of a builtin target")
     fuzz.add_argument("--page-size", type=_positive, default=1)
     fuzz.add_argument("--need-sort", action="store_true", help="frees wait in release pages until an alloc runs short")
@@ -66,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--sglang-path", help="a folder holding the sglang package (a checkout's python/)")
     fuzz.add_argument("--call-timeout", type=_seconds, default=Config().call_timeout_s, metavar="SECONDS",
                       help="an allocator call running longer is a hang, allocator_hung (default %(default)g)")
+    _caller_options(fuzz)
     long = fuzz.add_argument_group("long runs (see README, Long runs)")
     long.add_argument("--duration", help="run this long (20s, 10m, 2h) or until a failure, instead of --max-examples")
     long.add_argument("-j", "--jobs", type=_positive, help="worker processes for --duration (default: all cores)")
@@ -77,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--target", help="run against this target instead of the trace's")
     replay.add_argument("--mutant", help="with this mutant (default: none when --target is given)")
     replay.add_argument("--sglang-path")
+    _caller_options(replay, defaults=False)
     replay.add_argument("--emit-pytest", metavar="FILE", help="also write a standalone pytest file that replays the trace")
 
     targets = sub.add_parser("targets", help="list targets and mutants, or what one target can run here")
@@ -87,6 +90,29 @@ def _parser() -> argparse.ArgumentParser:
     targets.add_argument("--sglang-path")
     sub.add_parser("devices", help="which devices (cpu, cuda, npu) can run here, and why not")
     return parser
+
+
+def _caller_options(parser, defaults: bool = True) -> None:
+    group = parser.add_argument_group("the real caller (see README, The real caller)")
+    group.add_argument("--caller", default="harness" if defaults else None, metavar="CALLER",
+                       help="harness (the simulated caller), radix, unified, or MODULE:ATTR (a cache class):"
+                            " sglang's own prefix cache and scheduler helpers drive the allocator"
+                            + (" (default %(default)s)" if defaults else " (default: the trace's)"))
+    group.add_argument("--groups", default="release" if defaults else None, choices=("release", "all", "none"),
+                       help="with --caller: free groups where the release's scheduler opens them, around every"
+                            " result, or none" + (" (default %(default)s)" if defaults else " (default: the trace's)"))
+
+
+def _caller_config(args, config: Config) -> Config:
+    """The configuration with the command line's --caller and --groups; the
+    target defaults to the release's allocator for the page size."""
+    caller = args.caller or config.caller
+    groups = args.groups or config.groups
+    if caller == "harness":
+        if args.groups not in (None, "release"):
+            raise UsageError("--groups goes with --caller (the harness's own steps open and close groups)")
+        return attrs.evolve(config, caller=caller, groups="release")
+    return attrs.evolve(config, caller=caller, groups=groups)
 
 
 def _indent(text: str, by: str = "    ") -> str:
@@ -101,8 +127,10 @@ def cmd_fuzz(args) -> int:
     from state_machines.runs.options import open_database
     from state_machines.targets import devices
 
+    target = args.target or (DEFAULT_TARGET if args.caller == "harness" else
+                             "sglang:token" if args.page_size == 1 else "sglang:paged")
     config = Config(
-        target=args.target,
+        target=target,
         mutant=args.mutant,
         page_size=args.page_size,
         need_sort=args.need_sort,
@@ -111,6 +139,7 @@ def cmd_fuzz(args) -> int:
         sglang_path=args.sglang_path,
         call_timeout_s=args.call_timeout,
     )
+    config = _caller_config(args, config)
     if (args.jobs or args.stats_json) and not args.duration:
         raise UsageError("-j and --stats-json go with --duration (e.g. --duration 10m)")
     _check_output_paths(trace_dir=args.trace_dir, stats_json=args.stats_json)
@@ -124,6 +153,10 @@ def cmd_fuzz(args) -> int:
     targets.resolve(config.target, config.mutant, config.sglang_path)
     devices.require(config.device)
     open_database(args.db)
+    if config.caller != "harness":
+        if duration_s is not None:
+            raise UsageError("--duration does not take --caller yet: run --max-examples")
+        _print_caller_header(config)
     if duration_s is not None:
         return longrun.run(
             config, duration_s=duration_s, jobs=args.jobs or longrun.default_jobs(),
@@ -133,6 +166,15 @@ def cmd_fuzz(args) -> int:
 
     return fuzz_watched(config, max_examples=args.max_examples, seed=args.seed, db_spec=args.db,
                         trace_dir=args.trace_dir)
+
+
+def _print_caller_header(config: Config) -> None:
+    """Build the caller once here (the worker forks from this process, so the
+    release's imports are made once) and name what it drives and stands in."""
+    import state_machines.callers as callers
+
+    for line in callers.build(config).header():
+        print(line)
 
 
 def _check_output_paths(trace_dir: str | None = None, stats_json: str | None = None, emit_pytest: str | None = None) -> None:
@@ -194,10 +236,16 @@ def _replay_config(trace, args) -> Config:
             f"trace {shown(args.trace)} names the custom target {config.target}, and replay imports no code a trace names:"
             f" pass --target {config.target} to run it"
         )
+    if (args.caller or config.caller).partition(":")[1] and not args.caller:
+        raise UsageError(
+            f"trace {shown(args.trace)} names the custom cache class {config.caller}, and replay imports no code a trace"
+            f" names: pass --caller {config.caller} to run it"
+        )
+    config = _caller_config(args, config)
     if args.sglang_path:
         config = attrs.evolve(config, sglang_path=args.sglang_path)
     elif config.sglang_path is not None:
-        if kind == "sglang":
+        if kind == "sglang" or config.caller != "harness":
             raise UsageError(
                 f"trace {shown(args.trace)} was recorded with --sglang-path {config.sglang_path!r}, and replay puts no folder"
                 f" a trace names on sys.path: pass --sglang-path DIR to replay it (or --target to run another target)"
@@ -291,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         args = _parser().parse_args(argv)
+        if getattr(args, "caller", None) not in (None, "harness") or args.command == "replay":
+            import state_machines.callers  # noqa: F401 - registers the caller family (a trace may name one)
         return {"fuzz": cmd_fuzz, "replay": cmd_replay, "targets": cmd_targets, "devices": cmd_devices}[args.command](args)
     except (UsageError, TargetError, TraceError, BadOption) as exc:
         print(f"kv-lockstep: error: {exc}", file=sys.stderr)

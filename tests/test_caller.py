@@ -21,6 +21,7 @@ from reference_model import caller as census
 from state_machines.callers import adapters, placement
 from state_machines.runs.trace import TraceError, check_config
 from state_machines.targets import TargetError
+from tests.test_sglang import release_dir
 
 REPO = Path(__file__).resolve().parent.parent
 POOL = frozenset(range(1, 7))
@@ -188,17 +189,6 @@ def test_groups_without_a_caller_is_bad_input(capsys):
 
 
 # -- the installed releases (marked sglang) --
-
-
-def release_dir(version: str) -> Path:
-    folder = REPO / ".sglang" / version
-    if not (folder / "sglang").is_dir():
-        pytest.skip(f"sglang {version} not installed: run `make sglang V={version}`")
-    import torch
-
-    if not torch.__version__.startswith("2.14.1"):
-        pytest.skip(f"sglang's import set needs torch 2.14.1, this venv has {torch.__version__}")
-    return folder
 
 
 def _env():

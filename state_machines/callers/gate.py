@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from state_machines.config import Config
+from state_machines.runs.matrix import rows_of_children
 from state_machines.targets import TargetError
 
 # caller:groups:page_size, the default runs of a release.
 RUNS = tuple(f"{c}:{g}:{ps}" for c in ("radix", "unified") for g in ("release", "all") for ps in (1, 4))
-SGLANG_ROOT = Path(".sglang")
 COLUMNS = ("release", "caller", "groups", "page size", "result", "examples", "s to first failure", "steps", "label")
 
 
@@ -97,24 +96,12 @@ def main(argv=None) -> int:
         rows = run_release(args.releases[0], runs, args.max_examples, args.seed, not args.no_shrink, args.trace_dir)
         print(json.dumps(rows))
         return 0
-    rows = []
-    for release in args.releases:
-        folder = Path(release) if Path(release, "sglang").is_dir() else SGLANG_ROOT / release
-        if not (folder / "sglang").is_dir():
-            rows.append({"release": release, "result": f"not installed: run `make sglang V={release}`"})
-            continue
-        print(f"gate: {release} ...", file=sys.stderr, flush=True)
-        child = subprocess.run(
-            [sys.executable, "-m", "state_machines.callers.gate", "--one", str(folder), "--runs", args.runs,
-             "--max-examples", str(args.max_examples), "--seed", str(args.seed), "--trace-dir", args.trace_dir,
-             *(["--no-shrink"] if args.no_shrink else [])],
-            capture_output=True, text=True,
-        )
-        try:
-            rows += json.loads(child.stdout.strip().splitlines()[-1])
-        except (IndexError, json.JSONDecodeError):
-            reason = (child.stderr.strip().splitlines() or ["no output"])[-1]
-            rows.append({"release": release, "result": f"error: {reason}"})
+    rows = rows_of_children(
+        "state_machines.callers.gate", args.releases,
+        ["--runs", args.runs, "--max-examples", str(args.max_examples), "--seed", str(args.seed), "--trace-dir",
+         args.trace_dir, *(["--no-shrink"] if args.no_shrink else [])],
+        blank={},
+    )
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")

@@ -36,8 +36,9 @@ class Holder:
     pages: tuple[int, ...]
 
 
-def _show(pages, limit: int = 12) -> str:
-    pages = sorted(pages)
+def _show(pages, limit: int = 12, ordered: bool = False) -> str:
+    """A list for a message, sorted unless its order is the point."""
+    pages = list(pages) if ordered else sorted(pages)
     shown = ", ".join(map(str, pages[:limit]))
     return f"[{shown}{', ...' if len(pages) > limit else ''}]"
 
@@ -101,8 +102,8 @@ def protected_prefix_is_locked_path(req: str, row_prefix: list[int], path: list[
     n = len(row_prefix)
     first = next((i for i, (a, b) in enumerate(zip(row_prefix, path)) if a != b), min(n, len(path)))
     return (
-        f"after {action}: {req}'s row holds {_show(row_prefix, 16)} in its protected prefix (0..{n})"
-        f" / the tree path it locks holds {_show(path, 16)} (first difference at position {first})"
+        f"after {action}: {req}'s row holds {_show(row_prefix, 16, True)} in its protected prefix (0..{n})"
+        f" / the tree path it locks holds {_show(path, 16, True)} (first difference at position {first})"
     )
 
 

@@ -73,9 +73,9 @@ def test_a_slot_in_two_tree_nodes_is_reported():
 
 def test_a_protected_prefix_off_its_locked_path_shows_both_sides():
     """A row whose protected prefix differs from the locked path names where."""
-    got = census.protected_prefix_is_locked_path("req_1", [1, 5], [1, 2], "step 4")
-    assert got == ("after step 4: req_1's row holds [1, 5] in its protected prefix (0..2) / the tree path it locks"
-                   " holds [1, 2] (first difference at position 1)")
+    got = census.protected_prefix_is_locked_path("req_1", [5, 1], [1, 2], "step 4")
+    assert got == ("after step 4: req_1's row holds [5, 1] in its protected prefix (0..2) / the tree path it locks"
+                   " holds [1, 2] (first difference at position 0)")
 
 
 def test_tree_sizes_must_add_up_to_the_tree():

@@ -53,7 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     fuzz = sub.add_parser("fuzz", help="run a target in lockstep with the ownership model")
-    fuzz.add_argument("--target", default=DEFAULT_TARGET, help="builtin:NAME, sglang:NAME or MODULE:ATTR (default %(default)s)")
+    fuzz.add_argument("--target", help=f"builtin:NAME, sglang:NAME or MODULE:ATTR (default {DEFAULT_TARGET};"
+                      " with --caller, sglang:token at page size 1, else sglang:paged)")
     fuzz.add_argument("--mutant", help="a named bug variant of a builtin target")
     fuzz.add_argument("--page-size", type=_positive, default=1)
     fuzz.add_argument("--need-sort", action="store_true", help="frees wait in release pages until an alloc runs short")
@@ -72,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--latent", action="store_true",
                       help="at page size 1, send decode and extend to alloc_decode / alloc_extend, as no sglang caller"
                            " does: a failure is a latent finding, not a gate failure")
+    _caller_options(fuzz)
     long = fuzz.add_argument_group("long runs (see README, Long runs)")
     long.add_argument("--duration", help="run this long (20s, 10m, 2h) or until a failure, instead of --max-examples")
     long.add_argument("-j", "--jobs", type=_positive, help="worker processes for --duration (default: all cores)")
@@ -83,6 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--target", help="run against this target instead of the trace's")
     replay.add_argument("--mutant", help="with this mutant (default: none when --target is given)")
     replay.add_argument("--sglang-path")
+    _caller_options(replay, defaults=False)
     replay.add_argument("--emit-pytest", metavar="FILE", help="also write a standalone pytest file that replays the trace")
 
     targets = sub.add_parser("targets", help="list targets and mutants, or what one target can run here")
@@ -94,6 +97,29 @@ def _parser() -> argparse.ArgumentParser:
     targets.add_argument("--sglang-path", help="without --target: list this sglang's kinds, each described")
     sub.add_parser("devices", help="which devices (cpu, cuda, npu) can run here, and why not")
     return parser
+
+
+def _caller_options(parser, defaults: bool = True) -> None:
+    group = parser.add_argument_group("the real caller (see README, The real caller)")
+    group.add_argument("--caller", default="harness" if defaults else None, metavar="CALLER",
+                       help="harness (the simulated caller), radix, unified, or MODULE:ATTR (a cache class):"
+                            " sglang's own prefix cache and scheduler helpers drive the allocator"
+                            + (" (default %(default)s)" if defaults else " (default: the trace's)"))
+    group.add_argument("--groups", default="release" if defaults else None, choices=("release", "all", "none"),
+                       help="with --caller: free groups where the release's scheduler opens them, around every"
+                            " result, or none" + (" (default %(default)s)" if defaults else " (default: the trace's)"))
+
+
+def _caller_config(args, config: Config) -> Config:
+    """The configuration with the command line's --caller and --groups; the
+    target defaults to the release's allocator for the page size."""
+    caller = args.caller or config.caller
+    groups = args.groups or config.groups
+    if caller == "harness":
+        if args.groups not in (None, "release"):
+            raise UsageError("--groups goes with --caller (the harness's own steps open and close groups)")
+        return attrs.evolve(config, caller=caller, groups="release")
+    return attrs.evolve(config, caller=caller, groups=groups)
 
 
 def _indent(text: str, by: str = "    ") -> str:
@@ -108,8 +134,10 @@ def cmd_fuzz(args) -> int:
     from state_machines.runs.options import open_database
     from state_machines.targets import devices
 
+    target = args.target or (DEFAULT_TARGET if args.caller == "harness" else
+                             "sglang:token" if args.page_size == 1 else "sglang:paged")
     config = Config(
-        target=args.target,
+        target=target,
         mutant=args.mutant,
         page_size=args.page_size,
         need_sort=args.need_sort,
@@ -125,6 +153,7 @@ def cmd_fuzz(args) -> int:
             "--latent drives alloc_decode / alloc_extend at page size 1, where sglang's callers use alloc();"
             f" at --page-size {args.page_size} they are the callers' own path, run by default"
         )
+    config = _caller_config(args, config)
     if (args.jobs or args.stats_json) and not args.duration:
         raise UsageError("-j and --stats-json go with --duration (e.g. --duration 10m)")
     if args.cover:
@@ -145,6 +174,10 @@ def cmd_fuzz(args) -> int:
     targets.resolve(config.target, config.mutant, config.sglang_path)
     devices.require(config.device)
     open_database(args.db)
+    if config.caller != "harness":
+        if duration_s is not None:
+            raise UsageError("--duration does not take --caller yet: run --max-examples")
+        _print_caller_header(config)
     if duration_s is not None:
         return longrun.run(
             config, duration_s=duration_s, jobs=args.jobs or longrun.default_jobs(),
@@ -184,6 +217,15 @@ def _fuzz_covered(config: Config, args) -> int:
         return code
     print(cover.table(cover.tally(files, {f: sorted(s) for f, s in seen.items()}, root)))
     return code
+
+
+def _print_caller_header(config: Config) -> None:
+    """Build the caller once here (the worker forks from this process, so the
+    release's imports are made once) and name what it drives and stands in."""
+    import state_machines.callers as callers
+
+    for line in callers.build(config).header():
+        print(line)
 
 
 def _check_output_paths(trace_dir: str | None = None, stats_json: str | None = None, emit_pytest: str | None = None) -> None:
@@ -245,10 +287,16 @@ def _replay_config(trace, args) -> Config:
             f"trace {shown(args.trace)} names the custom target {config.target}, and replay imports no code a trace names:"
             f" pass --target {config.target} to run it"
         )
+    if (args.caller or config.caller).partition(":")[1] and not args.caller:
+        raise UsageError(
+            f"trace {shown(args.trace)} names the custom cache class {config.caller}, and replay imports no code a trace"
+            f" names: pass --caller {config.caller} to run it"
+        )
+    config = _caller_config(args, config)
     if args.sglang_path:
         config = attrs.evolve(config, sglang_path=args.sglang_path)
     elif config.sglang_path is not None:
-        if kind == "sglang":
+        if kind == "sglang" or config.caller != "harness":
             raise UsageError(
                 f"trace {shown(args.trace)} was recorded with --sglang-path {config.sglang_path!r}, and replay puts no folder"
                 f" a trace names on sys.path: pass --sglang-path DIR to replay it (or --target to run another target)"
@@ -264,6 +312,8 @@ def cmd_replay(args) -> int:
     _check_output_paths(emit_pytest=args.emit_pytest)
     trace = Trace.load(args.trace)  # checked throughout: nothing of it runs before this
     config = _replay_config(trace, args)
+    if args.emit_pytest and config.caller != "harness":
+        raise UsageError("--emit-pytest does not take a --caller trace yet: replay it with kv-lockstep replay")
     print(f"kv-lockstep replay: {len(trace.steps)} steps of {shown(args.trace)} on {config.label()}")
     failure = replay(trace, config)
     if args.emit_pytest:
@@ -391,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         args = _parser().parse_args(argv)
+        if getattr(args, "caller", None) not in (None, "harness") or args.command == "replay":
+            import state_machines.callers  # noqa: F401 - registers the caller family (a trace may name one)
         return {"fuzz": cmd_fuzz, "replay": cmd_replay, "targets": cmd_targets, "devices": cmd_devices}[args.command](args)
     except (UsageError, TargetError, TraceError, BadOption) as exc:
         print(f"kv-lockstep: error: {exc}", file=sys.stderr)

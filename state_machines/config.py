@@ -32,6 +32,12 @@ class Config:
     # decode and extend go to alloc_decode / alloc_extend instead of alloc().
     # A failure then is a latent finding, not a gate failure.
     latent: bool = False
+    # Who drives the allocator: "harness" (the simulated caller), or sglang's
+    # own cache and scheduler helpers ("radix", "unified", MODULE:ATTR), with
+    # free groups where the release's scheduler opens them ("release"), or
+    # forced around every result ("all") or none ("none").
+    caller: str = "harness"
+    groups: str = "release"
 
     @property
     def pool_size(self) -> int:
@@ -55,6 +61,8 @@ class Config:
             bits.append("need_sort")
         if self.device != "cpu":
             bits.append(f"device={self.device}")
+        if self.caller != "harness":
+            bits.append(f"caller={self.caller} groups={self.groups}")
         if self.sglang_path:
             bits.append(f"sglang={Path(self.sglang_path).name}")
         if self.row_dtype != "int32":

@@ -59,6 +59,11 @@ def build(config: Config | None = None, **overrides) -> Lockstep:
     in the harness of the target's family.  Raises ``TargetError`` on bad
     input, ``InvariantViolation`` where the fresh allocator already disagrees."""
     config = config or Config(**overrides)
+    if config.caller != "harness":
+        # The real caller: state_machines/callers registers this family when imported.
+        if "caller" not in FAMILIES:
+            raise targets.TargetError(f"--caller {config.caller}: import state_machines.callers first")
+        return FAMILIES["caller"].lockstep.from_config(config)
     target = targets.resolve(config.target, config.mutant, config.sglang_path)
     devices.require(config.device)
     allocator = targets.build(
@@ -76,9 +81,11 @@ def machine_for(config: Config, record: RunRecord | None = None) -> type[FreeGro
     configurations apart."""
     state = build(config)
     base = next(f.machine for f in FAMILIES.values() if type(state) is f.lockstep)
-    if state.runs("decode"):
+    # The core's optional rules; a family with steps of its own names them itself.
+    core = isinstance(state, Lockstep)
+    if core and state.runs("decode"):
         base = type(f"Decode{base.__name__}", (DecodeRules, base), {})
-    if state.runs("extend"):
+    if core and state.runs("extend"):
         base = type(f"Extend{base.__name__}", (ExtendRules, base), {})
     name = base.__name__ + "_" + "".join(c if c.isalnum() else "_" for c in config.label())
     return type(name, (base,), {"config": config, "record": record or RunRecord(), "build": staticmethod(build)})

@@ -119,6 +119,28 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def rows_of_children(module: str, releases, child_args: list[str], blank: dict) -> list[dict]:
+    """``python -m MODULE --one FOLDER CHILD_ARGS`` for each release, each in
+    a fresh process (one process imports one sglang), and the JSON rows each
+    prints on its last line.  A release not installed, or a child that
+    prints no rows, is one row saying so, ``blank`` filling its columns."""
+    rows = []
+    for release in releases:
+        folder = Path(release) if Path(release, "sglang").is_dir() else SGLANG_ROOT / release
+        if not (folder / "sglang").is_dir():
+            rows.append({"release": release, **blank, "result": f"not installed: run `make sglang V={release}`"})
+            continue
+        print(f"{module.rsplit('.', 1)[-1]}: {release} ...", file=sys.stderr, flush=True)
+        child = subprocess.run([sys.executable, "-m", module, "--one", str(folder), *child_args],
+                               capture_output=True, text=True)
+        try:
+            rows += json.loads(child.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            reason = (child.stderr.strip().splitlines() or ["no output"])[-1]
+            rows.append({"release": release, **blank, "result": f"error: {reason}"})
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m state_machines.runs.matrix", description=__doc__.splitlines()[0])
     parser.add_argument("releases", nargs="+", help="release versions under .sglang/, or folders holding sglang")
@@ -135,24 +157,12 @@ def main(argv=None) -> int:
         print(json.dumps(run_release(args.releases[0], args.max_examples, args.seed, args.trace_dir, kinds)))
         return 0
 
-    rows = []
-    for release in args.releases:
-        folder = Path(release) if Path(release, "sglang").is_dir() else SGLANG_ROOT / release
-        if not (folder / "sglang").is_dir():
-            rows.append({"release": release, "target": "all", "result": f"not installed: run `make sglang V={release}`"})
-            continue
-        print(f"matrix: {release} ...", file=sys.stderr, flush=True)
-        child = subprocess.run(
-            [sys.executable, "-m", "state_machines.runs.matrix", "--one", str(folder),
-             "--max-examples", str(args.max_examples), "--seed", str(args.seed), "--trace-dir", args.trace_dir,
-             *(["--kinds", args.kinds] if args.kinds else [])],
-            capture_output=True, text=True,
-        )
-        try:
-            rows += json.loads(child.stdout.strip().splitlines()[-1])
-        except (IndexError, json.JSONDecodeError):
-            reason = (child.stderr.strip().splitlines() or ["no output"])[-1]
-            rows.append({"release": release, "target": "all", "result": f"error: {reason}"})
+    rows = rows_of_children(
+        "state_machines.runs.matrix", args.releases,
+        ["--max-examples", str(args.max_examples), "--seed", str(args.seed), "--trace-dir", args.trace_dir,
+         *(["--kinds", args.kinds] if args.kinds else [])],
+        blank={"target": "all"},
+    )
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")

@@ -41,6 +41,8 @@ _IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,99}"
 _DOTTED = rf"{_IDENT}(?:\.{_IDENT}){{0,15}}"
 _TARGET = re.compile(rf"builtin:[a-z0-9][a-z0-9_-]{{0,63}}|sglang:[a-z0-9][a-z0-9_-]{{0,63}}|{_DOTTED}:{_DOTTED}", re.ASCII)
 _MUTANT = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}", re.ASCII)
+_CALLER = re.compile(rf"harness|radix|unified|{_DOTTED}:{_DOTTED}", re.ASCII)
+_GROUPS = re.compile(r"release|all|none", re.ASCII)
 _DEVICE = re.compile(r"(cpu|cuda|npu)(:[0-9]{1,3})?", re.ASCII)
 _ROW_DTYPE = re.compile(r"int32|int64", re.ASCII)
 
@@ -60,6 +62,7 @@ OFFSET = "offset"  # a page-aligned offset in a row: 0 .. row_pages * page_size 
 ROW = "row"        # a row of req_to_token: 0 .. rows - 1
 PAGES = "pages"    # pages: 1 .. row_pages
 PAGES0 = "pages0"  # pages, possibly none: 0 .. row_pages
+PROMPT = "prompt"  # a prompt, one decimal digit per page (state_machines/callers): 1 .. 999
 FLAG, REQ, ENTRY, REQS = seam.FLAG, seam.REQ, seam.ENTRY, seam.REQS
 LIST = "list of "  # prefixed to a unit: a list[int] argument, each element in the unit
 
@@ -75,6 +78,9 @@ _UNITS = {
     ("overwrite_row", "row"): ROW,
     ("rematch", "dup"): PAGES0,
     ("slide", "pages"): PAGES,
+    ("arrive", "prompt"): PROMPT,
+    ("arrive", "out"): SPAN,
+    ("evict_tokens", "n"): SPAN,
 }
 
 
@@ -96,15 +102,25 @@ _ARGS = _schema()
 RULES = tuple(sorted(_ARGS))
 
 
+def _rules() -> dict:
+    """The schema, read again when steps were declared after this module
+    loaded (a family imported later, such as ``state_machines.callers``)."""
+    global _ARGS, RULES
+    if len(_ARGS) != len(STEPS):
+        _ARGS = _schema()
+        RULES = tuple(sorted(_ARGS))
+    return _ARGS
+
+
 def arg_kinds(rule: str) -> dict[str, str]:
     """``{argument: kind}`` of a known rule."""
-    return {name: kind for name, (kind, _) in _ARGS[rule][0].items()}
+    return {name: kind for name, (kind, _) in _rules()[rule][0].items()}
 
 
 def _int_bounds(kind: str, config: Config) -> tuple[int, int, int]:
     """(lowest, highest, multiple of) for an integer argument of ``kind``."""
     ps, row_slots = config.page_size, config.row_pages * config.page_size
-    if kind not in (SLOTS, SPAN, OFFSET, ROW, PAGES, PAGES0):
+    if kind not in (SLOTS, SPAN, OFFSET, ROW, PAGES, PAGES0, PROMPT):
         raise TraceError(f"an integer argument of kind {kind!r} has no bounds in state_machines/runs/trace.py")
     return {
         SLOTS: (ps, row_slots, ps),
@@ -113,6 +129,7 @@ def _int_bounds(kind: str, config: Config) -> tuple[int, int, int]:
         ROW: (0, config.rows - 1, 1),
         PAGES: (1, config.row_pages, 1),
         PAGES0: (0, config.row_pages, 1),
+        PROMPT: (1, 999, 1),
     }[kind]
 
 
@@ -195,6 +212,8 @@ _CONFIG_CHECKS = {
     "call_timeout_s": lambda v, w: _seconds(v, w),
     "row_dtype": lambda v, w: _text(v, w, _ROW_DTYPE, "int32 or int64"),
     "latent": _bool,
+    "caller": lambda v, w: _text(v, w, _CALLER, "harness, radix, unified or MODULE:ATTR"),
+    "groups": lambda v, w: _text(v, w, _GROUPS, "release, all or none"),
 }
 
 
@@ -271,9 +290,9 @@ def check_step(raw, index: int, config: Config, defined: dict[str, str] | None =
     where = f"steps[{index}]"
     _object(raw, where, ("rule",), ("rule", "args", "returns"))
     rule = raw["rule"]
-    if type(rule) is not str or rule not in _ARGS:
+    if type(rule) is not str or rule not in _rules():
         raise TraceError(f"{where}.rule is {_show(rule)}, not a known rule ({', '.join(RULES)})")
-    params, returns_kind = _ARGS[rule]
+    params, returns_kind = _rules()[rule]
     args = raw.get("args", {})
     if type(args) is not dict:
         raise TraceError(f"{where}.args is {_show(args)}, not a JSON object")
@@ -458,6 +477,9 @@ def _not_applicable(state: Lockstep, rule: str, args: dict) -> str | None:
     what no caller passes (a slice past a row, a request that holds no
     pages) and blame it for the result.
     """
+    own = getattr(state, "not_applicable", None)
+    if own is not None:  # a harness with its own preconditions (state_machines/callers)
+        return own(rule, args)
     ps, model = state.page_size, state.model
     req, entry = args.get("req"), args.get("entry")
     if req is not None and req.rid not in model.requests:
@@ -549,7 +571,7 @@ def run_steps(state: Lockstep, steps) -> None:
     what does not exist, or could not have been drawn here."""
     names: dict[str, ReqRef | EntryRef | None] = {}
     for index, step in enumerate(steps):
-        if step.rule not in _ARGS or not callable(getattr(state, step.rule, None)):
+        if step.rule not in _rules() or not callable(getattr(state, step.rule, None)):
             raise TraceError(f"step {index}: rule {step.rule!r} does not exist for {state.config.target}")
         if (why := state.why_not(step.rule)) is not None:
             raise TraceError(f"step {index}: rule {step.rule} does not run on {state.config.target} here: {why}")

@@ -1,0 +1,441 @@
+"""The real caller: sglang's own prefix cache, request pool and scheduler
+helpers, driven in lockstep with its allocator.
+
+Where the core harness simulates the cache with its own rows, here every
+object is the release's: ``Req``, ``ReqToTokenPool``, the cache class
+(``RadixCache``, ``UnifiedRadixCache`` or a subclass), ``alloc_for_extend``,
+``alloc_for_decode``, ``release_kv_cache`` and ``cache_unfinished_req`` /
+``checkpoint_kv_cache``.  The steps are what a scheduler does (a request
+arrives, a prefill batch, a decode step, an eviction, a retraction, an
+abort); free groups open where the release's own scheduler opens them, or
+where ``--groups`` forces them.  After every step, and after every
+request's result while a group is open, the census (``reference_model.caller``)
+checks that the tree, the live rows, the free list and the open group hold
+the pool between them, each page once.
+
+A failure is labelled by reachability (``_reachability``): *reachable* when
+the same steps fail under the release's own free-group placement, *latent*
+when only a forced placement shows it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+from attrs import define, field
+
+from reference_model import caller as census
+from state_machines.callers import placement as placement_mod
+from state_machines.callers.adapters import Generation, ids, open_group_pages, path_reader, path_slots, tree_slots
+from state_machines.callers.release import (
+    STAND_INS,
+    VOCAB_SIZE,
+    Release,
+    cache_class,
+    cpu_kernels,
+    make_cache,
+    open_release,
+)
+from state_machines.config import Config
+from state_machines.harness.lockstep import InvariantViolation, Lockstep, census_of, violation_type
+from state_machines.harness.steps import ReqRef, Step, step, steps_of
+from state_machines.targets.base import TargetError
+
+# Prompts: each decimal digit (1..ALPHABET) is a page of that token.
+ALPHABET = 3
+MAX_PROMPT_PAGES = 3
+# Requests waiting at once, at most.
+MAX_WAITING = 4
+WAITING, RUNNING, DONE = "waiting", "running", "done"
+
+
+def max_new_tokens(page_size: int) -> int:
+    """The most new tokens a request asks for: past two page boundaries."""
+    return 2 * page_size + 1
+
+
+def prompt_tokens(prompt: int, page_size: int) -> list[int] | None:
+    """The tokens ``prompt`` spells, or None when a digit is outside 1..3 or
+    it has more than ``MAX_PROMPT_PAGES`` digits."""
+    digits = [int(d) for d in str(prompt)]
+    if not 1 <= len(digits) <= MAX_PROMPT_PAGES or not all(1 <= d <= ALPHABET for d in digits):
+        return None
+    return [d for d in digits for _ in range(page_size)]
+
+
+def next_token(tokens) -> int:
+    """The stand-in model: greedy, so equal sequences continue alike."""
+    return sum(tokens) % ALPHABET + 1
+
+
+@define
+class Live:
+    """A request of the run: the real ``Req`` and its place in the scheduler."""
+
+    req: Any
+    status: str = WAITING
+
+
+@define
+class CallerLockstep:
+    """One release's allocator, request pool and prefix cache, driven as its
+    scheduler drives them."""
+
+    config: Config
+    release: Release
+    gen: Generation
+    allocator: Any
+    pool: Any  # the release's ReqToTokenPool
+    cache: Any
+    placement: placement_mod.Placement
+    pool_pages: frozenset = frozenset()
+    # How the census reads a locked path (adapters.path_reader); None: it cannot.
+    path_how: str | None = None
+    stand_ins: tuple[str, ...] = ()
+    requests: dict[int, Live] = field(factory=dict)
+    waiting: list[int] = field(factory=list)
+    running: list[int] = field(factory=list)
+    steps: list[Step] = field(factory=list)
+    step_depth: int = 0
+    disabled_rules: dict[str, str] = field(factory=dict)
+    # Census predicates this cache cannot feed, with the reason.
+    unchecked: dict[str, str] = field(factory=dict)
+    in_group: bool = False
+    # A re-run of the steps under the release's own placement (_reachability).
+    replaying: bool = False
+
+    # The seam's side and the call wrapper are the core harness's own.
+    _start_step = Lockstep._start_step
+    _finish_step = Lockstep._finish_step
+    _call = Lockstep._call
+    _judge = Lockstep._judge
+
+    def why_not(self, step: str) -> str | None:
+        """Why ``step`` does not run here, or None: this family runs its own steps."""
+        if step in steps_of(type(self)):
+            return None
+        return f"the real caller has no step {step}"
+
+    def runs(self, step: str) -> bool:
+        return self.why_not(step) is None
+
+    @classmethod
+    def from_config(cls, config: Config) -> CallerLockstep:
+        """The release's objects for ``config``, checked once before any step."""
+        from state_machines import targets
+
+        if config.device != "cpu":
+            raise TargetError(f"--caller runs on cpu only, not {config.device}")
+        release = open_release(config.sglang_path)
+        target = targets.resolve(config.target, config.mutant, config.sglang_path)
+        if target.spec.startswith("builtin:"):
+            raise TargetError(
+                f"--caller {config.caller} drives sglang's own allocator: --target sglang:token (page size 1),"
+                f" sglang:paged, or MODULE:ATTR, not {target.spec}"
+            )
+        ps = config.page_size
+        allocator = targets.build(target, size=config.pool_size, page_size=ps, device="cpu", need_sort=config.need_sort)
+        kernels = cpu_kernels(allocator, ps)
+        m = release.modules
+        pool = m.ReqToTokenPool(size=config.rows, max_context_len=config.row_pages * ps, device="cpu",
+                                enable_memory_saver=False)
+        cache = make_cache(release, cache_class(release, config.caller), pool, allocator, ps)
+        how = path_reader(cache)
+        unchecked = {} if how else {"protected_prefix_is_locked_path": f"{type(cache).__name__} exposes no tree path"}
+        state = cls(
+            config=config, release=release, gen=release.generation, allocator=allocator, pool=pool, cache=cache,
+            placement=placement_mod.chosen(config.groups, release.placement), path_how=how,
+            stand_ins=STAND_INS + tuple(kernels), unchecked=unchecked,
+        )
+        state.pool_pages = frozenset(state._call("census", census_of, allocator))
+        state.check()
+        return state
+
+    def header(self) -> list[str]:
+        """What a run's header says: the objects, the placement, the stand-ins."""
+        rp = self.release.placement
+        return [
+            f"caller: {type(self.cache).__name__} over {type(self.allocator).__name__}, sglang {self.release.modules.version},"
+            f" API generation {self.gen.name}",
+            f"free groups: {self.placement.label()} (--groups {self.config.groups}); the release's scheduler processes"
+            f" prefill results {rp.prefill.describe()}, decode results {rp.decode.describe()}",
+            *[f"stand-in: {s}" for s in self.stand_ins],
+            *[f"not checked: {k}: {v}" for k, v in sorted(self.unchecked.items())],
+        ]
+
+    # -- what a rule may act on --
+
+    @property
+    def page_size(self) -> int:
+        return self.config.page_size
+
+    def refs(self, rids) -> list[ReqRef]:
+        return [ReqRef(r) for r in rids]
+
+    def budget(self) -> int:
+        """Tokens an allocation may take: free plus evictable."""
+        return int(self.allocator.available_size()) + int(self.cache.evictable_size())
+
+    def can_decode(self) -> bool:
+        # Each request may need a new page (the helpers evict that much first).
+        return bool(self.running) and len(self.running) * self.page_size <= self.budget()
+
+    def abortable(self) -> list[ReqRef]:
+        return [ReqRef(r) for r, live in self.requests.items()
+                if live.status == WAITING or (live.status == RUNNING and not live.req.to_finish)]
+
+    def not_applicable(self, rule: str, args: dict) -> str | None:
+        """Why a trace's step could not have been drawn here, or None (the
+        rules' preconditions, for replay)."""
+        ps = self.page_size
+        req = args.get("req")
+        if rule == "arrive":
+            if prompt_tokens(args["prompt"], ps) is None:
+                return f"prompt {args['prompt']} is not 1 to {MAX_PROMPT_PAGES} digits from 1..{ALPHABET}"
+            if args["out"] > max_new_tokens(ps):
+                return f"out {args['out']} is more than {max_new_tokens(ps)} new tokens"
+            return f"{MAX_WAITING} requests are waiting already" if len(self.waiting) >= MAX_WAITING else None
+        if rule == "prefill":
+            return None if self.waiting else "no request is waiting"
+        if rule == "decode":
+            if [r.rid for r in args["reqs"]] != self.running:
+                return f"the running batch is {self.refs(self.running)}"
+            return None if self.can_decode() else "the running batch does not fit in free + evictable memory"
+        if rule == "evict_tokens":
+            return None
+        if rule == "retract":
+            return None if req.rid in self.running else f"{req!r} is not running"
+        if rule == "abort":
+            return None if req in self.abortable() else f"{req!r} is neither waiting nor running unaborted"
+        return f"{rule} is not a step of the caller harness"
+
+    # -- steps --
+
+    @step
+    def arrive(self, prompt: int, out: int) -> ReqRef | None:
+        """A request joins the waiting queue; nothing is allocated.  Its
+        prompt is spelled by the digits of ``prompt``, each digit a page of
+        that token (``12`` at page size 2 is ``[1, 1, 2, 2]``); it stops
+        after ``out`` new tokens."""
+        rid = len(self.requests)
+        tokens = prompt_tokens(prompt, self.page_size)
+        req = self._call(f"Req(req_{rid}, {tokens})", self.gen.make_req, f"req_{rid}", tokens, out, VOCAB_SIZE)
+        self.requests[rid] = Live(req)
+        self.waiting.append(rid)
+        return ReqRef(rid)
+
+    @step
+    def prefill(self) -> None:
+        """The scheduler's next prefill batch.  Admission: each waiting
+        request in turn is matched (``init_next_round_input``) and locked,
+        while a row is free and free + evictable memory covers the batch's
+        new tokens plus a page per request; the first that does not fit is
+        unlocked and stops admission.  Then ``alloc_for_extend`` allocates
+        and writes the rows, and the result is processed (in a free group
+        where the placement says): each request takes its next token; one
+        that is done is released (``release_kv_cache``), the others publish
+        their prefill (``cache_unfinished_req`` / ``checkpoint``)."""
+        gen, ps = self.gen, self.page_size
+        batch: list[int] = []
+        need = 0
+        for rid in list(self.waiting):
+            if len(batch) >= self.pool.available_size():
+                break
+            req = self.requests[rid].req
+            self._call(f"req_{rid}.init_next_round_input(cache)", req.init_next_round_input, self.cache)
+            self._call(f"lock req_{rid}'s prefix", gen.lock, req, self.cache)
+            fill = len(req.full_untruncated_fill_ids)
+            extra = fill - gen.prefix_len(req) + ps
+            if need + extra > self.budget():
+                self._call(f"unlock req_{rid}'s prefix", gen.unlock, req, self.cache)
+                break
+            gen.set_extend(req, fill)
+            need += extra
+            batch.append(rid)
+        if not batch:
+            return
+        reqs = [self.requests[r].req for r in batch]
+        prefix_lens = [gen.prefix_len(r) for r in reqs]
+        extend_lens = [gen.extend_len(r) for r in reqs]
+        seq_lens = torch.tensor([p + e for p, e in zip(prefix_lens, extend_lens)], dtype=torch.int64)
+        b = self._batch(reqs, prefix_lens=prefix_lens, extend_lens=extend_lens, seq_lens=seq_lens,
+                        seq_lens_cpu=seq_lens.clone(), extend_num_tokens=sum(extend_lens))
+        self._call(f"alloc_for_extend(batch of {self.refs(batch)})", self.release.modules.allocation.alloc_for_extend, b)
+        for req, n in zip(reqs, seq_lens.tolist()):
+            gen.after_extend(req, n)
+        for rid in batch:
+            self.waiting.remove(rid)
+        self._results("prefill", batch, self.placement.prefill, finished_only=False)
+
+    @step
+    def decode(self, reqs: list[ReqRef]) -> None:
+        """One decode step of the running batch (``reqs``: every running
+        request, in order): ``alloc_for_decode`` gives each a slot for its
+        last token, then the result is processed (in a free group where the
+        placement says): each takes its next token, and one that is done
+        (or aborted) is released (``release_kv_cache``)."""
+        gen = self.gen
+        live = [self.requests[r.rid].req for r in reqs]
+        seq = torch.tensor([gen.committed_len(r) for r in live], dtype=torch.int64)
+        rows = torch.tensor([gen.row(r) for r in live], dtype=torch.int64)
+        b = self._batch(live, seq_lens=seq, seq_lens_cpu=seq.clone(), req_pool_indices=rows,
+                        req_pool_indices_cpu=rows.clone())
+        self._call(f"alloc_for_decode(batch of {reqs})", self.release.modules.allocation.alloc_for_decode, b, 1)
+        for req in live:
+            gen.after_decode(req)
+        self._results("decode", [r.rid for r in reqs], self.placement.decode, finished_only=True)
+
+    @step
+    def evict_tokens(self, n: int) -> None:
+        """The cache evicts at least ``n`` tokens' worth of unlocked leaves,
+        where it has them (``evict(EvictParams(num_tokens=n))``)."""
+        params = self.release.modules.EvictParams(num_tokens=n)
+        self._call(f"evict(num_tokens={n})", self.cache.evict, params)
+
+    @step
+    def retract(self, req: ReqRef) -> None:
+        """The scheduler retracts a running request under memory pressure:
+        ``release_kv_cache`` without inserting, ``reset_for_retract``, and the
+        request waits again (its prompt and output so far to re-prefill)."""
+        live = self.requests[req.rid]
+        self._call(f"release_kv_cache({req!r}, no insert)", lambda: self.gen.release(live.req, self.cache, insert=False))
+        self._call(f"{req!r}.reset_for_retract()", live.req.reset_for_retract)
+        self.running.remove(req.rid)
+        self.waiting.append(req.rid)
+        live.status = WAITING
+
+    @step
+    def abort(self, req: ReqRef) -> None:
+        """A client aborts: a waiting request leaves the queue; a running one
+        is marked (``to_finish``) and finishes at its next decode."""
+        live = self.requests[req.rid]
+        if live.status == WAITING:
+            self.waiting.remove(req.rid)
+            live.status = DONE
+        else:
+            live.req.to_finish = self.release.modules.FINISH_ABORT()
+
+    def teardown(self) -> None:
+        """The final state must still check out."""
+        self.check()
+
+    # -- the scheduler's result processing --
+
+    def _batch(self, reqs, **fields):
+        return self.gen.batch(reqs=reqs, req_to_token_pool=self.pool, tree_cache=self.cache,
+                              token_to_kv_pool_allocator=self.allocator, device="cpu", **fields)
+
+    def _results(self, phase: str, batch: list[int], grouped: bool, *, finished_only: bool) -> None:
+        """``process_batch_result_prefill`` / ``_decode`` for the batch."""
+        if grouped:
+            self._call("free_group_begin()", self.allocator.free_group_begin)
+            self.in_group = True
+        for rid in batch:
+            live = self.requests[rid]
+            req = live.req
+            req.output_ids.append(next_token(list(req.origin_input_ids) + list(req.output_ids)))
+            req.update_finish_state()
+            if req.finished():
+                self._call(f"release_kv_cache(req_{rid})", lambda: self.gen.release(req, self.cache, insert=True))
+                live.status = DONE
+                if rid in self.running:
+                    self.running.remove(rid)
+            elif not finished_only:
+                self._call(f"cache_unfinished_req(req_{rid})", self.gen.cache_unfinished, req, self.cache)
+                live.status = RUNNING
+                self.running.append(rid)
+            if grouped:
+                self.check(f"{phase}, req_{rid}'s result, free group open")
+        if grouped:
+            self._call("free_group_end()", self.allocator.free_group_end)
+            self.in_group = False
+
+    # -- the census --
+
+    def _action(self) -> str:
+        if not self.steps:
+            return "building"
+        last = self.steps[-1]
+        args = ", ".join(f"{k}={v}" for k, v in last.args.items())
+        return f"step {len(self.steps) - 1}, {last.rule}({args})"
+
+    def check(self, where: str | None = None) -> None:
+        """The census (``reference_model.caller.CENSUS``), every predicate."""
+        action = self._action() + (f" ({where})" if where else "")
+        ps = self.page_size
+        tree = self._call("all_values_flatten()", tree_slots, self.cache)
+        free = self._call("free pages", census_of, self.allocator)
+        self._judge(census.free_list_has_no_repeats, free, ps, action)
+        self._judge(census.tree_holds_each_slot_once, tree, action)
+        holders = [census.Holder(census.TREE, tuple(s // ps for s in tree)), census.Holder(census.FREE, tuple(free))]
+        if self.in_group:
+            holders.append(census.Holder(census.QUEUED, tuple(open_group_pages(self.allocator, ps))))
+        rows = self._rows()
+        for rid, row, lo, hi in rows:
+            slots = ids(self.pool.req_to_token[row, lo:hi])
+            holders.append(census.Holder(f"req_{rid}'s row {row} (positions {lo}..{hi})", tuple(s // ps for s in slots)))
+        self._judge(census.census_covers_pool, holders, self.pool_pages, ps, action)
+        if self.path_how is not None:
+            for rid, row, lo, _ in rows:
+                node = self.gen.locked_node(self.requests[rid].req)
+                if node is None:
+                    continue
+                path = self._call(f"req_{rid}'s locked path", path_slots, self.cache, self.path_how, node)
+                self._judge(census.protected_prefix_is_locked_path, f"req_{rid}", ids(self.pool.req_to_token[row, :lo]),
+                            path, action)
+        evictable, protected = int(self.cache.evictable_size()), int(self.cache.protected_size())
+        self._judge(census.tree_sizes_balance, evictable, protected, len(tree), action)
+
+    def _rows(self) -> list[tuple[int, int, int, int]]:
+        """(rid, row, protected length, allocated length) of each request holding a row."""
+        out = []
+        for rid, live in self.requests.items():
+            row = self.gen.row(live.req)
+            if row is not None:
+                out.append((rid, row, self.gen.protected_len(live.req), self.gen.allocated_len(live.req)))
+        return out
+
+    # -- failures --
+
+    def _fail(self, invariant: str, detail: str):
+        if invariant == "allocator_raised":
+            invariant = "sglang_raised"  # the cache or a helper raised, not only the allocator
+        label = "" if self.replaying else self._reachability() + "\n"
+        raise violation_type(invariant)(label + detail, self.steps, self.config)
+
+    def _reachability(self) -> str:
+        """*reachable* when the release's own placement is this run's, or the
+        same steps fail under it too; else *latent*."""
+        rp = self.release.placement
+        if self.placement == rp.placement:
+            return f"reachable: with the release's own free-group placement ({rp.placement.label()})"
+        again = attrs.evolve(self.config, groups="release")
+        try:
+            other = CallerLockstep.from_config(again)
+            other.replaying = True
+            for s in self.steps:
+                getattr(other, s.rule)(**_resolve(s.args))
+        except InvariantViolation as exc:
+            return f"reachable: the same steps fail with the release's own placement too ({exc.invariant})"
+        except Exception:  # noqa: BLE001 - the steps do not replay there: not shown reachable
+            pass
+        return (
+            f"latent: only with --groups {self.config.groups} ({self.placement.label()}); the release's scheduler"
+            f" processes prefill results {rp.prefill.describe()} and decode results {rp.decode.describe()},"
+            " where these steps pass"
+        )
+
+
+def _resolve(args: dict) -> dict:
+    """A recorded step's arguments as the step takes them (names to refs)."""
+    out = {}
+    for key, value in args.items():
+        if isinstance(value, str) and value.startswith("req_"):
+            out[key] = ReqRef(int(value[4:]))
+        elif isinstance(value, list):
+            out[key] = [ReqRef(int(v[4:])) for v in value]
+        else:
+            out[key] = value
+    return out

@@ -1,0 +1,242 @@
+"""One sglang release, ready to be driven as its own scheduler drives it.
+
+``open_release`` imports the release's request, cache and scheduler-helper
+modules, installs the runtime config through the release's own test hook,
+reads where its scheduler opens free groups, and picks the adapter of its
+API generation.  ``build_parts`` then makes the real objects of one run:
+the allocator (the ``--target``), a ``ReqToTokenPool`` and the prefix cache
+(``--caller``), each stand-in a release forces named in ``stand_ins``.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import sys
+import types
+from typing import Any
+
+import torch
+from attrs import frozen
+
+from state_machines.callers import placement as placement_mod
+from state_machines.callers.adapters import Generation, generation_of
+from state_machines.targets.base import TargetError, one_line, quiet
+
+# The named caches; anything else is MODULE:ATTR, a cache class.
+KINDS = ("radix", "unified")
+# A token id past every id a run draws (the alphabet is 1..3).
+VOCAB_SIZE = 16
+
+# The stand-ins every run uses, as the header names them.
+STAND_INS = (
+    "runtime config: a dummy ServerArgs through the release's own test hook,"
+    " get_context().override_server_args(attention_backend='torch_native').install()",
+    "ScheduleBatch: a duck-typed batch holding only what alloc_for_extend / alloc_for_decode read"
+    " (reqs, pools, tree_cache, prefix/extend/seq lens, req_pool_indices, device)",
+    "scheduler bookkeeping by hand: admission lock, extend range, committed length (prepare_for_extend/decode)",
+    "model forward: none; each next token is (sum of the sequence so far) % 3 + 1, so equal prefixes continue alike",
+)
+
+
+@frozen
+class Modules:
+    """The release's classes and modules a caller run uses."""
+
+    version: str
+    path: str
+    Req: Any
+    SamplingParams: Any
+    FINISH_ABORT: Any
+    common: Any
+    allocation: Any
+    ReqToTokenPool: Any
+    CacheInitParams: Any
+    EvictParams: Any
+    BasePrefixCache: Any
+    RadixCache: Any
+    UnifiedRadixCache: Any  # None where the release has none
+    ComponentType: Any
+
+
+@frozen
+class Release:
+    modules: Modules
+    generation: Generation
+    placement: placement_mod.ReleasePlacement
+
+
+_opened: Release | None = None
+
+
+def open_release(sglang_path: str | None) -> Release:
+    """The loaded sglang (``--sglang-path``, else ``import sglang``), once per
+    process; ``TargetError`` (one line) for whatever a run cannot use."""
+    global _opened
+    from state_machines.targets import sglang as sglang_targets
+
+    info = sglang_targets.load_sglang(sglang_path)
+    if _opened is not None and _opened.modules.path == info.path:
+        return _opened
+    with quiet():
+        try:
+            rc = importlib.import_module("sglang.srt.runtime_context")
+            rc.get_context().override_server_args(attention_backend="torch_native").install()
+            sb = importlib.import_module("sglang.srt.managers.schedule_batch")
+            mods = {
+                name: importlib.import_module(f"sglang.srt.{name}")
+                for name in ("mem_cache.common", "mem_cache.allocation", "mem_cache.memory_pool",
+                             "mem_cache.cache_init_params", "mem_cache.base_prefix_cache", "mem_cache.radix_cache",
+                             "sampling.sampling_params")
+            }
+        except Exception as exc:  # noqa: BLE001 - any failure is the release's, shown in one line
+            raise TargetError(f"sglang {info.version}: cannot import what --caller drives: {one_line(exc)}") from None
+        try:
+            unified = importlib.import_module("sglang.srt.mem_cache.unified_radix_cache").UnifiedRadixCache
+            component_type = importlib.import_module("sglang.srt.mem_cache.unified_cache.components").ComponentType
+        except Exception:  # noqa: BLE001 - an older release without it: --caller unified says so
+            unified = component_type = None
+    m = Modules(
+        version=info.version,
+        path=info.path,
+        Req=sb.Req,
+        SamplingParams=mods["sampling.sampling_params"].SamplingParams,
+        FINISH_ABORT=sb.FINISH_ABORT,
+        common=mods["mem_cache.common"],
+        allocation=mods["mem_cache.allocation"],
+        ReqToTokenPool=mods["mem_cache.memory_pool"].ReqToTokenPool,
+        CacheInitParams=mods["mem_cache.cache_init_params"].CacheInitParams,
+        EvictParams=mods["mem_cache.base_prefix_cache"].EvictParams,
+        BasePrefixCache=mods["mem_cache.base_prefix_cache"].BasePrefixCache,
+        RadixCache=mods["mem_cache.radix_cache"].RadixCache,
+        UnifiedRadixCache=unified,
+        ComponentType=component_type,
+    )
+    _opened = Release(m, generation_of(m), placement_mod.read_release(info.path))
+    return _opened
+
+
+def cache_class(release: Release, caller: str) -> type:
+    """``radix``, ``unified``, or ``MODULE:ATTR`` naming a cache class."""
+    m = release.modules
+    if caller == "radix":
+        return m.RadixCache
+    if caller == "unified":
+        if m.UnifiedRadixCache is None:
+            raise TargetError(f"sglang {m.version} has no UnifiedRadixCache: --caller unified needs 0.5.17 or later")
+        return m.UnifiedRadixCache
+    module_name, sep, attr = caller.partition(":")
+    if not sep or not module_name or not attr:
+        raise TargetError(f"--caller {caller!r}: choose harness, {', '.join(KINDS)} or MODULE:ATTR (a cache class)")
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            found = getattr(found, part)
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 - the user's module
+        raise TargetError(f"--caller {caller}: cannot load it: {one_line(exc)}") from None
+    if not (isinstance(found, type) and issubclass(found, m.BasePrefixCache)):
+        raise TargetError(f"--caller {caller} is not a subclass of sglang's BasePrefixCache")
+    return found
+
+
+def make_cache(release: Release, cls: type, pool, allocator, page_size: int):
+    """The cache as sglang's registry builds it: a unified tree gets the
+    FULL component only (a plain model)."""
+    m = release.modules
+    params = m.CacheInitParams(
+        disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator, page_size=page_size
+    )
+    if m.UnifiedRadixCache is not None and issubclass(cls, m.UnifiedRadixCache):
+        params.tree_components = (m.ComponentType.FULL,)
+    try:
+        return cls(params)
+    except Exception as exc:  # noqa: BLE001 - a cache the release cannot build here is bad input
+        raise TargetError(f"cannot build {cls.__name__} on CPU: {one_line(exc)}") from None
+
+
+# --------------------------------------------------------------------------- #
+# Device kernels a release has no CPU path for.
+
+
+def _probe_extend(allocator, page_size: int) -> None:
+    i64 = dict(dtype=torch.int64)
+    allocator.alloc_extend(
+        torch.tensor([0], **i64), torch.tensor([0], **i64), torch.tensor([page_size], **i64),
+        torch.tensor([page_size], **i64), torch.tensor([-1], **i64), page_size,
+    )
+
+
+def _probe_decode(allocator, page_size: int) -> None:
+    i64 = dict(dtype=torch.int64)
+    allocator.alloc_decode(torch.tensor([page_size + 1], **i64), torch.tensor([page_size + 1], **i64),
+                           torch.tensor([page_size - 1], **i64))
+
+
+def _alloc_extend_on_cpu(naive, new_pages):
+    """``alloc_extend`` with the contract of the release's own: the release's
+    ``alloc_extend_naive`` fills the slots, ``get_num_new_pages`` counts."""
+
+    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens,
+                     num_new_pages=None, **_):
+        if num_new_pages is None:
+            num_new_pages = new_pages(seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu)
+        if self.need_sort and num_new_pages > len(self.free_pages):
+            self.merge_and_sort_free()
+        if num_new_pages > len(self.free_pages):
+            return None
+        out = torch.empty((extend_num_tokens,), dtype=torch.int64, device=self.device)
+        naive(prefix_lens, seq_lens, last_loc, self.free_pages, out, self.page_size, self.device)
+        self.free_pages = self.free_pages[num_new_pages:]
+        return out
+
+    return alloc_extend
+
+
+def _alloc_decode_on_cpu(new_pages):
+    """``alloc_decode`` with the contract of the release's Triton kernel: a
+    request whose new length is ``k * page_size + 1`` takes the next free
+    page, any other gets the slot after ``last_loc``."""
+
+    def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc, **_):
+        if self.need_sort and len(seq_lens) > len(self.free_pages):
+            self.merge_and_sort_free()
+        num_new_pages = new_pages(seq_lens=seq_lens_cpu, page_size=self.page_size, decode=True)
+        if num_new_pages > len(self.free_pages):
+            return None
+        out, taken = [], 0
+        for n, last in zip(seq_lens_cpu.tolist(), last_loc.tolist()):
+            if n % self.page_size == 1:
+                out.append(int(self.free_pages[taken]) * self.page_size)
+                taken += 1
+            else:
+                out.append(last + 1)
+        self.free_pages = self.free_pages[num_new_pages:]
+        return torch.tensor(out, dtype=torch.int64, device=self.device)
+
+    return alloc_decode
+
+
+def cpu_kernels(allocator, page_size: int) -> list[str]:
+    """Give a paged allocator whose ``alloc_extend`` / ``alloc_decode`` cannot
+    run here (Triton, no CPU path) a CPU stand-in with the same contract, on
+    this instance only; returns what it replaced, with why."""
+    if page_size == 1 or not callable(getattr(allocator, "alloc_extend", None)):
+        return []
+    module = sys.modules[type(allocator).__module__]
+    naive, new_pages = getattr(module, "alloc_extend_naive", None), getattr(module, "get_num_new_pages", None)
+    replaced = []
+    for name, probe in (("alloc_extend", _probe_extend), ("alloc_decode", _probe_decode)):
+        try:
+            with quiet():
+                probe(copy.deepcopy(allocator), page_size)
+            continue
+        except Exception as exc:  # noqa: BLE001 - whatever stops it here needs the stand-in
+            why = one_line(exc)
+        if new_pages is None or (name == "alloc_extend" and naive is None):
+            raise TargetError(f"{type(allocator).__name__}.{name} cannot run on CPU ({why}) and the release has no"
+                              " alloc_extend_naive / get_num_new_pages to build a stand-in from")
+        stand_in = _alloc_extend_on_cpu(naive, new_pages) if name == "alloc_extend" else _alloc_decode_on_cpu(new_pages)
+        setattr(allocator, name, types.MethodType(stand_in, allocator))
+        source = "the release's alloc_extend_naive" if name == "alloc_extend" else "kv-lockstep's loop over the kernel's contract"
+        replaced.append(f"{type(allocator).__name__}.{name}: a CPU stand-in ({source}); the release's fails here: {why}")
+    return replaced

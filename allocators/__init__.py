@@ -15,6 +15,7 @@ class, for checking that the harness catches it.
 
 from allocators.base import Mutant, SlotAllocator
 from allocators.hisparse import HISPARSE_MUTANTS, HiSparseAllocator
+from allocators.mamba import MAMBA_MUTANTS, MambaSlotAllocator
 from allocators.npu import NPU_MUTANTS, NPUPagedAllocator
 from allocators.paged import PAGED_MUTANTS, PagedAllocator
 from allocators.swa import PURE_SWA_MUTANTS, SWA_MUTANTS, PureSWAAllocator, SWAAllocator
@@ -23,6 +24,7 @@ from allocators.token import TOKEN_MUTANTS, TokenAllocator
 __all__ = [
     "BUILTINS",
     "HiSparseAllocator",
+    "MambaSlotAllocator",
     "Mutant",
     "NPUPagedAllocator",
     "PagedAllocator",
@@ -40,4 +42,5 @@ BUILTINS: dict[str, tuple[type, dict[str, Mutant]]] = {
     "pure-swa": (PureSWAAllocator, PURE_SWA_MUTANTS),
     "hisparse": (HiSparseAllocator, HISPARSE_MUTANTS),
     "npu": (NPUPagedAllocator, NPU_MUTANTS),
+    "mamba": (MambaSlotAllocator, MAMBA_MUTANTS),
 }

@@ -75,6 +75,8 @@ _UNITS = {
     ("overwrite_row", "row"): ROW,
     ("rematch", "dup"): PAGES0,
     ("slide", "pages"): PAGES,
+    ("device_buffer", "n"): SLOTS,
+    ("alloc_group_begin", "n"): PAGES0,
 }
 
 
@@ -463,6 +465,10 @@ def _not_applicable(state: Lockstep, rule: str, args: dict) -> str | None:
     if req is not None and req.rid not in model.requests:
         return f"{req!r} has finished"
     request = model.requests[req.rid] if req is not None else None
+    # A family's own preconditions (its steps, or what it narrows) come first.
+    family_check = getattr(state, "step_not_applicable", None)
+    if family_check is not None and (reason := family_check(rule, args)):
+        return reason
     if rule == "alloc":
         prefix = args.get("prefix")
         if req is not None and prefix is not None:

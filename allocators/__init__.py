@@ -9,6 +9,10 @@ sglang's own classes the same way:
   open, frees are only queued, and the queue owns copies of what it queued;
 - ``available_size()``, ``clear()``, and the census ``get_all_free_pages()``.
 
+Mamba's state slots (``mamba.py``) keep sglang's ``MambaSlotAllocator``
+contract instead: no free groups, frees at once, allocation groups
+(``alloc_group_begin(n)`` / ``alloc_group_end()``), census ``free_slots``.
+
 Each strategy also names its mutants: variants that re-create a known bug
 class, for checking that the harness catches it.
 """

@@ -10,8 +10,10 @@ from allocators.paged import PagedAllocator
 
 
 class HiSparseAllocator:
-    """A logical pool of ``size * host_to_device_ratio`` slots and a device
-    pool of ``size``, each paged; ``alloc`` takes a page from both and maps
+    """A logical pool and a device pool half its size, joined by a mapping.
+
+    The logical pool has ``size * host_to_device_ratio`` slots, the device
+    pool ``size``, each paged; ``alloc`` takes a page from both and maps
     each logical slot to its device slot.
 
     A request's device buffer (``alloc_device_buffer``) takes the device

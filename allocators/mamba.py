@@ -8,7 +8,9 @@ from allocators.base import Mutant
 
 
 class MambaSlotAllocator:
-    """Slots ``1..size`` (slot 0 is the padding target), one per request
+    """Per-request state slots with allocation groups; frees at once.
+
+    Slots ``1..size`` (slot 0 is the padding target), one per request
     state or track buffer.  ``alloc_group_begin(n)`` pre-allocates ``n``
     slots (none when fewer are free) that ``alloc(1)`` hands out first;
     ``alloc_group_end()`` returns those not handed out.  Frees are immediate."""

@@ -223,9 +223,11 @@ SWA_MUTANTS = {
 
 
 class PureSWAAllocator(TokenAllocator):
-    """Every layer windowed: one pool, the full-to-SWA mapping is the
-    identity.  A window slide (``free_swa``) gives slots back for good, so
-    ``free_full`` of them later has nothing to release."""
+    """Every layer windowed: one pool; a window slide frees for good.
+
+    The full-to-SWA mapping is the identity.  A window slide (``free_swa``)
+    gives slots back for good, so ``free_full`` of them later has nothing
+    to release."""
 
     # Read by targets.py: the pure-SWA harness drives this family.
     family = "pure_swa"

@@ -310,22 +310,13 @@ def device_buffer_keeps_token_slots(what: str, got: list[int], kept: list[int], 
 
 def slots_were_available(pages: list[int], model) -> str | None:
     """Checked after every alloc of a pool with allocation groups: each slot
-    handed out was free or reserved by the open group (and not yet drawn),
-    and only once."""
-    twice = sorted(p for p, n in Counter(pages).items() if n > 1)
-    usable = model.free_pages | set(model.reserved or ())
-    taken = [p for p in pages if p in model.owner and p not in usable]
-    outside = [p for p in pages if p not in model.owner]
-    if not (twice or taken or outside):
-        return None
-    parts = []
-    if twice:
-        parts.append(f"slots {_show(twice)} twice in one alloc")
-    if taken:
-        parts.append(f"slots already held: {_describe(taken, model)}")
-    if outside:
-        parts.append(f"slots outside the pool: {_show(outside)}")
-    return "alloc handed out " + "; ".join(parts) + " / only free or reserved slots, once each"
+    handed out was reserved by the open group and not yet drawn, or free
+    (``no_slot_handed_out_twice``), and only once."""
+    reserve = set(model.reserved or ())
+    drawn = [p for p in pages if p in reserve]
+    if twice := sorted(p for p, n in Counter(drawn).items() if n > 1):
+        return f"alloc handed out reserved slots {_show(twice)} twice in one alloc / once each"
+    return no_slot_handed_out_twice([p for p in pages if p not in reserve], model)
 
 
 def alloc_group_reserves(n: int, left: list[int], entered: list[int], num_free: int) -> str | None:

@@ -9,12 +9,17 @@ sglang's own classes the same way:
   open, frees are only queued, and the queue owns copies of what it queued;
 - ``available_size()``, ``clear()``, and the census ``get_all_free_pages()``.
 
+Mamba's state slots (``mamba.py``) keep sglang's ``MambaSlotAllocator``
+contract instead: no free groups, frees at once, allocation groups
+(``alloc_group_begin(n)`` / ``alloc_group_end()``), census ``free_slots``.
+
 Each strategy also names its mutants: variants that re-create a known bug
 class, for checking that the harness catches it.
 """
 
 from allocators.base import Mutant, SlotAllocator
 from allocators.hisparse import HISPARSE_MUTANTS, HiSparseAllocator
+from allocators.mamba import MAMBA_MUTANTS, MambaSlotAllocator
 from allocators.npu import NPU_MUTANTS, NPUPagedAllocator
 from allocators.paged import PAGED_MUTANTS, PagedAllocator
 from allocators.swa import PURE_SWA_MUTANTS, SWA_MUTANTS, PureSWAAllocator, SWAAllocator
@@ -23,6 +28,7 @@ from allocators.token import TOKEN_MUTANTS, TokenAllocator
 __all__ = [
     "BUILTINS",
     "HiSparseAllocator",
+    "MambaSlotAllocator",
     "Mutant",
     "NPUPagedAllocator",
     "PagedAllocator",
@@ -40,4 +46,5 @@ BUILTINS: dict[str, tuple[type, dict[str, Mutant]]] = {
     "pure-swa": (PureSWAAllocator, PURE_SWA_MUTANTS),
     "hisparse": (HiSparseAllocator, HISPARSE_MUTANTS),
     "npu": (NPUPagedAllocator, NPU_MUTANTS),
+    "mamba": (MambaSlotAllocator, MAMBA_MUTANTS),
 }

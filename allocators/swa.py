@@ -223,8 +223,14 @@ SWA_MUTANTS = {
 
 
 class PureSWAAllocator(TokenAllocator):
-    """Every layer windowed: one pool, the full-to-SWA mapping is the
-    identity, and ``free_full`` has nothing to release."""
+    """Every layer windowed: one pool; a window slide frees for good.
+
+    The full-to-SWA mapping is the identity.  A window slide (``free_swa``)
+    gives slots back for good, so ``free_full`` of them later has nothing
+    to release."""
+
+    # Read by targets.py: the pure-SWA harness drives this family.
+    family = "pure_swa"
 
     def _pages_of(self, slots: torch.Tensor) -> torch.Tensor:
         # Slots that map to nothing read as the padding slot 0.
@@ -233,7 +239,13 @@ class PureSWAAllocator(TokenAllocator):
     def free_swa(self, free_index: torch.Tensor) -> None:
         self.free(free_index)
 
+    def free_swa_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        self.free_swa(free_index)
+
     def free_full(self, free_index: torch.Tensor) -> None:
+        return
+
+    def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
         return
 
 
@@ -253,10 +265,32 @@ class EndRequeuesPureSWAAllocator(PureSWAAllocator):
         self.free_group = None
 
 
+class FreeFullReleasesPureSWAAllocator(PureSWAAllocator):
+    """Mutant: free_full() is a plain free(), as a single pool's base class
+    has it: the slots a window slide already gave back are freed again."""
+
+    def free_full(self, free_index: torch.Tensor) -> None:
+        self.free(free_index)
+
+    def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        self.free_full(free_index)
+
+
+class SegmentFreesTwicePureSWAAllocator(PureSWAAllocator):
+    """Mutant: free_segment() splits into an SWA half and a full half, as the
+    hybrid parent does; with one pool both halves release the same slots."""
+
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        self.free_swa_segment(free_index, start_pos=start_pos)
+        self.free(free_index)
+
+
 PURE_SWA_MUTANTS = {
     m.name: m
     for m in (
         Mutant("alias", AliasPureSWAAllocator, "the free-group queue keeps the caller's row view"),
         Mutant("end-requeues", EndRequeuesPureSWAAllocator, "free_group_end frees while the group is still open"),
+        Mutant("free-full-releases", FreeFullReleasesPureSWAAllocator, "free_full releases slots a window slide already freed"),
+        Mutant("segment-frees-twice", SegmentFreesTwicePureSWAAllocator, "free_segment releases its slots as SWA and as full"),
     )
 }

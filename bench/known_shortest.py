@@ -56,6 +56,7 @@ _SWA = Config(target="builtin:swa", page_size=4)
 _PURE_SWA = Config(target="builtin:pure-swa")
 _HISPARSE = Config(target="builtin:hisparse", page_size=4)
 _NPU = Config(target="builtin:npu", page_size=4)
+_MAMBA = Config(target="builtin:mamba")
 
 
 @frozen
@@ -162,11 +163,75 @@ KNOWN: tuple[KnownShortest, ...] = (
         "a free inside a group: begin, an alloc, a free; the model releases at once, the mutant queues",
     ),
     _mutant(
+        _PURE_SWA,
+        "free-full-releases",
+        [_s("alloc", "req_0", n=1), _s("slide", req="req_0", pages=1, segment=False), _s("finish", req="req_0")],
+        "no_page_freed_twice",
+        "a slot must be allocated, leave the window, and its request finish, which hands the slid span to free_full",
+    ),
+    _mutant(
+        _PURE_SWA,
+        "segment-frees-twice",
+        [_s("alloc", "req_0", n=1), _s("free_segment", req="req_0", start=0, n=1)],
+        "no_page_freed_twice",
+        "an alloc, then a free_segment of it",
+    ),
+    _mutant(
         _HISPARSE,
         "mapping-cleared-first",
         [_s("alloc", "req_0", n=4), _s("finish", req="req_0")],
-        "available_size_agrees",
-        "an alloc maps a device buffer, then a free leaks it: available_size() is the device pool's, one page short",
+        "device_free_sets_agree",
+        "an alloc maps a device page, then a free leaks it",
+    ),
+    _mutant(
+        _HISPARSE,
+        "buffer-keeps-mapping",
+        [_s("alloc", "req_0", n=4), _s("device_buffer", req="req_0", n=4)],
+        "hisparse_mapping_consistent",
+        "an alloc maps a device page, then the request's device buffer takes it and leaves it mapped",
+    ),
+    _mutant(
+        _HISPARSE,
+        "buffer-drops-surplus",
+        [_s("alloc", "req_0", n=8), _s("device_buffer", req="req_0", n=4)],
+        "device_free_sets_agree",
+        "an alloc maps two device pages, then a one-page buffer must free the second",
+    ),
+    _mutant(
+        _HISPARSE,
+        "short-leaks",
+        [_s("alloc", "req_0", n=16), _s("alloc", "req_1", n=16), _s("alloc", n=12)],
+        "free_sets_agree",
+        "the device pool (10 pages, half the logical pool) runs short first; an alloc takes at most 4 pages, "
+        "so two allocs leave 2 and a third of 3 pages is short",
+    ),
+    _mutant(
+        _MAMBA,
+        "end-keeps-leftovers",
+        [_s("alloc_group_begin", n=1), _s("alloc_group_end")],
+        "free_sets_agree",
+        "a group must reserve a slot and end with it undrawn",
+    ),
+    _mutant(
+        _MAMBA,
+        "end-repeats",
+        [_s("alloc_group_begin", n=1), _s("alloc_group_end"), _s("alloc_group_end")],
+        "no_page_freed_twice",
+        "a group reserves a slot, ends, and ends again; the first end is correct",
+    ),
+    _mutant(
+        _MAMBA,
+        "reserve-not-taken",
+        [_s("alloc_group_begin", n=1)],
+        "alloc_group_reserves",
+        "the first reserve leaves its slot free",
+    ),
+    _mutant(
+        _MAMBA,
+        "free-keeps-view",
+        [_s("alloc", "req_0", n=1), _s("finish", req="req_0"), _s("overwrite_row", row=0)],
+        "free_sets_agree",
+        "a slot is allocated, freed as a view of its row, and the row changed before the free list is read",
     ),
     _mutant(_NPU, "alias", _ALIAS_PAGED, "free_sets_agree", _WHY_ALIAS),
     _mutant(
@@ -211,6 +276,14 @@ KNOWN: tuple[KnownShortest, ...] = (
     # views); flag drift shows in as few steps as aliasing.
     _sglang("0.5.17", _DRIFT_TOKEN, "no_page_freed_twice", _WHY_DRIFT),
     _sglang("0.5.18", _DRIFT_TOKEN, "no_page_freed_twice", _WHY_DRIFT),
+    # sglang 0.5.17's PureSWATokenToKVPoolAllocator.free queues the caller's view.
+    KnownShortest(
+        Config(target="sglang:pure-swa", sglang_path=".sglang/0.5.17"),
+        _ALIAS_TOKEN,
+        "free_sets_agree",
+        _WHY_ALIAS,
+        (_PURE_SWA, Config(target="sglang:pure-swa", sglang_path=".sglang/0.5.23")),
+    ),
 )
 
 BY_NAME = {k.name: k for k in KNOWN}

@@ -245,3 +245,86 @@ def swa_mapping_consistent(mapping: list[int], page_size: int, full, swa, swa_fr
         if problem:
             return problem
     return None
+
+
+# -- pure-SWA, HiSparse and Mamba pools --
+
+
+def pool_available_size_agrees(available: int, pool_available: int, pool: str) -> str | None:
+    """A wrapper over one pool reports that pool's ``available_size()``."""
+    if available == pool_available:
+        return None
+    return f"available_size() {available} / {pool}.available_size() {pool_available}"
+
+
+def _whole_pages(slots: list[int], page_size: int) -> bool:
+    """Slot ``i`` sits at offset ``i % page_size`` of one page per run of ``page_size``."""
+    ps = page_size
+    return all(slots[i] % ps == i % ps and slots[i] // ps == slots[i - i % ps] // ps for i in range(len(slots)))
+
+
+def hisparse_alloc_maps_whole_pages(n: int, logical_slots: list[int], device_slots: list[int], page_size: int) -> str | None:
+    """Each new logical page maps, slot by slot, onto one whole device page,
+    never onto the padding page 0."""
+    if _whole_pages(device_slots, page_size) and all(s >= page_size for s in device_slots):
+        return None
+    return f"alloc({n}) mapped logical slots {logical_slots[:16]} to device slots {device_slots[:16]} / whole device pages past page 0"
+
+
+def hisparse_available_size_agrees(available: int, logical_available: int, device_available: int) -> str | None:
+    if available == min(logical_available, device_available):
+        return None
+    return f"available_size() {available} / min(logical {logical_available}, device {device_available})"
+
+
+def hisparse_mapping_consistent(mapping: list[int], page_size: int, logical, device) -> str | None:
+    """Every logical page with a device peer maps, slot by slot, onto it;
+    every other logical page maps to nothing; the entry past the pool
+    (what a ``last_loc`` of -1 reads) stays -1.  ``logical`` is the logical
+    pool's ``OwnershipModel``, ``device`` its ``DeviceSide``."""
+    ps = page_size
+    if mapping[-1] != -1:
+        return f"the mapping's last entry is {mapping[-1]} / -1, what a last_loc of -1 translates to"
+    for page in sorted(logical.owner):
+        got = mapping[page * ps : (page + 1) * ps]
+        if page in device.mapping:
+            peer = device.mapping[page]
+            want = [peer * ps + k for k in range(ps)]
+            if got != want:
+                return f"logical page {page} ({logical.owner[page]}) maps to device slots {got} / its device page {peer}: {want}"
+        elif any(got):
+            return f"logical page {page} ({logical.owner[page]}) maps to device slots {got} / nothing: it has no device page"
+    return None
+
+
+def device_buffer_keeps_token_slots(what: str, got: list[int], kept: list[int], n: int, page_size: int) -> str | None:
+    """``alloc_device_buffer(row, n)`` returns ``n`` slots: first the device
+    slots of the row's tokens that had one (``kept`` pages, in row order,
+    as many as fit), then whole fresh pages."""
+    ps = page_size
+    want = [p * ps + k for p in kept for k in range(ps)]
+    if len(got) == n and got[: len(want)] == want and _whole_pages(got[len(want) :], ps):
+        return None
+    return f"{what} returned {got[:16]} ({len(got)} slots) / {n} slots, starting with the row's device slots {want[:16]}"
+
+
+def slots_were_available(pages: list[int], model) -> str | None:
+    """Checked after every alloc of a pool with allocation groups: each slot
+    handed out was reserved by the open group and not yet drawn, or free
+    (``no_slot_handed_out_twice``), and only once."""
+    reserve = set(model.reserved or ())
+    drawn = [p for p in pages if p in reserve]
+    if twice := sorted(p for p, n in Counter(drawn).items() if n > 1):
+        return f"alloc handed out reserved slots {_show(twice)} twice in one alloc / once each"
+    return no_slot_handed_out_twice([p for p in pages if p not in reserve], model)
+
+
+def alloc_group_reserves(n: int, left: list[int], entered: list[int], num_free: int) -> str | None:
+    """``alloc_group_begin(n)`` takes exactly ``n`` slots out of the free
+    list when ``n`` are free (at most the free ones otherwise), and puts none in."""
+    fits = len(left) == n if n <= num_free else len(left) <= num_free
+    if fits and not entered:
+        return None
+    extra = f"; slots that became free: {_show(entered)}" if entered else ""
+    want = f"{n}" if n <= num_free else f"at most {num_free} (only {num_free} free)"
+    return f"alloc_group_begin({n}) reserved {len(left)} slots {_show(left)}{extra} / {want}, none freed"

@@ -405,7 +405,9 @@ def cmd_targets(args) -> int:
         for mutant in mutants.values():
             needs = f"  [needs {describe_needs(mutant.needs)}]" if mutant.needs else ""
             print(f"      --mutant {mutant.name:<22} {mutant.summary}{needs}")
-    print("sglang targets (--target sglang:NAME [--sglang-path DIR]): sglang:token, sglang:paged, sglang:swa, sglang:npu")
+    from state_machines.targets.sglang import FACTORIES
+
+    print("sglang targets (--target sglang:NAME [--sglang-path DIR]): " + ", ".join(f"sglang:{k}" for k in FACTORIES))
     print("custom targets: --target MODULE:ATTR, a factory or class called with the parameters it names among"
           " size, page_size, device, need_sort, dtype, kvcache")
     print("families (a target's `family` attribute, else the first that recognizes its allocator):")

@@ -16,7 +16,7 @@ from attrs import frozen
 
 from state_machines import targets
 from state_machines.config import Config
-from state_machines.harness import swa
+from state_machines.harness import hisparse, mamba, pure_swa, swa
 from state_machines.harness.lockstep import Lockstep
 from state_machines.harness.machines import DecodeRules, ExtendRules, FreeGroupMachine, RunRecord
 from state_machines.targets import devices, probe
@@ -39,6 +39,9 @@ def register(family: Family) -> None:
     FAMILIES[family.name] = family
 
 
+register(Family("mamba", mamba.MambaLockstep, mamba.MambaMachine, mamba.is_mamba, "state slots with allocation groups"))
+register(Family("hisparse", hisparse.HiSparseLockstep, hisparse.HiSparseMachine, hisparse.is_hisparse, "logical + device pools, device buffers"))
+register(Family("pure_swa", pure_swa.PureSWALockstep, pure_swa.PureSWAMachine, pure_swa.is_pure_swa, "one pool, every layer windowed"))
 register(Family("swa", swa.SWALockstep, swa.SWAMachine, swa.is_hybrid, "full + SWA pools joined by a mapping"))
 register(Family("free_group", Lockstep, FreeGroupMachine, lambda allocator: True, "one pool of pages"))
 

@@ -69,15 +69,15 @@ def ids(t) -> list[int]:
 
 def census_of(allocator) -> list[int]:
     """The allocator's free pages, with repeats: ``get_all_free_pages()``
-    where it has one, else its ``free_pages``, ``release_pages`` and
-    ``staged_pages`` containers."""
+    where it has one, else its ``free_pages``, ``release_pages``,
+    ``staged_pages`` and ``free_slots`` (a Mamba slot list) containers."""
     get_all = getattr(allocator, "get_all_free_pages", None)
     if callable(get_all):
         pages = get_all()
         if pages is not None:
             return ids(pages)
     out: list[int] = []
-    for name in ("free_pages", "release_pages", "staged_pages"):
+    for name in ("free_pages", "release_pages", "staged_pages", "free_slots"):
         part = getattr(allocator, name, None)
         if isinstance(part, torch.Tensor):
             out += ids(part)
@@ -270,14 +270,13 @@ class Lockstep:
         an extend, or when the pool is short)."""
         ps = self.page_size
         want_pages = n // ps
-        what = f"alloc({n})"
-        out = self._call(what, self.allocator.alloc, n)
+        what, out = self._alloc_call(n, req, prefix)
         slots = self._index_tensor(what, out, n, want_pages)
         if slots is None:
             return None
         self._judge(invariants.alloc_returns_whole_pages, n, slots, ps)
         pages = [slots[i] // ps for i in range(0, n, ps)]
-        self._judge(invariants.no_slot_handed_out_twice, pages, self.model)
+        self._judge_handout(pages)
         made = None
         if req is None:
             row = self.free_rows()[0]
@@ -478,6 +477,17 @@ class Lockstep:
         self._give_back(row, len(request.prefix) * self.page_size, length, request.own, segment=False)
         self.model.finish(req.rid)
         self.row_holder[row] = None
+
+    # -- the hooks every alloc goes through --
+
+    def _alloc_call(self, n: int, req: ReqRef | None, prefix: EntryRef | None):
+        """The allocator call behind ``alloc``: (what it is called, what it
+        returned).  A family may route it elsewhere (``alloc_extend``)."""
+        return f"alloc({n})", self._call(f"alloc({n})", self.allocator.alloc, n)
+
+    def _judge_handout(self, pages: list[int]) -> None:
+        """Judge the pages an alloc handed out, before the model takes them."""
+        self._judge(invariants.no_slot_handed_out_twice, pages, self.model)
 
     # -- the hooks every free goes through --
 

@@ -81,6 +81,8 @@ _UNITS = {
     ("arrive", "prompt"): PROMPT,
     ("arrive", "out"): SPAN,
     ("evict_tokens", "n"): SPAN,
+    ("device_buffer", "n"): SLOTS,
+    ("alloc_group_begin", "n"): PAGES0,
 }
 
 
@@ -485,6 +487,10 @@ def _not_applicable(state: Lockstep, rule: str, args: dict) -> str | None:
     if req is not None and req.rid not in model.requests:
         return f"{req!r} has finished"
     request = model.requests[req.rid] if req is not None else None
+    # A family's own preconditions (its steps, or what it narrows) come first.
+    family_check = getattr(state, "step_not_applicable", None)
+    if family_check is not None and (reason := family_check(rule, args)):
+        return reason
     if rule == "alloc":
         prefix = args.get("prefix")
         if req is not None and prefix is not None:

@@ -16,11 +16,13 @@ import importlib
 import allocators
 from state_machines.targets.base import Target, TargetError, construct, one_line
 
-__all__ = ["Target", "TargetError", "build", "builtin_names", "describe_needs", "resolve", "unmet_need"]
+__all__ = ["Target", "TargetError", "build", "builtin_names", "builtin_page_sizes", "describe_needs", "resolve", "unmet_need"]
 
 # What the harness calls on every allocator; a factory that returns something
 # without them is bad input, not a failure.
 ALLOCATOR_METHODS = ("alloc", "free", "free_group_begin", "free_group_end", "available_size")
+# A family whose allocators have no free groups names what it calls instead.
+FAMILY_METHODS = {"mamba": ("alloc", "free", "alloc_group_begin", "alloc_group_end", "available_size")}
 # Failures of user code that are bad input: an import or a factory that
 # raises, exits or interrupts itself.
 _USER_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
@@ -28,6 +30,13 @@ _USER_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
 
 def builtin_names() -> list[str]:
     return sorted(allocators.BUILTINS)
+
+
+def builtin_page_sizes(name: str) -> tuple[int, ...] | None:
+    """The page sizes a built-in target takes (None: any): a token pool's
+    and a class that says ``page_sizes`` (Mamba's slots) take 1 only."""
+    cls = allocators.BUILTINS[name][0]
+    return getattr(cls, "page_sizes", None) or ((1,) if issubclass(cls, allocators.TokenAllocator) else None)
 
 
 def _builtin(name: str, mutant: str | None) -> Target:
@@ -43,7 +52,7 @@ def _builtin(name: str, mutant: str | None) -> Target:
     return Target(
         spec=f"builtin:{name}",
         factory=cls,
-        page_sizes=(1,) if issubclass(allocators.BUILTINS[name][0], allocators.TokenAllocator) else None,
+        page_sizes=builtin_page_sizes(name),
         defers_frees=getattr(cls, "defers_frees", True),
         family=getattr(cls, "family", None),
         mutant=mutant,
@@ -157,7 +166,7 @@ def build(target: Target, *, size: int, page_size: int, device: str, need_sort: 
     except _USER_FAILURES as exc:  # sys.exit() and KeyboardInterrupt from a factory included
         raise TargetError(f"cannot build {target.spec}: {one_line(exc)}") from None
     missing = []
-    for name in ALLOCATOR_METHODS:
+    for name in FAMILY_METHODS.get(target.family, ALLOCATOR_METHODS):
         try:
             method = getattr(allocator, name, None)
         except Exception:  # noqa: BLE001 - a property that raises: not a method

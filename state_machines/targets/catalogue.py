@@ -2,10 +2,11 @@
 
 import allocators
 from state_machines.config import Config
+from state_machines.targets import builtin_page_sizes
 
 
 def _token_only(name):
-    return issubclass(allocators.BUILTINS[name][0], allocators.TokenAllocator)
+    return builtin_page_sizes(name) == (1,)
 
 
 def _page_sizes(name):

@@ -34,6 +34,10 @@ MODULES = {
     "paged": "sglang.srt.mem_cache.allocator.paged",
     "swa": "sglang.srt.mem_cache.allocator.swa",
     "npu": "sglang.srt.hardware_backend.npu.allocator_npu",
+    # kv-lockstep h6: one pool of SWA pages, HiSparse pairs, Mamba state slots.
+    "pure-swa": "sglang.srt.mem_cache.allocator.swa",
+    "hisparse": "sglang.srt.mem_cache.allocator.hisparse",
+    "mamba": "sglang.srt.mem_cache.allocator.mamba",
 }
 # The same when mem_cache/allocator.py is one file (sglang up to 0.5.12);
 # a kind missing here is unavailable in that layout, with the reason shown.
@@ -58,6 +62,9 @@ CLASSES = {
     "paged": "PagedTokenToKVPoolAllocator",
     "swa": "SWATokenToKVPoolAllocator",
     "npu": "NPUPagedTokenToKVPoolAllocator",
+    "pure-swa": "PureSWATokenToKVPoolAllocator",
+    "hisparse": "HiSparseTokenToKVPoolAllocator",
+    "mamba": "MambaSlotAllocator",
 }
 
 
@@ -379,11 +386,71 @@ def make_swa(size: int, page_size: int, device: str, need_sort: bool, size_swa: 
     return _construct(cls, **args)
 
 
+# --------------------------------------------------------------------------- #
+# pure-SWA, HiSparse and Mamba (kv-lockstep h6): each its own family.
+
+
+def make_pure_swa(size: int, page_size: int, device: str, need_sort: bool):
+    """``PureSWATokenToKVPoolAllocator`` (page size 1) over the SWA stand-in."""
+    cls = _cls("pure-swa")
+    base = getattr(sys.modules[cls.__module__], "BaseSWAKVPool", None)
+    if base is None:
+        raise TargetError(f"sglang {_info().version}: swa allocator module exposes no BaseSWAKVPool")
+    args = _common(size, page_size, device, need_sort)
+    args.update(size_swa=size, kvcache=_swa_standin(base))
+    return _construct(cls, **args)
+
+
+class _HiSparseKVStandIn:
+    """Smallest KV pool ``HiSparseTokenToKVPoolAllocator`` works over: it
+    translates logical slots through the allocator's own mapping (the
+    allocator registers only a weak proxy of it, which a copy cannot keep)."""
+
+    allocator: Any = None
+
+    def register_mapping(self, full_to_hisparse_device_index_mapping) -> None:
+        return
+
+    def _translate_loc_to_hisparse_device(self, indices):
+        return self.allocator.full_to_hisparse_device_index_mapping[indices]
+
+    def translate_loc_from_full_to_compressed(self, indices):
+        return indices
+
+    def __repr__(self) -> str:
+        return "<HiSparse kvcache stand-in>"
+
+
+def make_hisparse(size: int, page_size: int, device: str, need_sort: bool):
+    """``HiSparseTokenToKVPoolAllocator``: a logical pool of twice ``size``
+    and a device pool of ``size``, over the stand-in above."""
+    standin = _HiSparseKVStandIn()
+    allocator = _construct(_cls("hisparse"), **{**_common(size, page_size, device, need_sort), "kvcache": standin})
+    standin.allocator = allocator
+    return allocator
+
+
+def make_mamba(size: int, page_size: int, device: str, need_sort: bool):
+    """``MambaSlotAllocator(size, device)``: slots, page size 1."""
+    return _construct(_cls("mamba"), **_common(size, page_size, device, need_sort))
+
+
+# kind -> what its Target says beyond the spec and factory.
+KIND_TARGETS: dict[str, dict[str, Any]] = {
+    "pure-swa": dict(page_sizes=(1,), family="pure_swa"),
+    "hisparse": dict(family="hisparse", defers_frees=False),
+    "mamba": dict(page_sizes=(1,), family="mamba", defers_frees=False),
+}
+
+
 FACTORIES: dict[str, Callable[..., Any]] = {
     "token": make_token,
     "paged": make_paged,
     "swa": make_swa,
     "npu": make_npu,
+    "pure-swa": make_pure_swa,
+    "hisparse": make_hisparse,
+    "mamba": make_mamba,
 }
 
 
@@ -406,6 +473,8 @@ def resolve(kind: str, sglang_path: str | None) -> Target:
     make = factory(kind)
     load_sglang(sglang_path)
     _cls(kind)  # an unavailable kind fails here, with its reason
+    if kind in KIND_TARGETS:
+        return Target(spec=f"sglang:{kind}", factory=make, **KIND_TARGETS[kind])
     return Target(
         spec=f"sglang:{kind}",
         factory=make,
@@ -421,8 +490,11 @@ __all__ = [
     "gate_kinds",
     "layout_of",
     "load_sglang",
+    "make_hisparse",
+    "make_mamba",
     "make_npu",
     "make_paged",
+    "make_pure_swa",
     "make_swa",
     "make_token",
     "release_files",

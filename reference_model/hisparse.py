@@ -1,0 +1,76 @@
+"""The device pool of a HiSparse pair, in plain Python (no torch).
+
+A HiSparse allocator hands out logical pages (the core ``OwnershipModel``)
+and, for each, a device page joined to it by the full-to-HiSparse mapping,
+as an SWA pool's pages are joined to the full pool's: ``DeviceSide`` is an
+``SWASide`` whose pages may also sit in a request's device buffer.  Once a
+request's device buffer is made (``alloc_device_buffer``), the device pages
+of its row leave the mapping: the first ones become the buffer, the rest go
+free, and more are taken if the buffer needs them.  Frees are never deferred.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from attrs import define, field
+
+from reference_model.ledger import FREED
+from reference_model.model import CACHE, REQUEST, Owner
+from reference_model.swa import SWASide
+
+
+@define
+class DeviceSide(SWASide):
+    """Device pages: free, the peer of a held logical page (``mapping``), or
+    in a live request's device buffer (``buffers``)."""
+
+    # Request -> the device pages of its buffer, in buffer order.
+    buffers: dict[int, list[int]] = field(factory=dict)
+
+    @property
+    def owner(self) -> dict[int, Owner]:
+        out = SWASide.owner.fget(self)
+        for rid, pages in self.buffers.items():
+            for p in pages:
+                out[p] = Owner(REQUEST, rid)
+        return out
+
+    def unmap(self, logical_pages) -> list[int]:
+        """The peers of ``logical_pages`` leave the mapping (they stay held,
+        for ``give_buffer`` to place); returns them in the pages' order."""
+        return [self.mapping.pop(p) for p in logical_pages if p in self.mapping]
+
+    def give_buffer(self, rid: int, kept: list[int], extra: list[int], surplus: list[int]) -> None:
+        """Request ``rid``'s device buffer is ``kept`` (unmapped peers it
+        keeps) then ``extra`` (pages taken from the free set); the
+        ``surplus`` peers go free."""
+        self.buffers[rid] = list(kept) + list(extra)
+        self.free.difference_update(extra)
+        self.ledger.allocated += len(extra)
+        self._to_free(surplus, FREED)
+
+    def drop_buffer(self, rid: int) -> list[int]:
+        """The request's buffer goes free (``free_hisparse_indices``)."""
+        pages = self.buffers.pop(rid, [])
+        self._to_free(pages, FREED)
+        return pages
+
+    def violations(self) -> list[str]:
+        out = []
+        buffered = [p for pages in self.buffers.values() for p in pages]
+        seen = Counter(list(self.mapping.values()) + buffered + list(self.free))
+        if twice := sorted(p for p, n in seen.items() if n > 1):
+            out.append(f"device pages {twice} are mapped, in a buffer or free more than once")
+        if set(seen) != set(self.universe):
+            out.append(f"device pages tracked {len(seen)} / device pool {len(self.universe)}")
+        for page, peer in self.mapping.items():
+            kind = self.full.owner.get(page, Owner("outside the pool")).kind
+            if kind not in (REQUEST, CACHE):
+                out.append(f"logical page {page} is {kind} but still maps to device page {peer}")
+        for rid in self.buffers:
+            if rid not in self.full.requests:
+                out.append(f"req_{rid} has finished but still holds a device buffer")
+        if problem := self.ledger.balance_problem(len(self.free), "device "):
+            out.append(problem)
+        return out

@@ -1,0 +1,266 @@
+"""The lockstep harness for HiSparse pools (the "hisparse" family).
+
+``HiSparseLockstep`` drives the logical pool (``logical_attn_allocator``)
+against the core ``OwnershipModel`` and the device pool
+(``hisparse_attn_allocator``) against ``DeviceSide``, checks both pools
+each step the way the core checks one, and the full-to-HiSparse mapping
+between them.  Frees are never deferred (``defers_frees = False``).
+
+Beyond the core steps: ``device_buffer`` (``alloc_device_buffer`` of a
+request's row, as the HiSparse coordinator admits a request) and
+``free_hisparse`` (a request still staging is aborted: its device pages
+go, its logical pages stay).  A request with a device buffer gives it back
+(``free_hisparse_indices``) before its row is freed, as the coordinator's
+``request_finished`` does.  Segments end on a page boundary (see
+``HiSparseMachine``).  At a page size above 1, where sglang's
+``alloc()`` is page-size-1 only, ``alloc`` goes through ``alloc_extend``
+(one request, its row page-aligned) when the allocator has one.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from attrs import define
+
+from reference_model import invariants
+from reference_model.hisparse import DeviceSide
+from state_machines.harness.drawing import rematch_among
+from state_machines.harness.lockstep import Lockstep, Pool, census_of, ids
+from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, _pick, draws
+from state_machines.harness.steps import EntryRef, ReqRef, step
+from state_machines.targets import TargetError
+from state_machines.targets.base import one_line, quiet
+
+DEVICE = dict(name="device_no_slot_handed_out_twice", label="device pool: ")
+
+
+@define
+class HiSparseLockstep(Lockstep):
+    device: DeviceSide | None = None
+    # Set while a call takes logical pages only (alloc_decode).
+    logical_only: bool = False
+
+    def start_models(self, defers_frees: bool) -> None:
+        super().start_models(defers_frees)
+        if self.page_size == 1 and callable(getattr(self.allocator, "alloc_decode", None)):
+            # sglang's callers allocate decode tokens with alloc() at page
+            # size 1; its paged alloc_decode counts no new pages there.
+            self.disabled_rules.setdefault("decode", "alloc_decode: not a page-size-1 path (callers use alloc)")
+        elif reason := extend_unavailable(self.allocator, self.config.page_size, self.config.device):
+            raise TargetError(f"{self.config.target} at page size {self.page_size} allocates through alloc_extend, "
+                              f"which cannot run here: {reason}")
+        initial = self._call("device census", census_of, self.allocator.hisparse_attn_allocator)
+        self.device = DeviceSide.from_census(self.model, sorted(set(initial)))
+
+    @property
+    def mapping(self) -> torch.Tensor:
+        return self.allocator.full_to_hisparse_device_index_mapping
+
+    # -- checks --
+
+    def pools(self) -> list[Pool]:
+        a = self.allocator
+        return [
+            Pool(a.logical_attn_allocator, self.model, "", "logical pool: "),
+            Pool(a.hisparse_attn_allocator, self.device, "device_", "device pool: "),
+        ]
+
+    def check_joint(self, censuses: list[list[int]]) -> None:
+        """The mapping between the pools, and the joint available size."""
+        a = self.allocator
+        self._judge(invariants.hisparse_mapping_consistent, ids(self.mapping), self.page_size, self.model, self.device)
+        self._judge(
+            invariants.hisparse_available_size_agrees,
+            int(self._call("available_size()", a.available_size)),
+            int(self._call("logical available_size()", a.logical_attn_allocator.available_size)),
+            int(self._call("device available_size()", a.hisparse_attn_allocator.available_size)),
+        )
+
+    # -- steps --
+
+    def _short(self, pages: int) -> bool:
+        return self.model.num_free < pages or (not self.logical_only and self.device.num_free < pages)
+
+    @step
+    def decode(self, reqs: list[ReqRef]) -> None:
+        """``alloc_decode`` takes logical pages only: a new page has no device page."""
+        self.logical_only = True
+        try:
+            super().decode(reqs)
+        finally:
+            self.logical_only = False
+
+    def _alloc_call(self, n: int, req: ReqRef | None, prefix: EntryRef | None):
+        """``alloc_extend`` of one request at a page size above 1, where the
+        allocator has it; else ``alloc``."""
+        if self.page_size == 1 or not callable(getattr(self.allocator, "alloc_extend", None)):
+            return super()._alloc_call(n, req, prefix)
+        if req is not None:
+            request = self.model.requests[req.rid]
+            before = len(request.pages) * self.page_size
+            last = int(self.rows[request.row, before - 1]) if before else -1
+        elif prefix is not None:
+            before = len(self.model.cache[prefix.eid].pages) * self.page_size
+            last = int(self.entry_slots[prefix.eid][-1]) if before else -1
+        else:
+            before, last = 0, -1
+        i64 = dict(dtype=torch.int64, device=self.rows.device)
+        cpu = dict(dtype=torch.int64)
+        args = (torch.tensor([before], **i64), torch.tensor([before], **cpu), torch.tensor([before + n], **i64),
+                torch.tensor([before + n], **cpu), torch.tensor([last], **i64), n)
+        what = f"alloc_extend(prefix_lens=[{before}], seq_lens=[{before + n}], last_loc=[{last}], extend_num_tokens={n})"
+        return what, self._call(what, self.allocator.alloc_extend, *args)
+
+    @step
+    def alloc(self, n: int, req: ReqRef | None = None, prefix: EntryRef | None = None) -> ReqRef | None:
+        pool_short = self._short(n // self.page_size)
+        made = super().alloc(n, req, prefix)
+        if pool_short:
+            return None
+        ps = self.page_size
+        new = self.model.requests[(made or req).rid].own[-(n // ps):]
+        slots = [p * ps + k for p in new for k in range(ps)]
+        device_slots = ids(self.mapping.to("cpu")[torch.tensor(slots, dtype=torch.int64)])
+        self._judge(invariants.hisparse_alloc_maps_whole_pages, n, slots, device_slots, ps)
+        device_pages = [device_slots[i] // ps for i in range(0, len(device_slots), ps)]
+        self._judge(invariants.no_slot_handed_out_twice, device_pages, self.device, **DEVICE)
+        self.device.take(new, device_pages)
+        return made
+
+    @step
+    def device_buffer(self, req: ReqRef, n: int) -> None:
+        """``alloc_device_buffer`` of a view of the request's whole row and
+        ``n`` slots: the device pages its tokens map to leave the mapping,
+        the first ``n`` slots' worth become its buffer, the rest go free,
+        and fresh pages make up a shortfall."""
+        ps = self.page_size
+        request = self.model.requests[req.rid]
+        row, length = self._row_of(req)
+        view = self.rows[row, :length]
+        what = f"alloc_device_buffer(req_to_token[{row}, :{length}], {n})"
+        out = self._call(what, self.allocator.alloc_device_buffer, view, n)
+        peers = self.device.unmap(request.pages)
+        kept, surplus = peers[: n // ps], peers[n // ps :]
+        got = ids(out)
+        self._judge(invariants.device_buffer_keeps_token_slots, what, got, kept, n, ps)
+        extra = [got[i] // ps for i in range(len(kept) * ps, n, ps)]
+        self._judge(invariants.no_slot_handed_out_twice, extra, self.device, **DEVICE)
+        self.device.give_buffer(req.rid, kept, extra, surplus)
+
+    @step
+    def free_hisparse(self, req: ReqRef) -> None:
+        """A request still staging is aborted: ``free_hisparse`` of a view of
+        its row frees the device pages its tokens map to; its logical pages
+        stay until it finishes."""
+        row, length = self._row_of(req)
+        view = self.rows[row, :length]
+        self._call(f"free_hisparse(req_to_token[{row}, :{length}])", self.allocator.free_hisparse, view)
+        self.device.release(self.model.requests[req.rid].pages, "free")
+
+    @step
+    def finish(self, req: ReqRef) -> None:
+        """The request ends: its device buffer, if any, goes back
+        (``free_hisparse_indices``), then its row is freed as in the core."""
+        buffer = self.device.buffers.get(req.rid)
+        if buffer is not None:
+            ps = self.page_size
+            slots = torch.tensor([p * ps + k for p in buffer for k in range(ps)], dtype=torch.int64, device=self.rows.device)
+            self._call(f"free_hisparse_indices({req!r} device buffer)", self.allocator.free_hisparse_indices, slots)
+            self.device.drop_buffer(req.rid)
+        super().finish(req)
+
+    def _give_back(self, row: int, start: int, end: int, pages: list[int], *, segment: bool) -> None:
+        super()._give_back(row, start, end, pages, segment=segment)
+        self.device.release(pages, "free")
+
+    def _evict_slots(self, entry: EntryRef, slots, pages) -> None:
+        super()._evict_slots(entry, slots, pages)
+        self.device.release(pages, "evict")
+
+    # -- what the rules may act on --
+
+    def unbuffered(self) -> list[ReqRef]:
+        return [r for r in self.live() if r.rid not in self.device.buffers]
+
+    def buffer_shortfall(self, req: ReqRef, n: int) -> int:
+        """Device pages a buffer of ``n`` slots must take from the free set."""
+        peers = sum(1 for p in self.model.requests[req.rid].pages if p in self.device.mapping)
+        return max(0, n // self.page_size - peers)
+
+    def step_not_applicable(self, rule: str, args: dict) -> str | None:
+        """Why a replayed step is one this family's rules never draw."""
+        req = args.get("req")
+        if rule == "free_segment" and (args["start"] + args["n"]) % self.page_size:
+            return "a HiSparse segment ends on a page boundary (allocs map whole pages)"
+        entry = args.get("entry")
+        if rule == "rematch" and entry is not None and entry.eid in self.model.requests[req.rid].locks:
+            return f"{req!r} already holds {entry!r} in its row"
+        if rule in ("device_buffer", "free_hisparse") and req.rid in self.device.buffers:
+            return f"{req!r} already has a device buffer"
+        if rule == "device_buffer" and self.buffer_shortfall(req, args["n"]) > self.device.num_free:
+            return f"the device pool cannot make up {req!r}'s buffer"
+        return None
+
+
+_EXTEND_PROBED: dict[tuple, str | None] = {}
+
+
+def extend_unavailable(allocator, page_size: int, device: str) -> str | None:
+    """Why ``alloc_extend`` cannot run here (a device kernel on a host
+    without one), or None; probed once per class and shape on a throwaway copy."""
+    if not callable(getattr(allocator, "alloc_extend", None)):
+        return None
+    key = (type(allocator), page_size, device, getattr(allocator, "need_sort", None))
+    if key not in _EXTEND_PROBED:
+        i64 = dict(dtype=torch.int64, device=device)
+        zero, one_page = torch.tensor([0]), torch.tensor([page_size])
+        try:
+            with quiet():
+                copy.deepcopy(allocator).alloc_extend(
+                    zero.to(**i64), zero, one_page.to(**i64), one_page, torch.tensor([-1], **i64), page_size
+                )
+            _EXTEND_PROBED[key] = None
+        except Exception as exc:  # noqa: BLE001 - whatever stops it here makes the target unavailable
+            _EXTEND_PROBED[key] = one_line(exc)
+    return _EXTEND_PROBED[key]
+
+
+class HiSparseMachine(FreeGroupMachine):
+    """The core rules over a HiSparse pair, plus device buffers and aborts."""
+
+    # sglang maps each token's slot, and an alloc here maps whole pages: a
+    # segment ending mid-page would leave a token slot mapped that no caller
+    # mapped.  So segments end on a page boundary.
+    @draws(guard=lambda s: s.with_own_pages(), which=PICKS, start=(0, 15))
+    def free_segment(self, which, start):
+        s = self.state
+        req = _pick(s.with_own_pages(), which)
+        request = s.model.requests[req.rid]
+        start_page = len(request.prefix) + start % len(request.own)
+        self._do("free_segment", req, start_page * s.page_size, (len(request.pages) - start_page) * s.page_size)
+
+    # A radix match extends a prefix with entries it does not hold yet; an
+    # entry twice in one row would hand alloc_device_buffer a slot twice.
+    @draws(guard=lambda s: s.with_own_pages(), which=PICKS, dup=(0, MAX_PAGES), entry=PICKS)
+    def rematch(self, which, dup, entry):
+        s = self.state
+        rematch_among(self, s.with_own_pages(), which, dup, entry, lambda req, e: e.eid not in s.model.requests[req.rid].locks)
+
+    @draws(guard=lambda s: s.unbuffered(), which=PICKS, pages=(1, MAX_PAGES + 2))
+    def device_buffer(self, which, pages):
+        s = self.state
+        req = _pick(s.unbuffered(), which)
+        n = pages * s.page_size
+        if s.buffer_shortfall(req, n) <= s.device.num_free:
+            self._do("device_buffer", req, n)
+
+    @draws(guard=lambda s: s.unbuffered(), which=PICKS)
+    def free_hisparse(self, which):
+        self._do("free_hisparse", _pick(self.state.unbuffered(), which))
+
+
+def is_hisparse(allocator) -> bool:
+    """Whether an allocator has sglang's HiSparse pools and mapping."""
+    return all(hasattr(allocator, n) for n in ("logical_attn_allocator", "hisparse_attn_allocator", "full_to_hisparse_device_index_mapping"))

@@ -1,0 +1,47 @@
+"""sglang's pure-SWA, HiSparse and Mamba allocators in the release gate.
+
+Each release runs in a fresh process (``gate`` of ``test_sglang``); without
+the releases these tests skip.
+"""
+
+import pytest
+
+from tests.test_sglang import gate, is_aliasing_story
+
+pytestmark = pytest.mark.sglang
+
+NEW_KINDS = "pure-swa,hisparse,mamba"
+
+
+@pytest.fixture(scope="module")
+def rows_0_5_23(tmp_path_factory):
+    return gate("0.5.23", tmp_path_factory.mktemp("traces"), NEW_KINDS)
+
+
+@pytest.fixture(scope="module")
+def rows_0_5_17(tmp_path_factory):
+    return gate("0.5.17", tmp_path_factory.mktemp("traces"), NEW_KINDS)
+
+
+@pytest.mark.parametrize("kind", NEW_KINDS.split(","))
+def test_0_5_23_runs_each_new_kind_clean(rows_0_5_23, kind):
+    """0.5.23's pure-SWA (page size 1), HiSparse (4) and Mamba (1) allocators pass the whole budget."""
+    assert rows_0_5_23[kind]["result"] == "pass", rows_0_5_23[kind]
+
+
+def test_0_5_17_pure_swa_fails_on_aliasing(rows_0_5_17):
+    """0.5.17's PureSWATokenToKVPoolAllocator.free queues the caller's row view inside a group."""
+    row = rows_0_5_17["pure-swa"]
+    assert row["result"] == "FAIL", row
+    assert any(is_aliasing_story(f["rules"]) for f in row["failures"]), row["failures"]
+
+
+def test_0_5_17_hisparse_at_page_size_4_is_unavailable_not_failed(rows_0_5_17):
+    """Its alloc_extend needs a Triton driver: the row says so, and runs nothing."""
+    row = rows_0_5_17["hisparse"]
+    assert row["result"].startswith("unavailable: sglang:hisparse at page size 4 allocates through alloc_extend"), row
+
+
+def test_0_5_17_mamba_passes(rows_0_5_17):
+    """0.5.17's MambaSlotAllocator keeps its allocation groups sound under its caller's pairing."""
+    assert rows_0_5_17["mamba"]["result"] == "pass", rows_0_5_17["mamba"]

@@ -38,6 +38,9 @@ DEVICE = dict(name="device_no_slot_handed_out_twice", label="device pool: ")
 
 @define
 class HiSparseLockstep(Lockstep):
+    # The core's decode and extend would take slots this family's extra
+    # state does not follow, so they are not driven here.
+    caller_steps = ()
     device: DeviceSide | None = None
     # Set while a call takes logical pages only (alloc_decode).
     logical_only: bool = False

@@ -263,12 +263,12 @@ def _whole_pages(slots: list[int], page_size: int) -> bool:
     return all(slots[i] % ps == i % ps and slots[i] // ps == slots[i - i % ps] // ps for i in range(len(slots)))
 
 
-def hisparse_alloc_maps_whole_pages(n: int, logical_slots: list[int], device_slots: list[int], page_size: int) -> str | None:
+def hisparse_alloc_maps_whole_pages(what: str, logical_slots: list[int], device_slots: list[int], page_size: int) -> str | None:
     """Each new logical page maps, slot by slot, onto one whole device page,
     never onto the padding page 0."""
     if _whole_pages(device_slots, page_size) and all(s >= page_size for s in device_slots):
         return None
-    return f"alloc({n}) mapped logical slots {logical_slots[:16]} to device slots {device_slots[:16]} / whole device pages past page 0"
+    return f"{what} mapped logical slots {logical_slots[:16]} to device slots {device_slots[:16]} / whole device pages past page 0"
 
 
 def hisparse_available_size_agrees(available: int, logical_available: int, device_available: int) -> str | None:

@@ -14,12 +14,12 @@ go, its logical pages stay).  A request with a device buffer gives it back
 ``request_finished`` does.  Segments end on a page boundary (see
 ``HiSparseMachine``).  At a page size above 1, where sglang's
 ``alloc()`` is page-size-1 only, ``alloc`` goes through ``alloc_extend``
-(one request, its row page-aligned) when the allocator has one.
+(one request, its row page-aligned) when the allocator has one.  ``decode``
+runs as the core's; the batched ``extend`` (token-by-token mapping) is not
+modelled.
 """
 
 from __future__ import annotations
-
-import copy
 
 import torch
 from attrs import define
@@ -30,30 +30,27 @@ from state_machines.harness.drawing import rematch_among
 from state_machines.harness.lockstep import Lockstep, Pool, census_of, ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, _pick, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
-from state_machines.targets import TargetError
-from state_machines.targets.base import one_line, quiet
+from state_machines.targets import TargetError, probe
 
 DEVICE = dict(name="device_no_slot_handed_out_twice", label="device pool: ")
 
 
 @define
 class HiSparseLockstep(Lockstep):
-    # The core's decode and extend would take slots this family's extra
-    # state does not follow, so they are not driven here.
-    caller_steps = ()
     device: DeviceSide | None = None
+
+    # Decode is modelled (a page-size-1 decode maps device pages); a batched
+    # extend, which maps token by token, is not.
+    caller_steps = ("decode",)
     # Set while a call takes logical pages only (alloc_decode).
     logical_only: bool = False
 
     def start_models(self, defers_frees: bool) -> None:
         super().start_models(defers_frees)
-        if self.page_size == 1 and callable(getattr(self.allocator, "alloc_decode", None)):
-            # sglang's callers allocate decode tokens with alloc() at page
-            # size 1; its paged alloc_decode counts no new pages there.
-            self.disabled_rules.setdefault("decode", "alloc_decode: not a page-size-1 path (callers use alloc)")
-        elif reason := extend_unavailable(self.allocator, self.config.page_size, self.config.device):
+        if self.page_size > 1 and "extend" in self.disabled_rules:
+            # alloc() is page-size-1 only: without alloc_extend nothing allocates.
             raise TargetError(f"{self.config.target} at page size {self.page_size} allocates through alloc_extend, "
-                              f"which cannot run here: {reason}")
+                              f"which cannot run here: {self.disabled_rules['extend']}")
         initial = self._call("device census", census_of, self.allocator.hisparse_attn_allocator)
         self.device = DeviceSide.from_census(self.model, sorted(set(initial)))
 
@@ -88,12 +85,18 @@ class HiSparseLockstep(Lockstep):
 
     @step
     def decode(self, reqs: list[ReqRef]) -> None:
-        """``alloc_decode`` takes logical pages only: a new page has no device page."""
-        self.logical_only = True
+        """As the core's; where the caller sends it to ``alloc_decode`` (page
+        size > 1) a new page is logical only, where to ``alloc()`` (page size
+        1) each new page has a device page too."""
+        self.logical_only = probe.caller_sends("decode", self.page_size, self.config.latent) is not None
+        before = {r.rid: len(self.model.requests[r.rid].own) for r in reqs}
         try:
             super().decode(reqs)
         finally:
-            self.logical_only = False
+            logical_only, self.logical_only = self.logical_only, False
+        new = [p for r in reqs for p in self.model.requests[r.rid].own[before[r.rid]:]]
+        if new and not logical_only:
+            self._map_new(f"alloc({len(reqs)})", new)
 
     def _alloc_call(self, n: int, req: ReqRef | None, prefix: EntryRef | None):
         """``alloc_extend`` of one request at a page size above 1, where the
@@ -122,15 +125,19 @@ class HiSparseLockstep(Lockstep):
         made = super().alloc(n, req, prefix)
         if pool_short:
             return None
+        self._map_new(f"alloc({n})", self.model.requests[(made or req).rid].own[-(n // self.page_size):])
+        return made
+
+    def _map_new(self, what: str, new: list[int]) -> None:
+        """The logical pages ``new`` just handed out each map onto a whole
+        device page, free until now; the device side takes them."""
         ps = self.page_size
-        new = self.model.requests[(made or req).rid].own[-(n // ps):]
         slots = [p * ps + k for p in new for k in range(ps)]
         device_slots = ids(self.mapping.to("cpu")[torch.tensor(slots, dtype=torch.int64)])
-        self._judge(invariants.hisparse_alloc_maps_whole_pages, n, slots, device_slots, ps)
+        self._judge(invariants.hisparse_alloc_maps_whole_pages, what, slots, device_slots, ps)
         device_pages = [device_slots[i] // ps for i in range(0, len(device_slots), ps)]
         self._judge(invariants.no_slot_handed_out_twice, device_pages, self.device, **DEVICE)
         self.device.take(new, device_pages)
-        return made
 
     @step
     def device_buffer(self, req: ReqRef, n: int) -> None:
@@ -205,29 +212,6 @@ class HiSparseLockstep(Lockstep):
         if rule == "device_buffer" and self.buffer_shortfall(req, args["n"]) > self.device.num_free:
             return f"the device pool cannot make up {req!r}'s buffer"
         return None
-
-
-_EXTEND_PROBED: dict[tuple, str | None] = {}
-
-
-def extend_unavailable(allocator, page_size: int, device: str) -> str | None:
-    """Why ``alloc_extend`` cannot run here (a device kernel on a host
-    without one), or None; probed once per class and shape on a throwaway copy."""
-    if not callable(getattr(allocator, "alloc_extend", None)):
-        return None
-    key = (type(allocator), page_size, device, getattr(allocator, "need_sort", None))
-    if key not in _EXTEND_PROBED:
-        i64 = dict(dtype=torch.int64, device=device)
-        zero, one_page = torch.tensor([0]), torch.tensor([page_size])
-        try:
-            with quiet():
-                copy.deepcopy(allocator).alloc_extend(
-                    zero.to(**i64), zero, one_page.to(**i64), one_page, torch.tensor([-1], **i64), page_size
-                )
-            _EXTEND_PROBED[key] = None
-        except Exception as exc:  # noqa: BLE001 - whatever stops it here makes the target unavailable
-            _EXTEND_PROBED[key] = one_line(exc)
-    return _EXTEND_PROBED[key]
 
 
 class HiSparseMachine(FreeGroupMachine):

@@ -28,11 +28,10 @@ from state_machines.harness.steps import step
 
 @define
 class MambaLockstep(Lockstep):
-    # The core's decode and extend would take slots this family's extra
-    # state does not follow, so they are not driven here.
+    # What a Mamba slot allocator lacks: free groups, segments; its slots
+    # are per request, so no token-batched decode or extend (nor admit).
+    begin = end = free_segment = decode = extend = admit = None
     caller_steps = ()
-    # What a Mamba slot allocator lacks: free groups, segments, decode.
-    begin = end = free_segment = decode = None
 
     def start_models(self, defers_frees: bool) -> None:
         initial = self._call("census", census_of, self.allocator)

@@ -54,7 +54,7 @@ LAYOUTS = {PACKAGE: MODULES, SINGLE_FILE: SINGLE_FILE_MODULES}
 NPU_FILE = ("srt", "hardware_backend", "npu", "allocator_npu.py")
 REQUIRED = ("token", "paged")
 # Kinds that work at page size 1 only: the token allocator, and SWA's alloc().
-PAGE_SIZE_ONE = ("token", "swa")
+PAGE_SIZE_ONE = ("token", "swa", "pure-swa", "mamba")
 # The page size a kind that takes any is gated and described at (``gate_kinds``).
 GATE_PAGE_SIZE = 4
 CLASSES = {
@@ -435,11 +435,12 @@ def make_mamba(size: int, page_size: int, device: str, need_sort: bool):
     return _construct(_cls("mamba"), **_common(size, page_size, device, need_sort))
 
 
-# kind -> what its Target says beyond the spec and factory.
+# kind -> its family, and whether its frees are deferred in a free group.
 KIND_TARGETS: dict[str, dict[str, Any]] = {
-    "pure-swa": dict(page_sizes=(1,), family="pure_swa"),
+    "swa": dict(family="swa"),
+    "pure-swa": dict(family="pure_swa"),
     "hisparse": dict(family="hisparse", defers_frees=False),
-    "mamba": dict(page_sizes=(1,), family="mamba", defers_frees=False),
+    "mamba": dict(family="mamba", defers_frees=False),
 }
 
 
@@ -473,13 +474,11 @@ def resolve(kind: str, sglang_path: str | None) -> Target:
     make = factory(kind)
     load_sglang(sglang_path)
     _cls(kind)  # an unavailable kind fails here, with its reason
-    if kind in KIND_TARGETS:
-        return Target(spec=f"sglang:{kind}", factory=make, **KIND_TARGETS[kind])
     return Target(
         spec=f"sglang:{kind}",
         factory=make,
         page_sizes=(1,) if kind in PAGE_SIZE_ONE else None,
-        family="swa" if kind == "swa" else None,
+        **KIND_TARGETS.get(kind, {}),
     )
 
 

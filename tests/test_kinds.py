@@ -107,6 +107,15 @@ def test_free_hisparse_frees_the_device_pages_and_keeps_the_logical_ones():
     assert state.model.requests[req.rid].own == own
 
 
+def test_a_page_size_1_decode_maps_each_new_page_to_a_device_page():
+    """At page size 1 the caller sends decode to alloc(), which maps the new slot to a device slot."""
+    state = build(target="builtin:hisparse")
+    req = state.alloc(n=1)
+    state.decode(reqs=[req])
+    new = state.model.requests[req.rid].own[-1]
+    assert new in state.device.mapping
+
+
 # -- Mamba --
 
 

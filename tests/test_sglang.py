@@ -131,6 +131,10 @@ def test_0_5_12_loads_its_single_file_as_token_paged_swa_and_npu():
         "  sglang:paged: PagedTokenToKVPoolAllocator (sglang.srt.mem_cache.allocator), any page size",
         "  sglang:swa: SWATokenToKVPoolAllocator (sglang.srt.mem_cache.swa_memory_pool), page size 1 only",
         "  sglang:npu: NPUPagedTokenToKVPoolAllocator (sglang.srt.hardware_backend.npu.allocator_npu), any page size",
+    ] + [
+        f"  sglang:{kind}: unavailable: sglang 0.5.12: {kind} allocator unavailable: this release keeps its allocators"
+        f" in one file, mem_cache/allocator.py, with no {kind} allocator"
+        for kind in ("pure-swa", "hisparse", "mamba")
     ]
 
 
@@ -148,15 +152,16 @@ def test_targets_lists_every_kind_of_a_release_with_its_steps():
     lines = targets_listing("0.5.23")
     assert lines[0].endswith(": allocators in a package, sglang/srt/mem_cache/allocator/")
     at = lines.index("  sglang:token: TokenToKVPoolAllocator (sglang.srt.mem_cache.allocator.token), page size 1 only")
+    # At page size 1 the caller sends decode and extend to alloc(), which the token allocator has.
     assert lines[at + 1 : at + 4] == [
         "    at page size 1: harness Lockstep",
-        "    steps: alloc, begin, end, evict, finish, free, free_segment, overwrite_row, rematch",
-        "    disabled: decode: alloc_decode: not provided (NotImplementedError)",
+        "    steps: admit, alloc, begin, decode, end, evict, extend, finish, free, free_segment, overwrite_row, rematch",
+        "  sglang:paged: PagedTokenToKVPoolAllocator (sglang.srt.mem_cache.allocator.paged), any page size",
     ]
     at = lines.index("  sglang:paged: PagedTokenToKVPoolAllocator (sglang.srt.mem_cache.allocator.paged), any page size")
     assert lines[at + 1 : at + 3] == [
         "    at page size 4: harness Lockstep",
-        "    steps: alloc, begin, decode, end, evict, finish, free, free_segment, overwrite_row, rematch",
+        "    steps: admit, alloc, begin, decode, end, evict, extend, finish, free, free_segment, overwrite_row, rematch",
     ]
     assert "  sglang:swa: SWATokenToKVPoolAllocator (sglang.srt.mem_cache.allocator.swa), page size 1 only" in lines
     assert ("  sglang:npu: NPUPagedTokenToKVPoolAllocator (sglang.srt.hardware_backend.npu.allocator_npu), any page size"

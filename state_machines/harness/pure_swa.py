@@ -23,6 +23,7 @@ from state_machines.harness.drawing import rematch_among
 from state_machines.harness.lockstep import Lockstep, Pool
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, _pick, draws
 from state_machines.harness.steps import ReqRef, step
+from state_machines.harness.swa import free_swa_view
 
 
 @define
@@ -65,12 +66,7 @@ class PureSWALockstep(Lockstep):
         request = self.model.requests[req.rid]
         row, start = request.row, len(request.prefix) * self.page_size
         end = start + pages * self.page_size
-        view = self.rows[row, start:end]
-        if segment and callable(getattr(self.allocator, "free_swa_segment", None)):
-            self._call(f"free_swa_segment(req_to_token[{row}, {start}:{end}], start_pos={start})",
-                       lambda: self.allocator.free_swa_segment(view, start_pos=start))
-        else:
-            self._call(f"free_swa(req_to_token[{row}, {start}:{end}])", self.allocator.free_swa, view)
+        free_swa_view(self, row, start, end, segment)
         windows.slide(self.model, req.rid, pages, defer=self.swa_defers)
         self.slid[req.rid] = self.slid.get(req.rid, 0) + pages
 

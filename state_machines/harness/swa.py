@@ -149,12 +149,7 @@ class SWALockstep(Lockstep):
         first = len(request.prefix) + self._slid(request.own)
         row = request.row
         start, end = first * ps, (first + pages) * ps
-        view = self.rows[row, start:end]
-        if segment and callable(getattr(self.allocator, "free_swa_segment", None)):
-            self._call(f"free_swa_segment(req_to_token[{row}, {start}:{end}], start_pos={start})",
-                       lambda: self.allocator.free_swa_segment(view, start_pos=start))
-        else:
-            self._call(f"free_swa(req_to_token[{row}, {start}:{end}])", self.allocator.free_swa, view)
+        free_swa_view(self, row, start, end, segment)
         self.swa.release(request.pages[first : first + pages], "evict", defer=self.swa_defers)
 
     @step
@@ -244,3 +239,14 @@ class SWAMachine(FreeGroupMachine):
 def is_hybrid(allocator) -> bool:
     """Whether an allocator has sglang's two SWA pools."""
     return all(hasattr(allocator, name) for name in ("full_attn_allocator", "swa_attn_allocator", "full_to_swa_index_mapping"))
+
+
+def free_swa_view(state: Lockstep, row: int, start: int, end: int, segment: bool) -> None:
+    """The window slides past ``row[start:end]``: ``free_swa_segment`` of a
+    view of it where asked and the allocator has one, else ``free_swa``."""
+    view = state.rows[row, start:end]
+    if segment and callable(getattr(state.allocator, "free_swa_segment", None)):
+        state._call(f"free_swa_segment(req_to_token[{row}, {start}:{end}], start_pos={start})",
+                    lambda: state.allocator.free_swa_segment(view, start_pos=start))
+    else:
+        state._call(f"free_swa(req_to_token[{row}, {start}:{end}])", state.allocator.free_swa, view)

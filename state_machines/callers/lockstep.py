@@ -183,8 +183,8 @@ class CallerLockstep:
         return bool(self.running) and len(self.running) * self.page_size <= self.budget()
 
     def abortable(self) -> list[ReqRef]:
-        return [ReqRef(r) for r, live in self.requests.items()
-                if live.status == WAITING or (live.status == RUNNING and not live.req.to_finish)]
+        # Running and not yet aborted: leaving the waiting queue frees nothing.
+        return [ReqRef(r) for r in self.running if not self.requests[r].req.to_finish]
 
     def not_applicable(self, rule: str, args: dict) -> str | None:
         """Why a trace's step could not have been drawn here, or None (the
@@ -208,7 +208,7 @@ class CallerLockstep:
         if rule == "retract":
             return None if req.rid in self.running else f"{req!r} is not running"
         if rule == "abort":
-            return None if req in self.abortable() else f"{req!r} is neither waiting nor running unaborted"
+            return None if req in self.abortable() else f"{req!r} is not running, or is aborted already"
         return f"{rule} is not a step of the caller harness"
 
     # -- steps --
@@ -308,14 +308,9 @@ class CallerLockstep:
 
     @step
     def abort(self, req: ReqRef) -> None:
-        """A client aborts: a waiting request leaves the queue; a running one
-        is marked (``to_finish``) and finishes at its next decode."""
-        live = self.requests[req.rid]
-        if live.status == WAITING:
-            self.waiting.remove(req.rid)
-            live.status = DONE
-        else:
-            live.req.to_finish = self.release.modules.FINISH_ABORT()
+        """A client aborts a running request: it is marked (``to_finish``),
+        as the scheduler marks it, and finishes at its next result."""
+        self.requests[req.rid].req.to_finish = self.release.modules.FINISH_ABORT()
 
     def teardown(self) -> None:
         """The final state must still check out."""

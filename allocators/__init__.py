@@ -21,6 +21,7 @@ from allocators.base import Mutant, SlotAllocator
 from allocators.hisparse import HISPARSE_MUTANTS, HiSparseAllocator
 from allocators.mamba import MAMBA_MUTANTS, MambaSlotAllocator
 from allocators.npu import NPU_MUTANTS, NPUPagedAllocator
+from allocators.page_interleave import PAGE_INTERLEAVE_MUTANTS, PageInterleaveAllocator
 from allocators.paged import PAGED_MUTANTS, PagedAllocator
 from allocators.swa import PURE_SWA_MUTANTS, SWA_MUTANTS, PureSWAAllocator, SWAAllocator
 from allocators.token import TOKEN_MUTANTS, TokenAllocator
@@ -31,6 +32,7 @@ __all__ = [
     "MambaSlotAllocator",
     "Mutant",
     "NPUPagedAllocator",
+    "PageInterleaveAllocator",
     "PagedAllocator",
     "PureSWAAllocator",
     "SWAAllocator",
@@ -47,4 +49,5 @@ BUILTINS: dict[str, tuple[type, dict[str, Mutant]]] = {
     "hisparse": (HiSparseAllocator, HISPARSE_MUTANTS),
     "npu": (NPUPagedAllocator, NPU_MUTANTS),
     "mamba": (MambaSlotAllocator, MAMBA_MUTANTS),
+    "page-interleave": (PageInterleaveAllocator, PAGE_INTERLEAVE_MUTANTS),
 }

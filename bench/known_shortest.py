@@ -57,6 +57,7 @@ _PURE_SWA = Config(target="builtin:pure-swa")
 _HISPARSE = Config(target="builtin:hisparse", page_size=4)
 _NPU = Config(target="builtin:npu", page_size=4)
 _MAMBA = Config(target="builtin:mamba")
+_INTERLEAVE = Config(target="builtin:page-interleave", page_size=4)
 
 
 @frozen
@@ -272,6 +273,44 @@ KNOWN: tuple[KnownShortest, ...] = (
         "free_sets_agree",
         "an admit, then an extend taking a page: the mutant hands out the free list's last page and takes its first",
     ),
+    _mutant(
+        _INTERLEAVE,
+        "free-wrong-class",
+        [_s("alloc", "req_0", n=4), _s("finish", req="req_0")],
+        "free_pages_in_own_class",
+        "a page must be handed out before a free can file it under the wrong class",
+    ),
+    _mutant(
+        _INTERLEAVE,
+        "base-keeps-page",
+        [_s("alloc", "req_0", n=4), _s("alloc", req="req_0", n=4)],
+        "free_sets_agree",
+        "a request must hold a page before it continues its chain; the continuation's page stays free",
+    ),
+    _mutant(
+        _INTERLEAVE,
+        "rotation-from-extend",
+        [_s("alloc", "req_0", n=4), _s("alloc", req="req_0", n=4)],
+        "pages_follow_rotation",
+        "a chain must hold a page before an extend can restart its cycle at the wrong class",
+    ),
+    _mutant(
+        _INTERLEAVE,
+        "base-not-written",
+        [_s("alloc", "req_0", n=4)],
+        "rotation_bases_resolved",
+        "the first new chain's base is not written back",
+    ),
+    _mutant(
+        _INTERLEAVE,
+        "merge-on-total",
+        [_s("alloc", "req_0", n=4), _s("finish", req="req_0"), _s("alloc", "req_1", n=16)],
+        "allocator_raised",
+        "with 2 pages a class (--size 8), a released class-0 page, then a chain drawing class 0 twice: "
+        "its free list alone holds one, and the free lists together hold enough, so nothing is merged",
+        need_sort=True, size=8,
+    ),
+    _mutant(_INTERLEAVE, "alias", _ALIAS_PAGED, "free_sets_agree", _WHY_ALIAS),
     # sglang 0.5.17 has both bugs (a flag beside the queue, and a queue of
     # views); flag drift shows in as few steps as aliasing.
     _sglang("0.5.17", _DRIFT_TOKEN, "no_page_freed_twice", _WHY_DRIFT),

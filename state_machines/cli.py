@@ -377,7 +377,8 @@ def _describe_release(args) -> int:
         cls = sglang.class_of(kind)
         takes = target.page_sizes
         page_size = args.page_size if args.page_size and (takes is None or args.page_size in takes) else gate_page_size
-        pages = f"page size {', '.join(map(str, takes))} only" if takes else "any page size"
+        pages = (f"page size {', '.join(map(str, takes))} only" if takes
+                 else f"page size {target.min_page_size} or more" if target.min_page_size > 1 else "any page size")
         print(f"  {spec}: {cls.__name__} ({cls.__module__}), {pages}")
         config = Config(target=spec, page_size=page_size, need_sort=args.need_sort, sglang_path=args.sglang_path)
         try:

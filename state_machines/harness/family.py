@@ -16,7 +16,7 @@ from attrs import frozen
 
 from state_machines import targets
 from state_machines.config import Config
-from state_machines.harness import hisparse, mamba, pure_swa, swa
+from state_machines.harness import hisparse, mamba, page_interleave, pure_swa, swa
 from state_machines.harness.lockstep import Lockstep
 from state_machines.harness.machines import DecodeRules, ExtendRules, FreeGroupMachine, RunRecord
 from state_machines.targets import devices, probe
@@ -41,6 +41,8 @@ def register(family: Family) -> None:
 
 register(Family("mamba", mamba.MambaLockstep, mamba.MambaMachine, mamba.is_mamba, "state slots with allocation groups"))
 register(Family("hisparse", hisparse.HiSparseLockstep, hisparse.HiSparseMachine, hisparse.is_hisparse, "logical + device pools, device buffers"))
+register(Family("page_interleave", page_interleave.PageInterleaveLockstep, page_interleave.PageInterleaveMachine,
+                page_interleave.is_page_interleave, "per-owner-class free lists, alloc_extend with rotation bases"))
 register(Family("pure_swa", pure_swa.PureSWALockstep, pure_swa.PureSWAMachine, pure_swa.is_pure_swa, "one pool, every layer windowed"))
 register(Family("swa", swa.SWALockstep, swa.SWAMachine, swa.is_hybrid, "full + SWA pools joined by a mapping"))
 register(Family("free_group", Lockstep, FreeGroupMachine, lambda allocator: True, "one pool of pages"))

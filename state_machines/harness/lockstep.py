@@ -239,6 +239,11 @@ class Lockstep:
         """Live requests holding tokens: a request decodes after its prefill."""
         return [ReqRef(r.rid) for r in self.model.requests.values() if r.pages]
 
+    def extendable(self) -> list[ReqRef]:
+        """Live requests an ``alloc`` or ``extend`` may grow (all of them
+        here; a family whose callers grow fewer narrows it)."""
+        return self.live()
+
     def with_own_pages(self) -> list[ReqRef]:
         return [ReqRef(r.rid) for r in self.model.requests.values() if r.own]
 
@@ -367,16 +372,7 @@ class Lockstep:
             what = f"alloc({total})"
             out = self._call(what, self.allocator.alloc, total)
         else:
-            device = self.rows.device
-
-            def host(values):
-                return torch.tensor(values, dtype=torch.int64)
-
-            what = f"alloc_extend(prefix_lens={prefix_lens}, seq_lens={seq_lens}, last_loc={last}, extend_num_tokens={total})"
-            out = self._call(
-                what, self.allocator.alloc_extend, host(prefix_lens).to(device), host(prefix_lens),
-                host(seq_lens).to(device), host(seq_lens), host(last).to(device), total,
-            )
+            what, out = self._extend_call(prefix_lens, seq_lens, last)
         slots = self._index_tensor(what, out, total, sum(new_counts))
         if slots is None:
             return
@@ -479,6 +475,20 @@ class Lockstep:
         self.row_holder[row] = None
 
     # -- the hooks every alloc goes through --
+
+    def _extend_call(self, prefix_lens: list[int], seq_lens: list[int], last: list[int]):
+        """The ``alloc_extend`` call behind ``extend``, as sglang's caller
+        makes it: (what it is called, what it returned).  A family may add
+        what its allocator's callers pass (rotation bases)."""
+        device = self.rows.device
+
+        def host(values):
+            return torch.tensor(values, dtype=torch.int64)
+
+        total = sum(seq_lens) - sum(prefix_lens)
+        what = f"alloc_extend(prefix_lens={prefix_lens}, seq_lens={seq_lens}, last_loc={last}, extend_num_tokens={total})"
+        args = (host(prefix_lens).to(device), host(prefix_lens), host(seq_lens).to(device), host(seq_lens), host(last).to(device), total)
+        return what, self._call(what, self.allocator.alloc_extend, *args)
 
     def _alloc_call(self, n: int, req: ReqRef | None, prefix: EntryRef | None):
         """The allocator call behind ``alloc``: (what it is called, what it

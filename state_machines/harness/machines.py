@@ -129,7 +129,7 @@ class FreeGroupMachine(RuleBasedStateMachine):
         # who: 0 starts a request; 1..4 extends a live one; 5..8 starts one
         # on a cached prefix.  One draw, and it shrinks toward a new request.
         s = self.state
-        live = s.live()
+        live = s.extendable()
         if (1 <= who <= 4 and live) or not s.free_rows():
             if not live:
                 return
@@ -246,7 +246,7 @@ class ExtendRules:
         # prefix when prefix > 0.  t_i is the i-th member's token count, any
         # residue modulo the page size; order rotates the batch.
         s = self.state
-        batch = [r for i, r in enumerate(s.live()) if mask >> (i % 4) & 1]
+        batch = [r for i, r in enumerate(s.extendable()) if mask >> (i % 4) & 1]
         entries = s.entries()
         for i in range(min(fresh, len(s.free_rows()))):
             entry = _pick(entries, prefix - 1) if i == 0 and prefix and entries else None

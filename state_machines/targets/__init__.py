@@ -53,6 +53,7 @@ def _builtin(name: str, mutant: str | None) -> Target:
         spec=f"builtin:{name}",
         factory=cls,
         page_sizes=builtin_page_sizes(name),
+        min_page_size=getattr(cls, "min_page_size", 1),
         defers_frees=getattr(cls, "defers_frees", True),
         family=getattr(cls, "family", None),
         mutant=mutant,
@@ -151,6 +152,8 @@ def build(target: Target, *, size: int, page_size: int, device: str, need_sort: 
     if target.page_sizes is not None and page_size not in target.page_sizes:
         allowed = ", ".join(map(str, target.page_sizes))
         raise TargetError(f"{target.spec} takes page size {allowed}, not {page_size}")
+    if page_size < target.min_page_size:
+        raise TargetError(f"{target.spec} takes page size {target.min_page_size} or more, not {page_size}")
     if reason := unmet_need(target, size=size, page_size=page_size, device=device, need_sort=need_sort):
         raise TargetError(reason)
     import torch

@@ -22,6 +22,9 @@ class Target:
     factory: Callable[..., Any]
     # Page sizes the target accepts, or None for any.
     page_sizes: tuple[int, ...] | None = None
+    # The least page size it takes (a page-interleaved pool's caller sends
+    # page size 1 to alloc(), which it does not provide).
+    min_page_size: int = 1
     # Whether free_group_begin() defers frees (HiSparse-style pools don't).
     defers_frees: bool = True
     # The family (harness) it names, or None: the registry recognizes it.

@@ -19,7 +19,7 @@ def clean_configs():
     ``alloc_extend``), need_sort off and on."""
     for name in sorted(allocators.BUILTINS):
         for page_size in _page_sizes(name):
-            if _token_only(name) and page_size != 1:
+            if _token_only(name) and page_size != 1 or page_size < getattr(allocators.BUILTINS[name][0], "min_page_size", 1):
                 continue
             for need_sort in (False, True):
                 yield Config(target=f"builtin:{name}", page_size=page_size, need_sort=need_sort)

@@ -13,6 +13,7 @@ pool shape.
 from __future__ import annotations
 
 import copy
+import inspect
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -33,15 +34,27 @@ def _decode(allocator, page_size: int, device: str):
 def _extend(allocator, page_size: int, device: str):
     # A batch of two: one request continuing mid-page (its prefix ends one
     # token into page 2), one fresh; each grows by page_size + 1 tokens.
-    prefix, grow = [page_size + 1, 0], page_size + 1
-    last = [2 * page_size, -1]
+    # An allocator taking rotation bases (page-interleaved) is sent what its
+    # caller sends: page-aligned prefixes (one page here) and one base each.
+    rotated = _takes(allocator.alloc_extend, "rotation_bases")
+    prefix, grow = ([page_size, 0] if rotated else [page_size + 1, 0]), page_size + 1
+    last = [2 * page_size - 1 if rotated else 2 * page_size, -1]
     seq = [p + grow for p in prefix]
     i64 = dict(dtype=torch.int64)
+    # The continuing chain's last page is page 1, its base that page's class.
+    more = dict(rotation_bases=[1 % getattr(allocator, "shard_size", 1), None]) if rotated else {}
     return allocator.alloc_extend(
         torch.tensor(prefix, device=device, **i64), torch.tensor(prefix, **i64),
         torch.tensor(seq, device=device, **i64), torch.tensor(seq, **i64),
-        torch.tensor(last, device=device, **i64), 2 * grow,
+        torch.tensor(last, device=device, **i64), 2 * grow, **more,
     )
+
+
+def _takes(method, name: str) -> bool:
+    try:
+        return name in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 # step -> (the method it needs, how to call it once)

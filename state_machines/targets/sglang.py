@@ -38,6 +38,8 @@ MODULES = {
     "pure-swa": "sglang.srt.mem_cache.allocator.swa",
     "hisparse": "sglang.srt.mem_cache.allocator.hisparse",
     "mamba": "sglang.srt.mem_cache.allocator.mamba",
+    # kv-lockstep h9: owner-classed pages (logical-page KV sharding), from 0.5.20.
+    "page-interleave": "sglang.srt.mem_cache.allocator.page_interleave",
 }
 # The same when mem_cache/allocator.py is one file (sglang up to 0.5.12);
 # a kind missing here is unavailable in that layout, with the reason shown.
@@ -65,6 +67,7 @@ CLASSES = {
     "pure-swa": "PureSWATokenToKVPoolAllocator",
     "hisparse": "HiSparseTokenToKVPoolAllocator",
     "mamba": "MambaSlotAllocator",
+    "page-interleave": "PageInterleavePoolAllocator",
 }
 
 
@@ -435,12 +438,27 @@ def make_mamba(size: int, page_size: int, device: str, need_sort: bool):
     return _construct(_cls("mamba"), **_common(size, page_size, device, need_sort))
 
 
+# Shard-group size a page-interleaved pool is built with: 3 owner classes.
+SHARD_SIZE = 3
+
+
+def make_page_interleave(size: int, page_size: int, device: str, need_sort: bool):
+    """``PageInterleavePoolAllocator`` over ``SHARD_SIZE`` ranks of ``size``
+    slots each (its ``size`` is one rank's), physical page ``page_size``, no
+    shard spec (what sglang's own unit tests pass) and no KV pool."""
+    args = _common(size, page_size, device, need_sort)
+    args.update(physical_page_size=page_size, shard_size=SHARD_SIZE)
+    return _construct(_cls("page-interleave"), **args)
+
+
 # kind -> its family, and whether its frees are deferred in a free group.
 KIND_TARGETS: dict[str, dict[str, Any]] = {
     "swa": dict(family="swa"),
     "pure-swa": dict(family="pure_swa"),
     "hisparse": dict(family="hisparse", defers_frees=False),
     "mamba": dict(family="mamba", defers_frees=False),
+    # Its caller sends page size 1 to alloc(), which raises.
+    "page-interleave": dict(family="page_interleave", min_page_size=2),
 }
 
 
@@ -452,6 +470,7 @@ FACTORIES: dict[str, Callable[..., Any]] = {
     "pure-swa": make_pure_swa,
     "hisparse": make_hisparse,
     "mamba": make_mamba,
+    "page-interleave": make_page_interleave,
 }
 
 
@@ -492,6 +511,7 @@ __all__ = [
     "make_hisparse",
     "make_mamba",
     "make_npu",
+    "make_page_interleave",
     "make_paged",
     "make_pure_swa",
     "make_swa",

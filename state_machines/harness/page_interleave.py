@@ -1,0 +1,184 @@
+"""The lockstep harness for page-interleaved pools (the "page_interleave" family).
+
+sglang's ``PageInterleavePoolAllocator`` (logical-page KV sharding, from
+0.5.20) keeps a free list per owner class (page ``l`` is class ``l % N``)
+and allocates through ``alloc_extend`` only, with one rotation base per
+request: ``alloc()`` and ``alloc_decode()`` raise (prefill nodes only).
+Its caller (``alloc_paged_token_slots_extend`` in ``mem_cache/allocation.py``)
+passes ``None`` for a request with no cached prefix (the allocator draws a
+base and writes it back) and the chain's base otherwise; every extend
+starts page-aligned (the radix match quantum and chunk flooring), so a
+request whose last extend ended mid-page is not grown again.
+
+``PageInterleaveLockstep`` runs the core steps against the core
+``OwnershipModel``; ``alloc`` and ``extend`` both go through
+``alloc_extend`` with the bases a consistent prefix tree would hold (read
+off the prefix's last page, ``chain_base``).  After each call it checks the
+bases were resolved, each new page's class follows its chain's rotation,
+and ``None`` came back exactly when some class was short.  After every step
+the core checks run on the union of the class lists (``available_size``
+there is the aggregate free size), plus each class list holding only its
+own pages and ``available_size()`` being the min-class floor.  The model
+predicts classes and counts, never which page of a class comes out.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from attrs import define, frozen
+
+from reference_model import page_interleave as pi
+from state_machines.harness.lockstep import Lockstep, Pool, ids
+from state_machines.harness.machines import FreeGroupMachine
+from state_machines.harness.steps import EntryRef, ReqRef
+from state_machines.targets import TargetError
+
+
+@frozen
+class _AggregateView:
+    """The allocator as the core checks see one pool: its census, and the
+    aggregate free size as ``available_size()`` (the accounting identity's
+    term; the min-class floor is checked apart)."""
+
+    allocator: object
+
+    def get_all_free_pages(self):
+        return self.allocator.get_all_free_pages()
+
+    def available_size(self) -> int:
+        return self.allocator.aggregate_free_size()
+
+
+@define
+class PageInterleaveLockstep(Lockstep):
+    # Decode is not this class's (prefill only); the batched extend is modelled.
+    caller_steps = ("extend",)
+    # Whether the last alloc_extend call had to return None (``_short``).
+    class_short: bool = False
+
+    def start_models(self, defers_frees: bool) -> None:
+        if "extend" in self.disabled_rules:
+            raise TargetError(f"{self.config.target} allocates through alloc_extend only, which cannot run here: "
+                              f"{self.disabled_rules['extend']}")
+        super().start_models(defers_frees)
+
+    @property
+    def shard_size(self) -> int:
+        return int(self.allocator.shard_size)
+
+    def why_not(self, step: str) -> str | None:
+        if step == "decode" and "decode" in self.disabled_rules:
+            return self.disabled_rules["decode"]
+        return super().why_not(step)
+
+    def extendable(self) -> list[ReqRef]:
+        """Requests whose length is page-aligned: an extend starts on a page
+        boundary, so one whose last extend ended mid-page is done growing."""
+        return [r for r in self.live() if self.model.requests[r.rid].spare == 0]
+
+    # -- checks --
+
+    def pools(self) -> list[Pool]:
+        return [Pool(_AggregateView(self.allocator), self.model)]
+
+    def check_joint(self, censuses: list[list[int]]) -> None:
+        """Each class list holds its own pages; ``available_size()`` is the
+        min-class floor of the model's per-class free counts."""
+        a = self.allocator
+        lists = self._call("class census", lambda: [ids(torch.cat((f, r))) for f, r in zip(a.class_free_pages, a.class_release_pages)])
+        self._judge(pi.free_pages_in_own_class, lists, self.shard_size)
+        available = int(self._call("available_size()", a.available_size))
+        self._judge(pi.interleave_available_size_agrees, available, pi.class_free_counts(self.model, self.shard_size),
+                    self.page_size, self.shard_size)
+
+    # -- the allocation hooks --
+
+    def _short(self, pages: int) -> bool:
+        return self.class_short
+
+    def _alloc_call(self, n: int, req: ReqRef | None, prefix: EntryRef | None):
+        """``alloc`` of ``n`` slots is an ``alloc_extend`` of one request."""
+        if req is not None:
+            request = self.model.requests[req.rid]
+            before = len(request.pages) * self.page_size
+            last = int(self.rows[request.row, before - 1]) if before else -1
+        elif prefix is not None:
+            before = len(self.model.cache[prefix.eid].pages) * self.page_size
+            last = int(self.entry_slots[prefix.eid][-1])
+        else:
+            before, last = 0, -1
+        return self._extend_call([before], [before + n], [last])
+
+    def _extend_call(self, prefix_lens: list[int], seq_lens: list[int], last: list[int]):
+        """``alloc_extend(..., rotation_bases=...)``: ``None`` for a request
+        with no prefix, else its chain's base; then the bases, the classes
+        of the new pages and whether ``None`` was due are judged."""
+        ps, n = self.page_size, self.shard_size
+        prefix_pages = [p // ps for p in prefix_lens]
+        given = [pi.chain_base(lst // ps, k, n) if k else None for lst, k in zip(last, prefix_pages)]
+        bases = list(given)
+        device = self.rows.device
+
+        def host(values):
+            return torch.tensor(values, dtype=torch.int64)
+
+        total = sum(seq_lens) - sum(prefix_lens)
+        what = (f"alloc_extend(prefix_lens={prefix_lens}, seq_lens={seq_lens}, last_loc={last},"
+                f" extend_num_tokens={total}, rotation_bases={given})")
+        out = self._call(what, lambda: self.allocator.alloc_extend(
+            host(prefix_lens).to(device), host(prefix_lens), host(seq_lens).to(device), host(seq_lens),
+            host(last).to(device), total, rotation_bases=bases,
+        ))
+        new_pages = [-(-s // ps) - k for s, k in zip(seq_lens, prefix_pages)]
+        if out is not None:
+            self._judge(pi.rotation_bases_resolved, what, given, bases, n)
+        need = self._class_need(bases, prefix_pages, new_pages, out is None)
+        class_free = pi.class_free_counts(self.model, n)
+        self.class_short = any(k > f for k, f in zip(need, class_free))
+        self._judge(pi.none_iff_class_short, what, out is None, need, class_free)
+        if isinstance(out, torch.Tensor) and out.dim() == 1 and out.numel() == total:
+            slots, pages, at = ids(out), [], 0
+            for s, p in zip(seq_lens, prefix_lens):
+                pages.append([slots[j] // ps for j in range(at, at + s - p, ps)])
+                at += s - p
+            names = [f"batch member {i}" for i in range(len(pages))]
+            self._judge(pi.pages_follow_rotation, what, names, bases, prefix_pages, pages, n)
+        return what, out
+
+    def _class_need(self, bases: list, prefix_pages: list[int], new_pages: list[int], got_none: bool) -> list[int]:
+        """Pages per class the batch draws under the resolved ``bases``.  A
+        base left unresolved by a call that returned ``None`` may be any
+        class: the need is that of a choice that is short, if one is."""
+        n = self.shard_size
+        open_ = [i for i, b in enumerate(bases) if not isinstance(b, int)]
+        class_free = pi.class_free_counts(self.model, n)
+        need = None
+        for choice in itertools.product(range(n), repeat=len(open_) if got_none else 0):
+            filled = list(bases)
+            for i, c in zip(open_, choice):
+                filled[i] = c
+            need = pi.batch_class_needs(filled, prefix_pages, new_pages, n)
+            if any(k > f for k, f in zip(need, class_free)):
+                return need
+        return need if need is not None else pi.batch_class_needs([0] * len(bases), prefix_pages, new_pages, n)
+
+    # -- replay --
+
+    def step_not_applicable(self, rule: str, args: dict) -> str | None:
+        """Why a replayed step is one this family's rules never draw."""
+        grown = [args["req"]] if rule == "alloc" and args.get("req") is not None else args.get("reqs", []) if rule == "extend" else []
+        for ref in grown:
+            if ref.rid in self.model.requests and self.model.requests[ref.rid].spare:
+                return f"{ref!r} ends mid-page: a page-interleaved extend starts on a page boundary"
+        return None
+
+
+class PageInterleaveMachine(FreeGroupMachine):
+    """The core rules; ``alloc`` and ``extend`` grow page-aligned requests only."""
+
+
+def is_page_interleave(allocator) -> bool:
+    """Whether an allocator keeps sglang's per-class free lists."""
+    return all(hasattr(allocator, n) for n in ("class_free_pages", "class_release_pages", "shard_size"))

@@ -134,7 +134,7 @@ def test_0_5_12_loads_its_single_file_as_token_paged_swa_and_npu():
     ] + [
         f"  sglang:{kind}: unavailable: sglang 0.5.12: {kind} allocator unavailable: this release keeps its allocators"
         f" in one file, mem_cache/allocator.py, with no {kind} allocator"
-        for kind in ("pure-swa", "hisparse", "mamba")
+        for kind in ("pure-swa", "hisparse", "mamba", "page-interleave")
     ]
 
 
@@ -166,3 +166,15 @@ def test_targets_lists_every_kind_of_a_release_with_its_steps():
     assert "  sglang:swa: SWATokenToKVPoolAllocator (sglang.srt.mem_cache.allocator.swa), page size 1 only" in lines
     assert ("  sglang:npu: NPUPagedTokenToKVPoolAllocator (sglang.srt.hardware_backend.npu.allocator_npu), any page size"
             in lines)
+
+
+def test_targets_lists_page_interleave_from_page_size_2_with_decode_disabled():
+    """0.5.23's page-interleave kind: page size 2 or more, shown at 4, extend runs, decode disabled with the reason."""
+    lines = targets_listing("0.5.23")
+    at = lines.index("  sglang:page-interleave: PageInterleavePoolAllocator"
+                     " (sglang.srt.mem_cache.allocator.page_interleave), page size 2 or more")
+    assert lines[at + 1 : at + 4] == [
+        "    at page size 4: harness PageInterleaveLockstep",
+        "    steps: admit, alloc, begin, end, evict, extend, finish, free, free_segment, overwrite_row, rematch",
+        "    disabled: decode: alloc_decode: not provided (NotImplementedError)",
+    ]

@@ -1,4 +1,4 @@
-"""sglang's pure-SWA, HiSparse and Mamba allocators in the release gate.
+"""sglang's pure-SWA, HiSparse, Mamba and page-interleave allocators in the release gate.
 
 Each release runs in a fresh process (``gate`` of ``test_sglang``); without
 the releases these tests skip.
@@ -10,7 +10,7 @@ from tests.test_sglang import gate, is_aliasing_story
 
 pytestmark = pytest.mark.sglang
 
-NEW_KINDS = "pure-swa,hisparse,mamba"
+NEW_KINDS = "pure-swa,hisparse,mamba,page-interleave"
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def rows_0_5_17(tmp_path_factory):
 
 @pytest.mark.parametrize("kind", NEW_KINDS.split(","))
 def test_0_5_23_runs_each_new_kind_clean(rows_0_5_23, kind):
-    """0.5.23's pure-SWA (page size 1), HiSparse (4) and Mamba (1) allocators pass the whole budget."""
+    """0.5.23's pure-SWA (page size 1), HiSparse (4), Mamba (1) and page-interleave (4) allocators pass the whole budget."""
     assert rows_0_5_23[kind]["result"] == "pass", rows_0_5_23[kind]
 
 
@@ -45,3 +45,9 @@ def test_0_5_17_hisparse_at_page_size_4_is_unavailable_not_failed(rows_0_5_17):
 def test_0_5_17_mamba_passes(rows_0_5_17):
     """0.5.17's MambaSlotAllocator keeps its allocation groups sound under its caller's pairing."""
     assert rows_0_5_17["mamba"]["result"] == "pass", rows_0_5_17["mamba"]
+
+
+def test_0_5_17_has_no_page_interleave_allocator(rows_0_5_17):
+    """The class arrives in 0.5.20: the row says it is unavailable, and runs nothing."""
+    row = rows_0_5_17["page-interleave"]
+    assert row["result"].startswith("unavailable:") and "page_interleave" in row["result"], row

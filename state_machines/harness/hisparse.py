@@ -40,7 +40,17 @@ class HiSparseLockstep(Lockstep):
     device: DeviceSide | None = None
 
     # Decode is modelled (a page-size-1 decode maps device pages); a batched
-    # extend, which maps token by token, is not.
+    # extend is not, for two reasons (kv-lockstep h9 looked, on 0.5.23):
+    # - it maps token by token (hisparse.py:254): an extend ending mid-page
+    #   leaves the page's tail slots unmapped until a later extend fills
+    #   them, and ``DeviceSide`` maps whole pages (``hisparse_mapping_consistent``
+    #   compares every slot of a page);
+    # - it continues the device page at ``mapping[last_loc] + 1``
+    #   (``get_last_loc_hisparse_device``, hisparse.py:241), which is 0 once
+    #   a request's mapping is gone (a device buffer, ``free_hisparse``, a
+    #   logical-only decode page): the caller extends only in prefill,
+    #   before those, an ordering this machine does not keep.  Driving it
+    #   without both would raise false alarms.
     caller_steps = ("decode",)
     # Set while a call takes logical pages only (alloc_decode).
     logical_only: bool = False

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from allocators.base import Mutant
+from allocators.base import AliasMixin, Mutant, SlotAllocator
 
 # Shard-group size the harness builds: 3 classes, so a cycle is not a swap.
 SHARD_SIZE = 3
 
 
-class PageInterleaveAllocator:
+class PageInterleaveAllocator(SlotAllocator):
     """Logical page ``l`` belongs to owner class ``l % shard_size``; each
     class keeps its own free list (and, with ``need_sort``, its own release
     list).  Pages ``0 .. shard_size - 1`` are reserved (every rank's padding
@@ -24,24 +24,21 @@ class PageInterleaveAllocator:
     place to the class with the most free pages (lowest id on a tie), seeing
     the draws of earlier requests in the batch.  ``alloc()`` and
     ``alloc_decode()`` raise ``NotImplementedError``, as sglang's do.  Frees
-    split pages by owner class; a free group queues copies."""
+    split pages by owner class; a free group queues copies (``SlotAllocator``'s)."""
 
     family = "page_interleave"
     # sglang's caller sends page size 1 to alloc(), which this class lacks.
     min_page_size = 2
 
     def __init__(self, size: int, page_size: int, device: str = "cpu", need_sort: bool = False, shard_size: int = SHARD_SIZE):
-        if shard_size < 2 or size < page_size:
-            raise ValueError(f"need shard_size >= 2 and size >= page_size, got {shard_size}, {size}, {page_size}")
-        self.size = size * shard_size
-        self.page_size = page_size
+        if shard_size < 2:
+            raise ValueError(f"need shard_size >= 2, got {shard_size}")
+        # Set before the base constructor, whose clear() builds the class lists.
         self.shard_size = shard_size
-        self.device = device
-        self.need_sort = need_sort
-        self.clear()
+        super().__init__(size * shard_size, page_size, device, need_sort)
 
     def clear(self) -> None:
-        per_class = self.size // self.page_size // self.shard_size
+        per_class = self.num_pages // self.shard_size
         n = self.shard_size
         self.class_free_pages = [torch.arange(1, per_class + 1, dtype=torch.int64, device=self.device) * n + r for r in range(n)]
         self.class_release_pages = [torch.empty((0,), dtype=torch.int64, device=self.device) for _ in range(n)]
@@ -136,35 +133,11 @@ class PageInterleaveAllocator:
         self.class_free_pages[c] = self.class_free_pages[c][1:]
         return page
 
-    # -- freeing --
+    # -- freeing: SlotAllocator's free(), free_segment() and groups, filed by class --
 
-    def free_group_begin(self) -> None:
-        if self.free_group is not None:
-            raise RuntimeError("free groups do not nest")
-        self.free_group = []
-
-    def free_group_end(self) -> None:
-        pending, self.free_group = self.free_group, None
-        if pending:
-            self.free(torch.cat(pending))
-
-    @staticmethod
-    def _own(index: torch.Tensor) -> torch.Tensor:
-        return index.clone()
-
-    def free(self, free_index: torch.Tensor) -> None:
-        if free_index.numel() == 0:
-            return
-        if self.free_group is not None:
-            self.free_group.append(self._own(free_index))
-            return
-        for page in torch.unique(free_index.long() // self.page_size).tolist():
+    def _release_pages(self, pages: torch.Tensor) -> None:
+        for page in pages.tolist():
             self._file(page, self._class_of(page))
-
-    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
-        if start_pos % self.page_size:
-            raise ValueError(f"segment start {start_pos} is not page-aligned (page size {self.page_size})")
-        self.free(free_index)
 
     def _class_of(self, page: int) -> int:
         return page % self.shard_size
@@ -226,12 +199,8 @@ class MergeOnTotalAllocator(PageInterleaveAllocator):
                 self._merge(c)
 
 
-class AliasPageInterleaveAllocator(PageInterleaveAllocator):
+class AliasPageInterleaveAllocator(AliasMixin, PageInterleaveAllocator):
     """Mutant: the free group keeps the caller's row view (sglang PR 34067)."""
-
-    @staticmethod
-    def _own(index: torch.Tensor) -> torch.Tensor:
-        return index
 
 
 PAGE_INTERLEAVE_MUTANTS = {

@@ -113,15 +113,7 @@ class HiSparseLockstep(Lockstep):
         allocator has it; else ``alloc``."""
         if self.page_size == 1 or not callable(getattr(self.allocator, "alloc_extend", None)):
             return super()._alloc_call(n, req, prefix)
-        if req is not None:
-            request = self.model.requests[req.rid]
-            before = len(request.pages) * self.page_size
-            last = int(self.rows[request.row, before - 1]) if before else -1
-        elif prefix is not None:
-            before = len(self.model.cache[prefix.eid].pages) * self.page_size
-            last = int(self.entry_slots[prefix.eid][-1]) if before else -1
-        else:
-            before, last = 0, -1
+        before, last = self._alloc_start(req, prefix)
         i64 = dict(dtype=torch.int64, device=self.rows.device)
         cpu = dict(dtype=torch.int64)
         args = (torch.tensor([before], **i64), torch.tensor([before], **cpu), torch.tensor([before + n], **i64),

@@ -495,6 +495,18 @@ class Lockstep:
         returned).  A family may route it elsewhere (``alloc_extend``)."""
         return f"alloc({n})", self._call(f"alloc({n})", self.allocator.alloc, n)
 
+    def _alloc_start(self, req: ReqRef | None, prefix: EntryRef | None) -> tuple[int, int]:
+        """Where an ``alloc`` of ``req`` (or of a new request on ``prefix``)
+        starts: (tokens before it, the last slot before it, -1 with none)."""
+        if req is not None:
+            request = self.model.requests[req.rid]
+            before = len(request.pages) * self.page_size
+            return before, int(self.rows[request.row, before - 1]) if before else -1
+        if prefix is not None:
+            before = len(self.model.cache[prefix.eid].pages) * self.page_size
+            return before, int(self.entry_slots[prefix.eid][-1]) if before else -1
+        return 0, -1
+
     def _judge_handout(self, pages: list[int]) -> None:
         """Judge the pages an alloc handed out, before the model takes them."""
         self._judge(invariants.no_slot_handed_out_twice, pages, self.model)

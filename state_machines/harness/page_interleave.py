@@ -100,15 +100,7 @@ class PageInterleaveLockstep(Lockstep):
 
     def _alloc_call(self, n: int, req: ReqRef | None, prefix: EntryRef | None):
         """``alloc`` of ``n`` slots is an ``alloc_extend`` of one request."""
-        if req is not None:
-            request = self.model.requests[req.rid]
-            before = len(request.pages) * self.page_size
-            last = int(self.rows[request.row, before - 1]) if before else -1
-        elif prefix is not None:
-            before = len(self.model.cache[prefix.eid].pages) * self.page_size
-            last = int(self.entry_slots[prefix.eid][-1])
-        else:
-            before, last = 0, -1
+        before, last = self._alloc_start(req, prefix)
         return self._extend_call([before], [before + n], [last])
 
     def _extend_call(self, prefix_lens: list[int], seq_lens: list[int], last: list[int]):

@@ -20,6 +20,7 @@ class, for checking that the harness catches it.
 from allocators.base import Mutant, SlotAllocator
 from allocators.hisparse import HISPARSE_MUTANTS, HiSparseAllocator
 from allocators.mamba import MAMBA_MUTANTS, MambaSlotAllocator
+from allocators.multi_ended import MULTI_ENDED_MUTANTS, MultiEndedAllocator
 from allocators.npu import NPU_MUTANTS, NPUPagedAllocator
 from allocators.paged import PAGED_MUTANTS, PagedAllocator
 from allocators.swa import PURE_SWA_MUTANTS, SWA_MUTANTS, PureSWAAllocator, SWAAllocator
@@ -29,6 +30,7 @@ __all__ = [
     "BUILTINS",
     "HiSparseAllocator",
     "MambaSlotAllocator",
+    "MultiEndedAllocator",
     "Mutant",
     "NPUPagedAllocator",
     "PagedAllocator",
@@ -47,4 +49,5 @@ BUILTINS: dict[str, tuple[type, dict[str, Mutant]]] = {
     "hisparse": (HiSparseAllocator, HISPARSE_MUTANTS),
     "npu": (NPUPagedAllocator, NPU_MUTANTS),
     "mamba": (MambaSlotAllocator, MAMBA_MUTANTS),
+    "multi-ended": (MultiEndedAllocator, MULTI_ENDED_MUTANTS),
 }

@@ -38,6 +38,8 @@ MODULES = {
     "pure-swa": "sglang.srt.mem_cache.allocator.swa",
     "hisparse": "sglang.srt.mem_cache.allocator.hisparse",
     "mamba": "sglang.srt.mem_cache.allocator.mamba",
+    # kv-lockstep h11: one sub-pool of the unified byte arena (0.5.20 on).
+    "multi-ended": "sglang.srt.mem_cache.allocator.unified_sub_pool",
 }
 # The same when mem_cache/allocator.py is one file (sglang up to 0.5.12);
 # a kind missing here is unavailable in that layout, with the reason shown.
@@ -57,6 +59,10 @@ REQUIRED = ("token", "paged")
 PAGE_SIZE_ONE = ("token", "swa", "pure-swa", "mamba")
 # The page size a kind that takes any is gated and described at (``gate_kinds``).
 GATE_PAGE_SIZE = 4
+# Kinds gated at more than one page size: at 1 the unified sub-pool takes
+# decode and extend through alloc(), above it its frees go by page
+# representatives (free_segment's own path).
+GATE_PAGE_SIZES = {"multi-ended": (1, 4)}
 CLASSES = {
     "token": "TokenToKVPoolAllocator",
     "paged": "PagedTokenToKVPoolAllocator",
@@ -65,6 +71,7 @@ CLASSES = {
     "pure-swa": "PureSWATokenToKVPoolAllocator",
     "hisparse": "HiSparseTokenToKVPoolAllocator",
     "mamba": "MambaSlotAllocator",
+    "multi-ended": "MultiEndedAllocator",
 }
 
 
@@ -435,12 +442,98 @@ def make_mamba(size: int, page_size: int, device: str, need_sort: bool):
     return _construct(_cls("mamba"), **_common(size, page_size, device, need_sort))
 
 
+# --------------------------------------------------------------------------- #
+# The unified sub-pool (kv-lockstep h11): MultiEndedAllocator over stand-ins
+# for the UnifiedKVPool (the byte arena) and the KV pool it moves pages in.
+
+
+class _SubPoolSpecStandIn:
+    """What ``MultiEndedAllocator`` reads of a ``SubPoolSpec``: where the
+    sub-pool grows, one slot's bytes, its dtype; ``blocks_per_page`` (read
+    by 0.5.20 for kernel-facing ids) is 1, kernel ids = physical ids."""
+
+    grow_direction = "up"
+
+    def entry_bytes(self) -> int:
+        return 1
+
+    def get_dtype(self):
+        import torch
+
+        return torch.float16
+
+    def blocks_per_page(self) -> int:
+        return 1
+
+
+class _UnifiedBufferStandIn:
+    """A ``UnifiedKVPool`` of one sub-pool: ``max_slots`` slots of one byte,
+    the first page (``min_slot_index``) the reserved padding floor."""
+
+    def __init__(self, max_slots: int, page_size: int):
+        self.spec_ = _SubPoolSpecStandIn()
+        self.slots = max_slots
+        self.floor = page_size
+        self.total_bytes = max_slots * self.spec_.entry_bytes()
+
+    def spec(self, name: str) -> _SubPoolSpecStandIn:
+        return self.spec_
+
+    def max_slots(self, name: str) -> int:
+        return self.slots
+
+    def min_slot_index(self, name: str) -> int:
+        return self.floor
+
+    def __repr__(self) -> str:
+        return "<UnifiedKVPool stand-in>"
+
+
+class _UnifiedKVStandIn:
+    """The KV pool a compaction moves pages in, reduced to who wrote each
+    physical page (``stamps``, written by the harness as a forward would):
+    ``move_physical_pages(dst, src, page_size)`` by page id (0.5.23),
+    ``move_kv_cache(tgt_loc, src_loc)`` by page-major token ids (0.5.20,
+    0.5.22)."""
+
+    def __init__(self, page_size: int):
+        self.page_size = page_size
+        self.stamps: dict[int, int] = {}
+
+    def move_physical_pages(self, dst, src, page_size: int) -> None:
+        for d, s in zip(dst.tolist(), src.tolist()):
+            self.stamps[d] = self.stamps.pop(s, None)
+
+    def move_kv_cache(self, tgt_loc, src_loc) -> None:
+        ps = self.page_size
+        self.move_physical_pages(tgt_loc.view(-1, ps)[:, 0] // ps, src_loc.view(-1, ps)[:, 0] // ps, ps)
+
+    def __repr__(self) -> str:
+        return "<unified KV pool stand-in>"
+
+
+def make_multi_ended(size: int, page_size: int, device: str, need_sort: bool):
+    """``MultiEndedAllocator``: the id-owning, grow-up sub-pool of ``size``
+    slots (plus the reserved first page), lazy compaction (sglang's
+    default, ``SGLANG_DISABLE_LAZY_COMPACTION`` unset), over the stand-ins above."""
+    args = _common(size, page_size, device, need_sort)
+    args.update(
+        kvcache=_UnifiedKVStandIn(page_size),
+        unified_buffer=_UnifiedBufferStandIn(size + page_size, page_size),
+        sub_pool_name="full",
+        is_id_owner=True,
+        lazy_compaction=True,
+    )
+    return _construct(_cls("multi-ended"), **args)
+
+
 # kind -> its family, and whether its frees are deferred in a free group.
 KIND_TARGETS: dict[str, dict[str, Any]] = {
     "swa": dict(family="swa"),
     "pure-swa": dict(family="pure_swa"),
     "hisparse": dict(family="hisparse", defers_frees=False),
     "mamba": dict(family="mamba", defers_frees=False),
+    "multi-ended": dict(family="unified"),
 }
 
 
@@ -452,13 +545,18 @@ FACTORIES: dict[str, Callable[..., Any]] = {
     "pure-swa": make_pure_swa,
     "hisparse": make_hisparse,
     "mamba": make_mamba,
+    "multi-ended": make_multi_ended,
 }
 
 
 def gate_kinds() -> list[tuple[str, int]]:
     """Every kind with the page size the gate runs it at: 1 where the kind
-    takes only 1, else ``GATE_PAGE_SIZE``."""
-    return [(kind, 1 if kind in PAGE_SIZE_ONE else GATE_PAGE_SIZE) for kind in FACTORIES]
+    takes only 1, those ``GATE_PAGE_SIZES`` names, else ``GATE_PAGE_SIZE``."""
+    return [
+        (kind, page_size)
+        for kind in FACTORIES
+        for page_size in GATE_PAGE_SIZES.get(kind, (1 if kind in PAGE_SIZE_ONE else GATE_PAGE_SIZE,))
+    ]
 
 
 def factory(kind: str) -> Callable[..., Any]:
@@ -491,6 +589,7 @@ __all__ = [
     "load_sglang",
     "make_hisparse",
     "make_mamba",
+    "make_multi_ended",
     "make_npu",
     "make_paged",
     "make_pure_swa",

@@ -37,7 +37,9 @@ class PageStamps:
 
 
 class MultiEndedAllocator:
-    """One sub-pool of ``size // page_size`` pages plus the padding page 0."""
+    """Virtual page ids bound to compacting physical pages, lazily compacted.
+
+    One sub-pool of ``size // page_size`` pages plus the padding page 0."""
 
     # Read by targets: the unified harness drives this family.
     family = "unified"

@@ -162,3 +162,16 @@ def test_0_5_23_multi_ended_frees_an_overwritten_int64_row_view():
     run = fuzz_release("0.5.23", "--page-size", "4", "--row-dtype", "int64", "--max-examples", "300")
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     assert "state.free_segment(" in run.stdout and "state.overwrite_row(" in run.stdout
+
+
+@pytest.mark.sglang
+def test_targets_lists_multi_ended_once_with_its_steps():
+    """`targets` on 0.5.23 shows sglang:multi-ended once, on the unified harness, decode and extend disabled at page size 4."""
+    run = subprocess.run(
+        [sys.executable, "-m", "state_machines.cli", "targets", "--sglang-path", str(release_dir("0.5.23"))],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    lines = run.stdout.splitlines()
+    head = "  sglang:multi-ended: MultiEndedAllocator (sglang.srt.mem_cache.allocator.unified_sub_pool), any page size"
+    assert lines.count(head) == 1, run.stdout
+    assert lines[lines.index(head) + 1] == "    at page size 4: harness UnifiedLockstep"

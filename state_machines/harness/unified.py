@@ -70,7 +70,18 @@ class UnifiedLockstep(Lockstep):
     # Virtual pages whose KV the harness has written, since they were handed out.
     written: set[int] = field(factory=set)
 
+    # The allocator methods a step calls; a release may lack them
+    # (alloc_physical and free_physical are new in 0.5.22).
+    STEP_METHODS = {
+        "flush": ("flush_for_allocation", "flush_opportunistic"),
+        "alloc_physical": ("alloc_physical", "free_physical"),
+        "free_physical": ("alloc_physical", "free_physical"),
+    }
+
     def start_models(self, defers_frees: bool) -> None:
+        for rule, methods in self.STEP_METHODS.items():
+            if missing := [m for m in methods if not callable(getattr(self.allocator, m, None))]:
+                self.disabled_rules[rule] = f"{self.config.target} has no {', '.join(missing)}"
         initial = self._call("free_virtual_ids", virtual_census, self.allocator)
         self.model = OwnershipModel.from_census(sorted(set(initial)), defers_frees=defers_frees)
 
@@ -163,12 +174,12 @@ class UnifiedLockstep(Lockstep):
 class UnifiedMachine(FreeGroupMachine):
     """The core rules, plus flushes and physical loans."""
 
-    @draws(urgent=bool)
+    @draws(guard=lambda s: s.runs("flush"), urgent=bool)
     def flush(self, urgent):
         self._do("flush", urgent)
 
     # Loans are named by their index in a trace, bounded by row_pages there.
-    @draws(guard=lambda s: len(s.loans.loans) < s.config.row_pages, pages=(1, MAX_PAGES))
+    @draws(guard=lambda s: s.runs("alloc_physical") and len(s.loans.loans) < s.config.row_pages, pages=(1, MAX_PAGES))
     def alloc_physical(self, pages):
         self._do("alloc_physical", pages * self.state.page_size)
 

@@ -82,6 +82,10 @@ class UnifiedLockstep(Lockstep):
         for rule, methods in self.STEP_METHODS.items():
             if missing := [m for m in methods if not callable(getattr(self.allocator, m, None))]:
                 self.disabled_rules[rule] = f"{self.config.target} has no {', '.join(missing)}"
+        if getattr(self.allocator, "lazy_compaction", True) is False:
+            # sglang's install_move_gate asserts it: an eager free moves pages under the H2D copy.
+            for rule in ("alloc_physical", "free_physical"):
+                self.disabled_rules.setdefault(rule, "HiCache's physical loans need lazy compaction (install_move_gate asserts it)")
         initial = self._call("free_virtual_ids", virtual_census, self.allocator)
         self.model = OwnershipModel.from_census(sorted(set(initial)), defers_frees=defers_frees)
 

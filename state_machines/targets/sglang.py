@@ -40,6 +40,7 @@ MODULES = {
     "mamba": "sglang.srt.mem_cache.allocator.mamba",
     # kv-lockstep h11: one sub-pool of the unified byte arena (0.5.20 on).
     "multi-ended": "sglang.srt.mem_cache.allocator.unified_sub_pool",
+    "multi-ended-eager": "sglang.srt.mem_cache.allocator.unified_sub_pool",
 }
 # The same when mem_cache/allocator.py is one file (sglang up to 0.5.12);
 # a kind missing here is unavailable in that layout, with the reason shown.
@@ -72,6 +73,7 @@ CLASSES = {
     "hisparse": "HiSparseTokenToKVPoolAllocator",
     "mamba": "MambaSlotAllocator",
     "multi-ended": "MultiEndedAllocator",
+    "multi-ended-eager": "MultiEndedAllocator",
 }
 
 
@@ -512,19 +514,26 @@ class _UnifiedKVStandIn:
         return "<unified KV pool stand-in>"
 
 
-def make_multi_ended(size: int, page_size: int, device: str, need_sort: bool):
+def make_multi_ended(size: int, page_size: int, device: str, need_sort: bool, lazy_compaction: bool = True):
     """``MultiEndedAllocator``: the id-owning, grow-up sub-pool of ``size``
-    slots (plus the reserved first page), lazy compaction (sglang's
-    default, ``SGLANG_DISABLE_LAZY_COMPACTION`` unset), over the stand-ins above."""
+    slots (plus the reserved first page), over the stand-ins above; lazy
+    compaction is sglang's default (``SGLANG_DISABLE_LAZY_COMPACTION`` unset)."""
+    kind = "multi-ended" if lazy_compaction else "multi-ended-eager"
     args = _common(size, page_size, device, need_sort)
     args.update(
         kvcache=_UnifiedKVStandIn(page_size),
         unified_buffer=_UnifiedBufferStandIn(size + page_size, page_size),
         sub_pool_name="full",
         is_id_owner=True,
-        lazy_compaction=True,
+        lazy_compaction=lazy_compaction,
     )
-    return _construct(_cls("multi-ended"), **args)
+    return _construct(_cls(kind), **args)
+
+
+def make_multi_ended_eager(size: int, page_size: int, device: str, need_sort: bool):
+    """The same with eager compaction (``SGLANG_DISABLE_LAZY_COMPACTION=1``):
+    every free compacts at once."""
+    return make_multi_ended(size, page_size, device, need_sort, lazy_compaction=False)
 
 
 # kind -> its family, and whether its frees are deferred in a free group.
@@ -534,6 +543,7 @@ KIND_TARGETS: dict[str, dict[str, Any]] = {
     "hisparse": dict(family="hisparse", defers_frees=False),
     "mamba": dict(family="mamba", defers_frees=False),
     "multi-ended": dict(family="unified"),
+    "multi-ended-eager": dict(family="unified"),
 }
 
 
@@ -546,6 +556,7 @@ FACTORIES: dict[str, Callable[..., Any]] = {
     "hisparse": make_hisparse,
     "mamba": make_mamba,
     "multi-ended": make_multi_ended,
+    "multi-ended-eager": make_multi_ended_eager,
 }
 
 
@@ -590,6 +601,7 @@ __all__ = [
     "make_hisparse",
     "make_mamba",
     "make_multi_ended",
+    "make_multi_ended_eager",
     "make_npu",
     "make_paged",
     "make_pure_swa",

@@ -20,6 +20,7 @@ class, for checking that the harness catches it.
 from allocators.base import Mutant, SlotAllocator
 from allocators.hisparse import HISPARSE_MUTANTS, HiSparseAllocator
 from allocators.mamba import MAMBA_MUTANTS, MambaSlotAllocator
+from allocators.multi_ended import MULTI_ENDED_MUTANTS, MultiEndedAllocator
 from allocators.npu import NPU_MUTANTS, NPUPagedAllocator
 from allocators.page_interleave import PAGE_INTERLEAVE_MUTANTS, PageInterleaveAllocator
 from allocators.paged import PAGED_MUTANTS, PagedAllocator
@@ -30,6 +31,7 @@ __all__ = [
     "BUILTINS",
     "HiSparseAllocator",
     "MambaSlotAllocator",
+    "MultiEndedAllocator",
     "Mutant",
     "NPUPagedAllocator",
     "PageInterleaveAllocator",
@@ -50,4 +52,5 @@ BUILTINS: dict[str, tuple[type, dict[str, Mutant]]] = {
     "npu": (NPUPagedAllocator, NPU_MUTANTS),
     "mamba": (MambaSlotAllocator, MAMBA_MUTANTS),
     "page-interleave": (PageInterleaveAllocator, PAGE_INTERLEAVE_MUTANTS),
+    "multi-ended": (MultiEndedAllocator, MULTI_ENDED_MUTANTS),
 }

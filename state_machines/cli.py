@@ -367,7 +367,8 @@ def _describe_release(args) -> int:
     where = ("one file, sglang/srt/mem_cache/allocator.py" if info.layout == sglang.SINGLE_FILE
              else "a package, sglang/srt/mem_cache/allocator/")
     print(f"sglang {info.version} at {info.path}: allocators in {where}")
-    for kind, gate_page_size in sglang.gate_kinds():
+    # A kind gated at several page sizes is shown once, at the last of them.
+    for kind, gate_page_size in dict(sglang.gate_kinds()).items():
         spec = f"sglang:{kind}"
         try:
             target = resolve(spec, None, args.sglang_path)

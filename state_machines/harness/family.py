@@ -16,7 +16,7 @@ from attrs import frozen
 
 from state_machines import targets
 from state_machines.config import Config
-from state_machines.harness import hisparse, mamba, page_interleave, pure_swa, swa
+from state_machines.harness import hisparse, mamba, page_interleave, pure_swa, swa, unified
 from state_machines.harness.lockstep import Lockstep
 from state_machines.harness.machines import DecodeRules, ExtendRules, FreeGroupMachine, RunRecord
 from state_machines.targets import devices, probe
@@ -39,6 +39,7 @@ def register(family: Family) -> None:
     FAMILIES[family.name] = family
 
 
+register(Family("unified", unified.UnifiedLockstep, unified.UnifiedMachine, unified.is_unified, "virtual page ids over compacting physical pages"))
 register(Family("mamba", mamba.MambaLockstep, mamba.MambaMachine, mamba.is_mamba, "state slots with allocation groups"))
 register(Family("hisparse", hisparse.HiSparseLockstep, hisparse.HiSparseMachine, hisparse.is_hisparse, "logical + device pools, device buffers"))
 register(Family("page_interleave", page_interleave.PageInterleaveLockstep, page_interleave.PageInterleaveMachine,
@@ -72,7 +73,8 @@ def build(config: Config | None = None, **overrides) -> Lockstep:
     target = targets.resolve(config.target, config.mutant, config.sglang_path)
     devices.require(config.device)
     allocator = targets.build(
-        target, size=config.pool_size, page_size=config.page_size, device=config.device, need_sort=config.need_sort
+        target, size=config.pool_size, page_size=config.page_size, device=config.device, need_sort=config.need_sort,
+        row_dtype=config.row_dtype,
     )
     family = family_of(target, allocator)
     disabled = probe.disabled_steps(allocator, page_size=config.page_size, device=config.device, latent=config.latent)

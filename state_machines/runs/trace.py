@@ -83,6 +83,8 @@ _UNITS = {
     ("evict_tokens", "n"): SPAN,
     ("device_buffer", "n"): SLOTS,
     ("alloc_group_begin", "n"): PAGES0,
+    ("alloc_physical", "n"): SLOTS,
+    ("free_physical", "loan"): PAGES0,
 }
 
 

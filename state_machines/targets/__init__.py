@@ -101,7 +101,7 @@ def resolve(spec: str, mutant: str | None = None, sglang_path: str | None = None
     return _custom(spec)
 
 
-_FLAGS = {"page_size": "--page-size", "need_sort": "--need-sort", "size": "--size", "device": "--device"}
+_FLAGS = {"page_size": "--page-size", "need_sort": "--need-sort", "size": "--size", "device": "--device", "row_dtype": "--row-dtype"}
 
 
 def unmet_need(target: Target, **settings) -> str | None:
@@ -147,14 +147,14 @@ def _what(value) -> str:
     return f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"
 
 
-def build(target: Target, *, size: int, page_size: int, device: str, need_sort: bool):
+def build(target: Target, *, size: int, page_size: int, device: str, need_sort: bool, row_dtype: str = "int32"):
     """Call the target's factory; a failure here is the user's configuration."""
     if target.page_sizes is not None and page_size not in target.page_sizes:
         allowed = ", ".join(map(str, target.page_sizes))
         raise TargetError(f"{target.spec} takes page size {allowed}, not {page_size}")
     if page_size < target.min_page_size:
         raise TargetError(f"{target.spec} takes page size {target.min_page_size} or more, not {page_size}")
-    if reason := unmet_need(target, size=size, page_size=page_size, device=device, need_sort=need_sort):
+    if reason := unmet_need(target, size=size, page_size=page_size, device=device, need_sort=need_sort, row_dtype=row_dtype):
         raise TargetError(reason)
     import torch
 

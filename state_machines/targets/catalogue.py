@@ -36,4 +36,5 @@ def mutant_configs():
                 page_size=page_size,
                 need_sort=mutant.needs.get("need_sort", False),
                 size=mutant.needs.get("size"),
+                row_dtype=mutant.needs.get("row_dtype", "int32"),
             )

@@ -40,6 +40,9 @@ MODULES = {
     "mamba": "sglang.srt.mem_cache.allocator.mamba",
     # kv-lockstep h9: owner-classed pages (logical-page KV sharding), from 0.5.20.
     "page-interleave": "sglang.srt.mem_cache.allocator.page_interleave",
+    # kv-lockstep h11: one sub-pool of the unified byte arena (0.5.20 on).
+    "multi-ended": "sglang.srt.mem_cache.allocator.unified_sub_pool",
+    "multi-ended-eager": "sglang.srt.mem_cache.allocator.unified_sub_pool",
 }
 # The same when mem_cache/allocator.py is one file (sglang up to 0.5.12);
 # a kind missing here is unavailable in that layout, with the reason shown.
@@ -59,6 +62,10 @@ REQUIRED = ("token", "paged")
 PAGE_SIZE_ONE = ("token", "swa", "pure-swa", "mamba")
 # The page size a kind that takes any is gated and described at (``gate_kinds``).
 GATE_PAGE_SIZE = 4
+# Kinds gated at more than one page size: at 1 the unified sub-pool takes
+# decode and extend through alloc(), above it its frees go by page
+# representatives (free_segment's own path).
+GATE_PAGE_SIZES = {"multi-ended": (1, 4)}
 CLASSES = {
     "token": "TokenToKVPoolAllocator",
     "paged": "PagedTokenToKVPoolAllocator",
@@ -68,6 +75,8 @@ CLASSES = {
     "hisparse": "HiSparseTokenToKVPoolAllocator",
     "mamba": "MambaSlotAllocator",
     "page-interleave": "PageInterleavePoolAllocator",
+    "multi-ended": "MultiEndedAllocator",
+    "multi-ended-eager": "MultiEndedAllocator",
 }
 
 
@@ -449,6 +458,96 @@ def make_page_interleave(size: int, page_size: int, device: str, need_sort: bool
     args = _common(size, page_size, device, need_sort)
     args.update(physical_page_size=page_size, shard_size=SHARD_SIZE)
     return _construct(_cls("page-interleave"), **args)
+# --------------------------------------------------------------------------- #
+# The unified sub-pool (kv-lockstep h11): MultiEndedAllocator over stand-ins
+# for the UnifiedKVPool (the byte arena) and the KV pool it moves pages in.
+
+
+class _SubPoolSpecStandIn:
+    """What ``MultiEndedAllocator`` reads of a ``SubPoolSpec``: where the
+    sub-pool grows, one slot's bytes, its dtype; ``blocks_per_page`` (read
+    by 0.5.20 for kernel-facing ids) is 1, kernel ids = physical ids."""
+
+    grow_direction = "up"
+
+    def entry_bytes(self) -> int:
+        return 1
+
+    def get_dtype(self):
+        import torch
+
+        return torch.float16
+
+    def blocks_per_page(self) -> int:
+        return 1
+
+
+class _UnifiedBufferStandIn:
+    """A ``UnifiedKVPool`` of one sub-pool: ``max_slots`` slots of one byte,
+    the first page (``min_slot_index``) the reserved padding floor."""
+
+    def __init__(self, max_slots: int, page_size: int):
+        self.spec_ = _SubPoolSpecStandIn()
+        self.slots = max_slots
+        self.floor = page_size
+        self.total_bytes = max_slots * self.spec_.entry_bytes()
+
+    def spec(self, name: str) -> _SubPoolSpecStandIn:
+        return self.spec_
+
+    def max_slots(self, name: str) -> int:
+        return self.slots
+
+    def min_slot_index(self, name: str) -> int:
+        return self.floor
+
+    def __repr__(self) -> str:
+        return "<UnifiedKVPool stand-in>"
+
+
+class _UnifiedKVStandIn:
+    """The KV pool a compaction moves pages in, reduced to who wrote each
+    physical page (``stamps``, written by the harness as a forward would):
+    ``move_physical_pages(dst, src, page_size)`` by page id (0.5.23),
+    ``move_kv_cache(tgt_loc, src_loc)`` by page-major token ids (0.5.20,
+    0.5.22)."""
+
+    def __init__(self, page_size: int):
+        self.page_size = page_size
+        self.stamps: dict[int, int] = {}
+
+    def move_physical_pages(self, dst, src, page_size: int) -> None:
+        for d, s in zip(dst.tolist(), src.tolist()):
+            self.stamps[d] = self.stamps.pop(s, None)
+
+    def move_kv_cache(self, tgt_loc, src_loc) -> None:
+        ps = self.page_size
+        self.move_physical_pages(tgt_loc.view(-1, ps)[:, 0] // ps, src_loc.view(-1, ps)[:, 0] // ps, ps)
+
+    def __repr__(self) -> str:
+        return "<unified KV pool stand-in>"
+
+
+def make_multi_ended(size: int, page_size: int, device: str, need_sort: bool, lazy_compaction: bool = True):
+    """``MultiEndedAllocator``: the id-owning, grow-up sub-pool of ``size``
+    slots (plus the reserved first page), over the stand-ins above; lazy
+    compaction is sglang's default (``SGLANG_DISABLE_LAZY_COMPACTION`` unset)."""
+    kind = "multi-ended" if lazy_compaction else "multi-ended-eager"
+    args = _common(size, page_size, device, need_sort)
+    args.update(
+        kvcache=_UnifiedKVStandIn(page_size),
+        unified_buffer=_UnifiedBufferStandIn(size + page_size, page_size),
+        sub_pool_name="full",
+        is_id_owner=True,
+        lazy_compaction=lazy_compaction,
+    )
+    return _construct(_cls(kind), **args)
+
+
+def make_multi_ended_eager(size: int, page_size: int, device: str, need_sort: bool):
+    """The same with eager compaction (``SGLANG_DISABLE_LAZY_COMPACTION=1``):
+    every free compacts at once."""
+    return make_multi_ended(size, page_size, device, need_sort, lazy_compaction=False)
 
 
 # kind -> its family, and whether its frees are deferred in a free group.
@@ -459,6 +558,8 @@ KIND_TARGETS: dict[str, dict[str, Any]] = {
     "mamba": dict(family="mamba", defers_frees=False),
     # Its caller sends page size 1 to alloc(), which raises.
     "page-interleave": dict(family="page_interleave", min_page_size=2),
+    "multi-ended": dict(family="unified"),
+    "multi-ended-eager": dict(family="unified"),
 }
 
 
@@ -471,13 +572,19 @@ FACTORIES: dict[str, Callable[..., Any]] = {
     "hisparse": make_hisparse,
     "mamba": make_mamba,
     "page-interleave": make_page_interleave,
+    "multi-ended": make_multi_ended,
+    "multi-ended-eager": make_multi_ended_eager,
 }
 
 
 def gate_kinds() -> list[tuple[str, int]]:
     """Every kind with the page size the gate runs it at: 1 where the kind
-    takes only 1, else ``GATE_PAGE_SIZE``."""
-    return [(kind, 1 if kind in PAGE_SIZE_ONE else GATE_PAGE_SIZE) for kind in FACTORIES]
+    takes only 1, those ``GATE_PAGE_SIZES`` names, else ``GATE_PAGE_SIZE``."""
+    return [
+        (kind, page_size)
+        for kind in FACTORIES
+        for page_size in GATE_PAGE_SIZES.get(kind, (1 if kind in PAGE_SIZE_ONE else GATE_PAGE_SIZE,))
+    ]
 
 
 def factory(kind: str) -> Callable[..., Any]:
@@ -510,6 +617,8 @@ __all__ = [
     "load_sglang",
     "make_hisparse",
     "make_mamba",
+    "make_multi_ended",
+    "make_multi_ended_eager",
     "make_npu",
     "make_page_interleave",
     "make_paged",

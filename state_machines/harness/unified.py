@@ -1,0 +1,198 @@
+"""The lockstep harness for a unified sub-pool (the "unified" family).
+
+sglang's ``MultiEndedAllocator`` (``unified_sub_pool.py``, 0.5.20 on) hands
+out *virtual* page ids and binds each to a physical page of a byte arena
+it shares with other sub-pools.  The core steps run as they are on the
+virtual ids (census ``free_virtual_ids``, the ``OwnershipModel``); after
+every step this harness also reads the physical side (``PageTables``: the
+v2p/p2v tables, the watermark span, the holes) and judges it with the
+predicates of ``reference_model.unified``.  It writes each live virtual
+page's KV, as a forward would, into the KV pool stand-in (a stamp per
+physical page), so a compaction move that loses the data or the mapping
+shows.  Steps it adds: ``flush`` (``flush_for_allocation`` when urgent,
+else ``flush_opportunistic``), ``alloc_physical`` (HiCache lends physical
+pages with no virtual id) and ``free_physical`` (returns a loan, through
+``cancel_physical_reservation`` where the allocator has it: the CPU path,
+as no H2D copy was queued).
+"""
+
+from __future__ import annotations
+
+import torch
+from attrs import define, field
+
+from reference_model import CHECKS, OwnershipModel
+from reference_model import invariants as core
+from reference_model import unified as ru
+from state_machines.harness.lockstep import Lockstep, ids
+from state_machines.harness.machines import MAX_PAGES, FreeGroupMachine, draws
+from state_machines.harness.steps import step
+
+
+def virtual_census(allocator) -> list[int]:
+    """The free virtual page ids, with repeats."""
+    return ids(allocator.free_virtual_ids)
+
+
+def page_tables(allocator) -> ru.PageTables:
+    """The allocator's physical side as plain ints (either grow direction)."""
+    wm, first, n = int(allocator.watermark_physical), int(allocator.min_page_index), int(allocator.num_pages)
+    span = (first, wm) if allocator.grow_direction == "up" else (wm + 1, n)
+    pending = sorted(getattr(allocator, "_pending_reuse_pages_cpu", ()) or ())
+    return ru.PageTables(
+        v2p=tuple(ids(allocator.virtual_to_physical)),
+        p2v=tuple(ids(allocator.physical_to_virtual)),
+        first_page=first,
+        num_pages=n,
+        span=span,
+        holes=tuple(ids(allocator._free_phys_pages)),
+        pending=tuple(pending),
+    )
+
+
+def arena_bytes(allocator) -> tuple[int, int]:
+    """(bytes per physical page, the arena's bytes): sglang's allocator reads
+    them off its unified buffer, the twin keeps them itself."""
+    buffer = getattr(allocator, "unified_buffer", None)
+    total = buffer.total_bytes if buffer is not None else allocator.total_bytes
+    return int(allocator.entry_bytes_per_page), int(total)
+
+
+CORE_CHECKS = tuple(c for c in CHECKS if c is not core.available_size_agrees)
+
+
+@define
+class UnifiedLockstep(Lockstep):
+    # Physical pages lent out by alloc_physical, by handle.
+    loans: ru.Loans = field(factory=ru.Loans)
+    # Each loan's token ids as alloc_physical returned them (handed back as is).
+    loan_slots: dict[int, torch.Tensor] = field(factory=dict)
+    # Virtual pages whose KV the harness has written, since they were handed out.
+    written: set[int] = field(factory=set)
+
+    # The allocator methods a step calls; a release may lack them
+    # (alloc_physical and free_physical are new in 0.5.22).
+    STEP_METHODS = {
+        "flush": ("flush_for_allocation", "flush_opportunistic"),
+        "alloc_physical": ("alloc_physical", "free_physical"),
+        "free_physical": ("alloc_physical", "free_physical"),
+    }
+
+    def start_models(self, defers_frees: bool) -> None:
+        for rule, methods in self.STEP_METHODS.items():
+            if missing := [m for m in methods if not callable(getattr(self.allocator, m, None))]:
+                self.disabled_rules[rule] = f"{self.config.target} has no {', '.join(missing)}"
+        if getattr(self.allocator, "lazy_compaction", True) is False:
+            # sglang's install_move_gate asserts it: an eager free moves pages under the H2D copy.
+            for rule in ("alloc_physical", "free_physical"):
+                self.disabled_rules.setdefault(rule, "HiCache's physical loans need lazy compaction (install_move_gate asserts it)")
+        initial = self._call("free_virtual_ids", virtual_census, self.allocator)
+        self.model = OwnershipModel.from_census(sorted(set(initial)), defers_frees=defers_frees)
+
+    def _short(self, pages: int) -> bool:
+        """A lent page has no virtual id but takes a physical page."""
+        return self.model.num_free - len(self.loans.pages()) < pages
+
+    # -- steps --
+
+    @step
+    def flush(self, urgent: bool) -> None:
+        """``flush_for_allocation()`` (urgent: compact every hole it may)
+        or ``flush_opportunistic()``; no virtual id changes hands."""
+        if urgent:
+            self._call("flush_for_allocation()", self.allocator.flush_for_allocation)
+        else:
+            self._call("flush_opportunistic()", self.allocator.flush_opportunistic)
+
+    @step
+    def alloc_physical(self, n: int) -> None:
+        """``alloc_physical(n)``: ``n`` physical slots (whole pages) lent with
+        no virtual id; None exactly when fewer physical pages are free."""
+        ps = self.page_size
+        what = f"alloc_physical({n})"
+        out = self._call(what, self.allocator.alloc_physical, n)
+        slots = self._index_tensor(what, out, n, n // ps)
+        if slots is None:
+            return
+        self._judge(core.alloc_returns_whole_pages, n, slots, ps)
+        handle = self.loans.lend([slots[i] // ps for i in range(0, n, ps)])
+        self.loan_slots[handle] = out.clone()
+
+    @step
+    def free_physical(self, loan: int) -> None:
+        """Return loan number ``loan`` (of those out, in order):
+        ``cancel_physical_reservation`` where the allocator has it, else
+        ``free_physical``."""
+        handle = self.loans.handles()[loan]
+        slots = self.loan_slots.pop(handle)
+        self.loans.give_back(handle)
+        cancel = getattr(self.allocator, "cancel_physical_reservation", None)
+        method = cancel if callable(cancel) else self.allocator.free_physical
+        self._call(f"{method.__name__}(loan {loan})", method, slots)
+
+    # -- checks --
+
+    def check(self) -> None:
+        """The core checks on the virtual ids, then the physical side."""
+        census = self._call("free_virtual_ids", virtual_census, self.allocator)
+        available = int(self._call("available_size()", self.allocator.available_size))
+        for predicate in CORE_CHECKS:
+            self._judge(predicate, census, available, self.page_size, self.model)
+        lent = self.loans.pages()
+        self._judge(ru.available_counts_lent, available, len(census), len(lent), self.page_size)
+        tables = self._call("page tables", page_tables, self.allocator)
+        live = ru.live_virtual(self.model)
+        self._judge(ru.tables_bijective, tables, live)
+        self._judge(ru.physical_pages_owned_once, tables, lent)
+        self._judge(ru.span_within_arena, tables, *arena_bytes(self.allocator))
+        self._judge(ru.physical_frees_match_logical, tables, self.model)
+        own = getattr(self.allocator, "_byte_accounting_violations", None)
+        if callable(own):
+            self._judge(ru.allocator_accounting_clean, self._call("_byte_accounting_violations()", own))
+        self._write_kv(tables, live)
+
+    def _write_kv(self, tables: ru.PageTables, live: set[int]) -> None:
+        """Judge the KV of pages written before, then write it for pages
+        handed out since (as the next forward would)."""
+        stamps = self.allocator.get_kvcache().stamps
+        self.written &= live
+        self._judge(ru.kv_follows_mapping, stamps, tables, self.written)
+        mapped = tables.mapped()
+        for v in live - self.written:
+            stamps[mapped[v]] = v
+            self.written.add(v)
+
+    def teardown(self) -> None:
+        """Close any open group and return every loan; the state must still check out."""
+        super().teardown()
+        while self.loans.loans:
+            self.free_physical(0)
+
+    def step_not_applicable(self, rule: str, args: dict) -> str | None:
+        """Why a replayed step is one this family's rules never draw."""
+        if rule == "free_physical" and not 0 <= args.get("loan", -1) < len(self.loans.loans):
+            return f"loan {args.get('loan')} is not out ({len(self.loans.loans)} loans)"
+        return None
+
+
+class UnifiedMachine(FreeGroupMachine):
+    """The core rules, plus flushes and physical loans."""
+
+    @draws(guard=lambda s: s.runs("flush"), urgent=bool)
+    def flush(self, urgent):
+        self._do("flush", urgent)
+
+    # Loans are named by their index in a trace, bounded by row_pages there.
+    @draws(guard=lambda s: s.runs("alloc_physical") and len(s.loans.loans) < s.config.row_pages, pages=(1, MAX_PAGES))
+    def alloc_physical(self, pages):
+        self._do("alloc_physical", pages * self.state.page_size)
+
+    @draws(guard=lambda s: bool(s.loans.loans), pick=(0, 3))
+    def free_physical(self, pick):
+        self._do("free_physical", pick % len(self.state.loans.loans))
+
+
+def is_unified(allocator) -> bool:
+    """Whether an allocator keeps virtual ids over physical pages."""
+    return all(hasattr(allocator, name) for name in ("free_virtual_ids", "virtual_to_physical", "physical_to_virtual"))
+

@@ -38,6 +38,8 @@ MODULES = {
     "pure-swa": "sglang.srt.mem_cache.allocator.swa",
     "hisparse": "sglang.srt.mem_cache.allocator.hisparse",
     "mamba": "sglang.srt.mem_cache.allocator.mamba",
+    # kv-lockstep h12: the unified hybrid pools (sub-pools in one byte arena).
+    "unified-swa": "sglang.srt.mem_cache.allocator.unified_hybrid_swa",
 }
 # The same when mem_cache/allocator.py is one file (sglang up to 0.5.12);
 # a kind missing here is unavailable in that layout, with the reason shown.
@@ -65,6 +67,7 @@ CLASSES = {
     "pure-swa": "PureSWATokenToKVPoolAllocator",
     "hisparse": "HiSparseTokenToKVPoolAllocator",
     "mamba": "MambaSlotAllocator",
+    "unified-swa": "UnifiedSWATokenToKVPoolAllocator",
 }
 
 
@@ -435,12 +438,127 @@ def make_mamba(size: int, page_size: int, device: str, need_sort: bool):
     return _construct(_cls("mamba"), **_common(size, page_size, device, need_sort))
 
 
+# --------------------------------------------------------------------------- #
+# Unified hybrid pools (kv-lockstep h12): sub-pools of one byte arena.
+
+# Bytes one slot of each sub-pool takes in the stand-in arena: full and SWA
+# differ, so that a byte a slide frees is worth a different count to each.
+UNIFIED_ENTRY_BYTES = {"full": 16, "swa": 8, "mamba": 32}
+
+
+class _UnifiedSpecStandIn:
+    """One sub-pool's layout, as the allocators read it: its slot bytes,
+    grow direction and dtype (``blocks_per_page`` for 0.5.20)."""
+
+    def __init__(self, name: str, entry_bytes: int, grow_direction: str):
+        import torch
+
+        self.name, self._entry_bytes, self.grow_direction = name, entry_bytes, grow_direction
+        self.store_dtype = torch.bfloat16
+
+    def entry_bytes(self) -> int:
+        return self._entry_bytes
+
+    def get_dtype(self):
+        return self.store_dtype
+
+    def blocks_per_page(self) -> int:
+        return 1
+
+
+class _UnifiedArenaStandIn:
+    """Smallest ``UnifiedKVPool`` the unified allocators accept: no bytes
+    at all, only its geometry (``total_bytes``, each sub-pool's spec,
+    ``max_slots`` = total // slot bytes, ``min_slot_index`` past the
+    page-0 sink reserved for the largest page), as ``UnifiedKVPool`` sets it."""
+
+    post_capture_active = False
+
+    def __init__(self, total_bytes: int, specs: list[_UnifiedSpecStandIn], page_size: int):
+        self.total_bytes = total_bytes
+        self._specs = {s.name: s for s in specs}
+        floor = max(s.entry_bytes() * page_size for s in specs)
+        self._min_slot = {s.name: -(-floor // s.entry_bytes()) for s in specs}
+
+    def spec(self, name: str) -> _UnifiedSpecStandIn:
+        return self._specs[name]
+
+    mha_spec = spec
+
+    def max_slots(self, name: str) -> int:
+        return self.total_bytes // self._specs[name].entry_bytes()
+
+    def min_slot_index(self, name: str) -> int:
+        return self._min_slot[name]
+
+    def __repr__(self) -> str:
+        return f"<UnifiedKVPool stand-in: {self.total_bytes} bytes, no storage>"
+
+
+class _UnifiedSubKVStandIn:
+    """A sub-pool's KV cache: page moves and zeroing touch no bytes (there
+    are none); the host-transfer attributes the composite sets are kept."""
+
+    def move_physical_pages(self, dst_pages, src_pages, page_size) -> None:
+        return
+
+    def move_kv_cache(self, dst, src) -> None:
+        return
+
+    def zero_physical_pages(self, pages) -> None:
+        return
+
+
+class _UnifiedKVStandIn:
+    """The composite's kvcache: its full and SWA sub-pool caches, and
+    ``attach_allocators`` (nothing to attach to)."""
+
+    def __init__(self):
+        self.full_kv_pool, self.swa_kv_pool = _UnifiedSubKVStandIn(), _UnifiedSubKVStandIn()
+
+    def attach_allocators(self, **allocators) -> None:
+        return
+
+    def __repr__(self) -> str:
+        return "<unified SWA kvcache stand-in>"
+
+
+def _required(cls: type, name: str) -> bool:
+    """Whether ``cls``'s constructor takes ``name`` with no default."""
+    import inspect
+
+    param = inspect.signature(cls.__init__).parameters.get(name)
+    return param is not None and param.default is inspect.Parameter.empty
+
+
+def make_unified_swa(size: int, page_size: int, device: str, need_sort: bool):
+    """``UnifiedSWATokenToKVPoolAllocator`` over the arena stand-in: full
+    (16-byte slots, grows up) and SWA (8-byte slots, grows down) in
+    ``(size + page_size) * 16`` bytes, so the full side alone would hold
+    ``size`` tokens and both together about two thirds of that; eager
+    compaction (the constructor's default)."""
+    cls = _cls("unified-swa")
+    if device != "cpu" and not device.startswith("cpu"):
+        raise TargetError(f"device {device!r}: sglang targets run on cpu only")
+    specs = [_UnifiedSpecStandIn("full", UNIFIED_ENTRY_BYTES["full"], "up"),
+             _UnifiedSpecStandIn("swa", UNIFIED_ENTRY_BYTES["swa"], "down")]
+    arena = _UnifiedArenaStandIn((size + page_size) * UNIFIED_ENTRY_BYTES["full"], specs, page_size)
+    args: dict[str, Any] = dict(unified_buffer=arena, kvcache=_UnifiedKVStandIn(), device=device,
+                                page_size=page_size, need_sort=need_sort)
+    # 0.5.20 requires the static caps (its leak check's); later releases derive them.
+    for name in ("full", "swa"):
+        if _required(cls, f"{name}_max_total_num_tokens"):
+            args[f"{name}_max_total_num_tokens"] = arena.max_slots(name) - page_size
+    return _construct(cls, **args)
+
+
 # kind -> its family, and whether its frees are deferred in a free group.
 KIND_TARGETS: dict[str, dict[str, Any]] = {
     "swa": dict(family="swa"),
     "pure-swa": dict(family="pure_swa"),
     "hisparse": dict(family="hisparse", defers_frees=False),
     "mamba": dict(family="mamba", defers_frees=False),
+    "unified-swa": dict(family="unified_swa"),
 }
 
 
@@ -452,6 +570,7 @@ FACTORIES: dict[str, Callable[..., Any]] = {
     "pure-swa": make_pure_swa,
     "hisparse": make_hisparse,
     "mamba": make_mamba,
+    "unified-swa": make_unified_swa,
 }
 
 
@@ -496,6 +615,7 @@ __all__ = [
     "make_pure_swa",
     "make_swa",
     "make_token",
+    "make_unified_swa",
     "release_files",
     "resolve",
 ]

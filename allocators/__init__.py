@@ -24,6 +24,7 @@ from allocators.npu import NPU_MUTANTS, NPUPagedAllocator
 from allocators.paged import PAGED_MUTANTS, PagedAllocator
 from allocators.swa import PURE_SWA_MUTANTS, SWA_MUTANTS, PureSWAAllocator, SWAAllocator
 from allocators.token import TOKEN_MUTANTS, TokenAllocator
+from allocators.unified_swa import UNIFIED_SWA_MUTANTS, UnifiedSWAAllocator
 
 __all__ = [
     "BUILTINS",
@@ -36,6 +37,7 @@ __all__ = [
     "SWAAllocator",
     "SlotAllocator",
     "TokenAllocator",
+    "UnifiedSWAAllocator",
 ]
 
 # name -> (allocator class, its mutants by name)
@@ -47,4 +49,5 @@ BUILTINS: dict[str, tuple[type, dict[str, Mutant]]] = {
     "hisparse": (HiSparseAllocator, HISPARSE_MUTANTS),
     "npu": (NPUPagedAllocator, NPU_MUTANTS),
     "mamba": (MambaSlotAllocator, MAMBA_MUTANTS),
+    "unified-swa": (UnifiedSWAAllocator, UNIFIED_SWA_MUTANTS),
 }

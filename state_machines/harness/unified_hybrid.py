@@ -164,6 +164,18 @@ class UnifiedSWALockstep(SWALockstep):
         return made
 
 
+    def _give_back(self, row: int, start: int, end: int, pages: list[int], *, segment: bool) -> None:
+        """A segment splits as the SWA family's does (``free_segment``
+        asserts every SWA side bound); a plain free is one ``free()`` of the
+        whole span, slid pages included: the composite's ``free()`` skips
+        tombstoned SWA sides itself (``swa v2p > 0``)."""
+        if segment:
+            super()._give_back(row, start, end, pages, segment=True)
+            return
+        Lockstep._give_back(self, row, start, end, pages, segment=False)
+        self.swa.release(pages, "free")
+
+
 class UnifiedSWAMachine(SWAMachine):
     """The SWA family's rules over a unified pool."""
 

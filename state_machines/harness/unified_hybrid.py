@@ -74,6 +74,8 @@ class UnifiedSWALockstep(SWALockstep):
         a = self.allocator
         fa, sa = a.full_attn_allocator, a.swa_attn_allocator
         full, swa = sub_pool(fa), sub_pool(sa)
+        # A float SWA pool (the Mamba variant's chain middle) sits below full,
+        # above the Mamba pool's empty low end: the arena is still two bands.
         self.arena = Arena(low=full, high=swa) if full.grows == "up" else Arena(low=swa, high=full)
         self.lazy = bool(getattr(a, "lazy_compaction", False))
         free = sorted(set(self._call("free_virtual_ids", self._full_census)))
@@ -135,7 +137,7 @@ class UnifiedSWALockstep(SWALockstep):
             self._judge(unified_page_table_bijective, pool, v2p, p2v, live[name], set(self.universe),
                         name=f"{name}_page_table_bijective")
             physical[pool.name] = [v2p[v] for v in live[name]]
-            if not self.lazy:
+            if not self.lazy and pool.grows != "float":
                 tokens = int(self._call(f"{name} allocated_count()", sub.allocated_count))
                 self._judge(unified_compacted, pool, physical[pool.name], tokens, self.page_size,
                             name=f"{name}_compacted")

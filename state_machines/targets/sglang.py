@@ -40,6 +40,8 @@ MODULES = {
     "mamba": "sglang.srt.mem_cache.allocator.mamba",
     # kv-lockstep h12: the unified hybrid pools (sub-pools in one byte arena).
     "unified-swa": "sglang.srt.mem_cache.allocator.unified_hybrid_swa",
+    "unified-mamba-swa": "sglang.srt.mem_cache.allocator.unified_hybrid_swa",
+    "unified-mamba": "sglang.srt.mem_cache.allocator.unified_mamba",
 }
 # The same when mem_cache/allocator.py is one file (sglang up to 0.5.12);
 # a kind missing here is unavailable in that layout, with the reason shown.
@@ -68,6 +70,8 @@ CLASSES = {
     "hisparse": "HiSparseTokenToKVPoolAllocator",
     "mamba": "MambaSlotAllocator",
     "unified-swa": "UnifiedSWATokenToKVPoolAllocator",
+    "unified-mamba-swa": "UnifiedMambaSWATokenToKVPoolAllocator",
+    "unified-mamba": "UnifiedMambaTokenToKVPoolAllocator",
 }
 
 
@@ -510,11 +514,13 @@ class _UnifiedSubKVStandIn:
 
 
 class _UnifiedKVStandIn:
-    """The composite's kvcache: its full and SWA sub-pool caches, and
-    ``attach_allocators`` (nothing to attach to)."""
+    """The composite's kvcache: its full, SWA and Mamba sub-pool caches
+    (each kind reads the ones it has), and ``attach_allocators`` (nothing to
+    attach to)."""
 
     def __init__(self):
         self.full_kv_pool, self.swa_kv_pool = _UnifiedSubKVStandIn(), _UnifiedSubKVStandIn()
+        self.mamba_pool = _UnifiedSubKVStandIn()
 
     def attach_allocators(self, **allocators) -> None:
         return
@@ -531,25 +537,43 @@ def _required(cls: type, name: str) -> bool:
     return param is not None and param.default is inspect.Parameter.empty
 
 
-def make_unified_swa(size: int, page_size: int, device: str, need_sort: bool):
-    """``UnifiedSWATokenToKVPoolAllocator`` over the arena stand-in: full
-    (16-byte slots, grows up) and SWA (8-byte slots, grows down) in
-    ``(size + page_size) * 16`` bytes, so the full side alone would hold
-    ``size`` tokens and both together about two thirds of that; eager
-    compaction (the constructor's default)."""
-    cls = _cls("unified-swa")
+def _make_unified(kind: str, directions: dict[str, str], size: int, page_size: int, device: str, need_sort: bool):
+    """A unified composite over the arena stand-in: its sub-pools (name ->
+    grow direction) in ``(size + page_size) * 16`` bytes, so the full side
+    alone would hold ``size`` tokens; eager compaction (the default)."""
+    cls = _cls(kind)
     if device != "cpu" and not device.startswith("cpu"):
         raise TargetError(f"device {device!r}: sglang targets run on cpu only")
-    specs = [_UnifiedSpecStandIn("full", UNIFIED_ENTRY_BYTES["full"], "up"),
-             _UnifiedSpecStandIn("swa", UNIFIED_ENTRY_BYTES["swa"], "down")]
+    specs = [_UnifiedSpecStandIn(name, UNIFIED_ENTRY_BYTES[name], grows) for name, grows in directions.items()]
     arena = _UnifiedArenaStandIn((size + page_size) * UNIFIED_ENTRY_BYTES["full"], specs, page_size)
-    args: dict[str, Any] = dict(unified_buffer=arena, kvcache=_UnifiedKVStandIn(), device=device,
-                                page_size=page_size, need_sort=need_sort)
-    # 0.5.20 requires the static caps (its leak check's); later releases derive them.
+    kvcache = _UnifiedKVStandIn()
+    args: dict[str, Any] = dict(unified_buffer=arena, kvcache=kvcache, mamba_kvcache=kvcache.mamba_pool,
+                                device=device, page_size=page_size, need_sort=need_sort)
+    # Static caps where a release requires them (0.5.20's leak check); later releases derive them.
     for name in ("full", "swa"):
         if _required(cls, f"{name}_max_total_num_tokens"):
             args[f"{name}_max_total_num_tokens"] = arena.max_slots(name) - page_size
     return _construct(cls, **args)
+
+
+def make_unified_swa(size: int, page_size: int, device: str, need_sort: bool):
+    """``UnifiedSWATokenToKVPoolAllocator``: full (16-byte slots, grows up)
+    and SWA (8-byte slots, grows down); both sides together hold about two
+    thirds of what the full side alone would."""
+    return _make_unified("unified-swa", {"full": "up", "swa": "down"}, size, page_size, device, need_sort)
+
+
+def make_unified_mamba_swa(size: int, page_size: int, device: str, need_sort: bool):
+    """``UnifiedMambaSWATokenToKVPoolAllocator``: [mamba (32-byte slots, up)
+    | SWA (8, float) | full (16, down)], its sglang chain."""
+    return _make_unified("unified-mamba-swa", {"mamba": "up", "swa": "float", "full": "down"},
+                         size, page_size, device, need_sort)
+
+
+def make_unified_mamba(size: int, page_size: int, device: str, need_sort: bool):
+    """``UnifiedMambaTokenToKVPoolAllocator``: full (16-byte slots, up) and
+    Mamba state slots (32 bytes, down, page size 1)."""
+    return _make_unified("unified-mamba", {"full": "up", "mamba": "down"}, size, page_size, device, need_sort)
 
 
 # kind -> its family, and whether its frees are deferred in a free group.
@@ -559,6 +583,7 @@ KIND_TARGETS: dict[str, dict[str, Any]] = {
     "hisparse": dict(family="hisparse", defers_frees=False),
     "mamba": dict(family="mamba", defers_frees=False),
     "unified-swa": dict(family="unified_swa"),
+    "unified-mamba-swa": dict(family="unified_swa"),
 }
 
 
@@ -571,6 +596,8 @@ FACTORIES: dict[str, Callable[..., Any]] = {
     "hisparse": make_hisparse,
     "mamba": make_mamba,
     "unified-swa": make_unified_swa,
+    "unified-mamba": make_unified_mamba,
+    "unified-mamba-swa": make_unified_mamba_swa,
 }
 
 
@@ -615,6 +642,8 @@ __all__ = [
     "make_pure_swa",
     "make_swa",
     "make_token",
+    "make_unified_mamba",
+    "make_unified_mamba_swa",
     "make_unified_swa",
     "release_files",
     "resolve",

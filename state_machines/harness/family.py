@@ -42,6 +42,7 @@ def register(family: Family) -> None:
 register(Family("mamba", mamba.MambaLockstep, mamba.MambaMachine, mamba.is_mamba, "state slots with allocation groups"))
 register(Family("hisparse", hisparse.HiSparseLockstep, hisparse.HiSparseMachine, hisparse.is_hisparse, "logical + device pools, device buffers"))
 register(Family("pure_swa", pure_swa.PureSWALockstep, pure_swa.PureSWAMachine, pure_swa.is_pure_swa, "one pool, every layer windowed"))
+register(Family("unified_mamba", unified_hybrid.UnifiedMambaLockstep, unified_hybrid.UnifiedMambaMachine, unified_hybrid.is_unified_mamba, "full pages + Mamba state slots in one byte arena"))
 register(Family("unified_swa", unified_hybrid.UnifiedSWALockstep, unified_hybrid.UnifiedSWAMachine, unified_hybrid.is_unified_swa, "full + SWA sub-pools in one byte arena, virtual page ids"))
 register(Family("swa", swa.SWALockstep, swa.SWAMachine, swa.is_hybrid, "full + SWA pools joined by a mapping"))
 register(Family("free_group", Lockstep, FreeGroupMachine, lambda allocator: True, "one pool of pages"))

@@ -83,6 +83,10 @@ _UNITS = {
     ("evict_tokens", "n"): SPAN,
     ("device_buffer", "n"): SLOTS,
     ("alloc_group_begin", "n"): PAGES0,
+    # The unified Mamba pool's state slots (harness/unified_hybrid.py).
+    ("mamba_alloc", "n"): PAGES,
+    ("mamba_free", "state"): PAGES0,
+    ("mamba_group_begin", "n"): PAGES0,
 }
 
 

@@ -572,8 +572,32 @@ def make_unified_mamba_swa(size: int, page_size: int, device: str, need_sort: bo
 
 def make_unified_mamba(size: int, page_size: int, device: str, need_sort: bool):
     """``UnifiedMambaTokenToKVPoolAllocator``: full (16-byte slots, up) and
-    Mamba state slots (32 bytes, down, page size 1)."""
-    return _make_unified("unified-mamba", {"full": "up", "mamba": "down"}, size, page_size, device, need_sort)
+    Mamba state slots (32 bytes, down, page size 1).  Two stand-ins beyond
+    the arena: the parallel width ``attn_dcp_size`` set to 1 for the process
+    (``get_parallel().override_permanently``, one GPU, as a server with no
+    decode context parallelism publishes), and the Mamba slots driven through
+    the release's ``UnifiedMambaSlotAllocator`` over ``mamba_allocator``
+    (what ``UnifiedHybridReqToTokenPool`` builds), kept as ``mamba_slots``."""
+    import importlib
+
+    runtime = importlib.import_module("sglang.srt.runtime_context")
+    with contextlib.suppress(Exception):
+        runtime.get_parallel().attn_dcp_size  # noqa: B018 - set only where nothing is published
+        return _with_mamba_slots(_make_unified("unified-mamba", {"full": "up", "mamba": "down"}, size, page_size, device, need_sort))
+    runtime.get_parallel().override_permanently(attn_dcp_size=1)
+    return _with_mamba_slots(_make_unified("unified-mamba", {"full": "up", "mamba": "down"}, size, page_size, device, need_sort))
+
+
+def _with_mamba_slots(allocator):
+    import importlib
+
+    pool = importlib.import_module("sglang.srt.mem_cache.unified_memory_pool")
+    wrapper = getattr(pool, "UnifiedMambaSlotAllocator", None)
+    if wrapper is None:
+        raise TargetError(f"sglang {_info().version}: unified_memory_pool has no UnifiedMambaSlotAllocator")
+    mea = allocator.mamba_allocator
+    allocator.mamba_slots = wrapper(mea, mea.max_slots - 1, mea.device)
+    return allocator
 
 
 # kind -> its family, and whether its frees are deferred in a free group.
@@ -584,6 +608,7 @@ KIND_TARGETS: dict[str, dict[str, Any]] = {
     "mamba": dict(family="mamba", defers_frees=False),
     "unified-swa": dict(family="unified_swa"),
     "unified-mamba-swa": dict(family="unified_swa"),
+    "unified-mamba": dict(family="unified_mamba"),
 }
 
 

@@ -26,6 +26,7 @@ from allocators.page_interleave import PAGE_INTERLEAVE_MUTANTS, PageInterleaveAl
 from allocators.paged import PAGED_MUTANTS, PagedAllocator
 from allocators.swa import PURE_SWA_MUTANTS, SWA_MUTANTS, PureSWAAllocator, SWAAllocator
 from allocators.token import TOKEN_MUTANTS, TokenAllocator
+from allocators.unified_swa import UNIFIED_SWA_MUTANTS, UnifiedSWAAllocator
 
 __all__ = [
     "BUILTINS",
@@ -40,6 +41,7 @@ __all__ = [
     "SWAAllocator",
     "SlotAllocator",
     "TokenAllocator",
+    "UnifiedSWAAllocator",
 ]
 
 # name -> (allocator class, its mutants by name)
@@ -53,4 +55,5 @@ BUILTINS: dict[str, tuple[type, dict[str, Mutant]]] = {
     "mamba": (MambaSlotAllocator, MAMBA_MUTANTS),
     "page-interleave": (PageInterleaveAllocator, PAGE_INTERLEAVE_MUTANTS),
     "multi-ended": (MultiEndedAllocator, MULTI_ENDED_MUTANTS),
+    "unified-swa": (UnifiedSWAAllocator, UNIFIED_SWA_MUTANTS),
 }

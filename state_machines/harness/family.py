@@ -16,7 +16,7 @@ from attrs import frozen
 
 from state_machines import targets
 from state_machines.config import Config
-from state_machines.harness import hisparse, mamba, page_interleave, pure_swa, swa, unified
+from state_machines.harness import hisparse, mamba, page_interleave, pure_swa, swa, unified, unified_hybrid
 from state_machines.harness.lockstep import Lockstep
 from state_machines.harness.machines import DecodeRules, ExtendRules, FreeGroupMachine, RunRecord
 from state_machines.targets import devices, probe
@@ -45,6 +45,8 @@ register(Family("hisparse", hisparse.HiSparseLockstep, hisparse.HiSparseMachine,
 register(Family("page_interleave", page_interleave.PageInterleaveLockstep, page_interleave.PageInterleaveMachine,
                 page_interleave.is_page_interleave, "per-owner-class free lists, alloc_extend with rotation bases"))
 register(Family("pure_swa", pure_swa.PureSWALockstep, pure_swa.PureSWAMachine, pure_swa.is_pure_swa, "one pool, every layer windowed"))
+register(Family("unified_mamba", unified_hybrid.UnifiedMambaLockstep, unified_hybrid.UnifiedMambaMachine, unified_hybrid.is_unified_mamba, "full pages + Mamba state slots in one byte arena"))
+register(Family("unified_swa", unified_hybrid.UnifiedSWALockstep, unified_hybrid.UnifiedSWAMachine, unified_hybrid.is_unified_swa, "full + SWA sub-pools in one byte arena, virtual page ids"))
 register(Family("swa", swa.SWALockstep, swa.SWAMachine, swa.is_hybrid, "full + SWA pools joined by a mapping"))
 register(Family("free_group", Lockstep, FreeGroupMachine, lambda allocator: True, "one pool of pages"))
 

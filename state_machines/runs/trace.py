@@ -85,6 +85,10 @@ _UNITS = {
     ("alloc_group_begin", "n"): PAGES0,
     ("alloc_physical", "n"): SLOTS,
     ("free_physical", "loan"): PAGES0,
+    # The unified Mamba pool's state slots (harness/unified_hybrid.py).
+    ("mamba_alloc", "n"): PAGES,
+    ("mamba_free", "state"): PAGES0,
+    ("mamba_group_begin", "n"): PAGES0,
 }
 
 

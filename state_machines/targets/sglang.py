@@ -43,6 +43,10 @@ MODULES = {
     # kv-lockstep h11: one sub-pool of the unified byte arena (0.5.20 on).
     "multi-ended": "sglang.srt.mem_cache.allocator.unified_sub_pool",
     "multi-ended-eager": "sglang.srt.mem_cache.allocator.unified_sub_pool",
+    # kv-lockstep h12: the unified hybrid pools (sub-pools in one byte arena).
+    "unified-swa": "sglang.srt.mem_cache.allocator.unified_hybrid_swa",
+    "unified-mamba-swa": "sglang.srt.mem_cache.allocator.unified_hybrid_swa",
+    "unified-mamba": "sglang.srt.mem_cache.allocator.unified_mamba",
 }
 # The same when mem_cache/allocator.py is one file (sglang up to 0.5.12);
 # a kind missing here is unavailable in that layout, with the reason shown.
@@ -77,6 +81,9 @@ CLASSES = {
     "page-interleave": "PageInterleavePoolAllocator",
     "multi-ended": "MultiEndedAllocator",
     "multi-ended-eager": "MultiEndedAllocator",
+    "unified-swa": "UnifiedSWATokenToKVPoolAllocator",
+    "unified-mamba-swa": "UnifiedMambaSWATokenToKVPoolAllocator",
+    "unified-mamba": "UnifiedMambaTokenToKVPoolAllocator",
 }
 
 
@@ -477,6 +484,29 @@ class _SubPoolSpecStandIn:
         import torch
 
         return torch.float16
+# --------------------------------------------------------------------------- #
+# Unified hybrid pools (kv-lockstep h12): sub-pools of one byte arena.
+
+# Bytes one slot of each sub-pool takes in the stand-in arena: full and SWA
+# differ, so that a byte a slide frees is worth a different count to each.
+UNIFIED_ENTRY_BYTES = {"full": 16, "swa": 8, "mamba": 32}
+
+
+class _UnifiedSpecStandIn:
+    """One sub-pool's layout, as the allocators read it: its slot bytes,
+    grow direction and dtype (``blocks_per_page`` for 0.5.20)."""
+
+    def __init__(self, name: str, entry_bytes: int, grow_direction: str):
+        import torch
+
+        self.name, self._entry_bytes, self.grow_direction = name, entry_bytes, grow_direction
+        self.store_dtype = torch.bfloat16
+
+    def entry_bytes(self) -> int:
+        return self._entry_bytes
+
+    def get_dtype(self):
+        return self.store_dtype
 
     def blocks_per_page(self) -> int:
         return 1
@@ -548,6 +578,134 @@ def make_multi_ended_eager(size: int, page_size: int, device: str, need_sort: bo
     """The same with eager compaction (``SGLANG_DISABLE_LAZY_COMPACTION=1``):
     every free compacts at once."""
     return make_multi_ended(size, page_size, device, need_sort, lazy_compaction=False)
+class _UnifiedArenaStandIn:
+    """Smallest ``UnifiedKVPool`` the unified allocators accept: no bytes
+    at all, only its geometry (``total_bytes``, each sub-pool's spec,
+    ``max_slots`` = total // slot bytes, ``min_slot_index`` past the
+    page-0 sink reserved for the largest page), as ``UnifiedKVPool`` sets it."""
+
+    post_capture_active = False
+
+    def __init__(self, total_bytes: int, specs: list[_UnifiedSpecStandIn], page_size: int):
+        self.total_bytes = total_bytes
+        self._specs = {s.name: s for s in specs}
+        floor = max(s.entry_bytes() * page_size for s in specs)
+        self._min_slot = {s.name: -(-floor // s.entry_bytes()) for s in specs}
+
+    def spec(self, name: str) -> _UnifiedSpecStandIn:
+        return self._specs[name]
+
+    mha_spec = spec
+
+    def max_slots(self, name: str) -> int:
+        return self.total_bytes // self._specs[name].entry_bytes()
+
+    def min_slot_index(self, name: str) -> int:
+        return self._min_slot[name]
+
+    def __repr__(self) -> str:
+        return f"<UnifiedKVPool stand-in: {self.total_bytes} bytes, no storage>"
+
+
+class _UnifiedSubKVStandIn:
+    """A sub-pool's KV cache: page moves and zeroing touch no bytes (there
+    are none); the host-transfer attributes the composite sets are kept."""
+
+    def move_physical_pages(self, dst_pages, src_pages, page_size) -> None:
+        return
+
+    def move_kv_cache(self, dst, src) -> None:
+        return
+
+    def zero_physical_pages(self, pages) -> None:
+        return
+
+
+class _UnifiedKVStandIn:
+    """The composite's kvcache: its full, SWA and Mamba sub-pool caches
+    (each kind reads the ones it has), and ``attach_allocators`` (nothing to
+    attach to)."""
+
+    def __init__(self):
+        self.full_kv_pool, self.swa_kv_pool = _UnifiedSubKVStandIn(), _UnifiedSubKVStandIn()
+        self.mamba_pool = _UnifiedSubKVStandIn()
+
+    def attach_allocators(self, **allocators) -> None:
+        return
+
+    def __repr__(self) -> str:
+        return "<unified SWA kvcache stand-in>"
+
+
+def _required(cls: type, name: str) -> bool:
+    """Whether ``cls``'s constructor takes ``name`` with no default."""
+    import inspect
+
+    param = inspect.signature(cls.__init__).parameters.get(name)
+    return param is not None and param.default is inspect.Parameter.empty
+
+
+def _make_unified(kind: str, directions: dict[str, str], size: int, page_size: int, device: str, need_sort: bool):
+    """A unified composite over the arena stand-in: its sub-pools (name ->
+    grow direction) in ``(size + page_size) * 16`` bytes, so the full side
+    alone would hold ``size`` tokens; eager compaction (the default)."""
+    cls = _cls(kind)
+    if device != "cpu" and not device.startswith("cpu"):
+        raise TargetError(f"device {device!r}: sglang targets run on cpu only")
+    specs = [_UnifiedSpecStandIn(name, UNIFIED_ENTRY_BYTES[name], grows) for name, grows in directions.items()]
+    arena = _UnifiedArenaStandIn((size + page_size) * UNIFIED_ENTRY_BYTES["full"], specs, page_size)
+    kvcache = _UnifiedKVStandIn()
+    args: dict[str, Any] = dict(unified_buffer=arena, kvcache=kvcache, mamba_kvcache=kvcache.mamba_pool,
+                                device=device, page_size=page_size, need_sort=need_sort)
+    # Static caps where a release requires them (0.5.20's leak check); later releases derive them.
+    for name in ("full", "swa"):
+        if _required(cls, f"{name}_max_total_num_tokens"):
+            args[f"{name}_max_total_num_tokens"] = arena.max_slots(name) - page_size
+    return _construct(cls, **args)
+
+
+def make_unified_swa(size: int, page_size: int, device: str, need_sort: bool):
+    """``UnifiedSWATokenToKVPoolAllocator``: full (16-byte slots, grows up)
+    and SWA (8-byte slots, grows down); both sides together hold about two
+    thirds of what the full side alone would."""
+    return _make_unified("unified-swa", {"full": "up", "swa": "down"}, size, page_size, device, need_sort)
+
+
+def make_unified_mamba_swa(size: int, page_size: int, device: str, need_sort: bool):
+    """``UnifiedMambaSWATokenToKVPoolAllocator``: [mamba (32-byte slots, up)
+    | SWA (8, float) | full (16, down)], its sglang chain."""
+    return _make_unified("unified-mamba-swa", {"mamba": "up", "swa": "float", "full": "down"},
+                         size, page_size, device, need_sort)
+
+
+def make_unified_mamba(size: int, page_size: int, device: str, need_sort: bool):
+    """``UnifiedMambaTokenToKVPoolAllocator``: full (16-byte slots, up) and
+    Mamba state slots (32 bytes, down, page size 1).  Two stand-ins beyond
+    the arena: the parallel width ``attn_dcp_size`` set to 1 for the process
+    (``get_parallel().override_permanently``, one GPU, as a server with no
+    decode context parallelism publishes), and the Mamba slots driven through
+    the release's ``UnifiedMambaSlotAllocator`` over ``mamba_allocator``
+    (what ``UnifiedHybridReqToTokenPool`` builds), kept as ``mamba_slots``."""
+    import importlib
+
+    runtime = importlib.import_module("sglang.srt.runtime_context")
+    with contextlib.suppress(Exception):
+        runtime.get_parallel().attn_dcp_size  # noqa: B018 - set only where nothing is published
+        return _with_mamba_slots(_make_unified("unified-mamba", {"full": "up", "mamba": "down"}, size, page_size, device, need_sort))
+    runtime.get_parallel().override_permanently(attn_dcp_size=1)
+    return _with_mamba_slots(_make_unified("unified-mamba", {"full": "up", "mamba": "down"}, size, page_size, device, need_sort))
+
+
+def _with_mamba_slots(allocator):
+    import importlib
+
+    pool = importlib.import_module("sglang.srt.mem_cache.unified_memory_pool")
+    wrapper = getattr(pool, "UnifiedMambaSlotAllocator", None)
+    if wrapper is None:
+        raise TargetError(f"sglang {_info().version}: unified_memory_pool has no UnifiedMambaSlotAllocator")
+    mea = allocator.mamba_allocator
+    allocator.mamba_slots = wrapper(mea, mea.max_slots - 1, mea.device)
+    return allocator
 
 
 # kind -> its family, and whether its frees are deferred in a free group.
@@ -560,6 +718,9 @@ KIND_TARGETS: dict[str, dict[str, Any]] = {
     "page-interleave": dict(family="page_interleave", min_page_size=2),
     "multi-ended": dict(family="unified"),
     "multi-ended-eager": dict(family="unified"),
+    "unified-swa": dict(family="unified_swa"),
+    "unified-mamba-swa": dict(family="unified_swa"),
+    "unified-mamba": dict(family="unified_mamba"),
 }
 
 
@@ -574,6 +735,9 @@ FACTORIES: dict[str, Callable[..., Any]] = {
     "page-interleave": make_page_interleave,
     "multi-ended": make_multi_ended,
     "multi-ended-eager": make_multi_ended_eager,
+    "unified-swa": make_unified_swa,
+    "unified-mamba": make_unified_mamba,
+    "unified-mamba-swa": make_unified_mamba_swa,
 }
 
 
@@ -625,6 +789,9 @@ __all__ = [
     "make_pure_swa",
     "make_swa",
     "make_token",
+    "make_unified_mamba",
+    "make_unified_mamba_swa",
+    "make_unified_swa",
     "release_files",
     "resolve",
 ]

@@ -1,0 +1,285 @@
+"""A unified hybrid SWA pool: full and SWA sub-pools in one byte arena,
+over virtual page ids (the twin of sglang's ``UnifiedSWATokenToKVPoolAllocator``).
+
+The full sub-pool mints virtual page ids (``free_virtual_ids``); each
+sub-pool binds a virtual page to one of its physical pages through
+``virtual_to_physical`` / ``physical_to_virtual``.  The full pool's pages
+grow up from the arena's low end, the SWA pool's down from its high end;
+a free compacts each pool at once (eager), so its live pages are always the
+band at its end, and the bytes between the two bands are shared.  A window
+slide (``free_swa``) unbinds only the SWA side: ``v2p == -1`` there is the
+tombstone, and ``free`` skips it.  Inside a free group each kind of free is
+queued in its own list, and ``free_group_end`` flushes all four.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from allocators.base import Mutant
+
+# Bytes per slot of each sub-pool, as the sglang target's arena stand-in.
+FULL_SLOT_BYTES, SWA_SLOT_BYTES = 16, 8
+
+
+class ArenaSubPool:
+    """One sub-pool: physical pages ``[min_page_index, num_pages)``, the
+    live ones compacted to the end it grows from."""
+
+    def __init__(self, name: str, grow_direction: str, num_pages: int, min_page_index: int, page_bytes: int,
+                 num_virtual: int, page_size: int, device: str):
+        self.sub_pool_name, self.grow_direction = name, grow_direction
+        self.num_pages, self.min_page_index, self.entry_bytes_per_page = num_pages, min_page_index, page_bytes
+        self.page_size, self.device = page_size, device
+        # Row 0 is the padding sink (virtual 0 <-> physical 0); the last row a -1 sentinel.
+        self.virtual_to_physical = torch.full((num_virtual + 1,), -1, dtype=torch.int64, device=device)
+        self.physical_to_virtual = torch.full((num_pages + 1,), -1, dtype=torch.int64, device=device)
+        self.virtual_to_physical[0] = 0
+        self.physical_to_virtual[0] = 0
+        self.live = 0
+
+    def allocated_count(self) -> int:
+        return self.live * self.page_size
+
+    def _band(self, live: int) -> list[int]:
+        if self.grow_direction == "up":
+            return list(range(self.min_page_index, self.min_page_index + live))
+        return list(range(self.num_pages - live, self.num_pages))
+
+    def bind(self, v_pages: torch.Tensor) -> None:
+        """Bind ``v_pages`` to the next physical pages past the band."""
+        new = [p for p in self._band(self.live + len(v_pages)) if p not in set(self._band(self.live))]
+        phys = torch.tensor(new, dtype=torch.int64, device=self.device)
+        self.virtual_to_physical[v_pages] = phys
+        self.physical_to_virtual[phys] = v_pages
+        self.live += len(v_pages)
+
+    def unbind(self, v_pages: torch.Tensor) -> None:
+        """Unbind ``v_pages`` (each bound, once) and compact: survivors past
+        the shrunk band move into its holes."""
+        if not len(v_pages):
+            return
+        freed = self.virtual_to_physical[v_pages]
+        self.virtual_to_physical[v_pages] = -1
+        self._release(freed)
+
+    def _release(self, freed: torch.Tensor) -> None:
+        freed_set = set(freed.tolist())
+        self.physical_to_virtual[freed] = -1
+        old = self._band(self.live)
+        self.live -= len(freed_set)
+        keep = set(self._band(self.live))
+        movers = [p for p in old if p not in keep and p not in freed_set]
+        holes = sorted(p for p in freed_set if p in keep)
+        for src, dst in zip(movers, holes):
+            v = int(self.physical_to_virtual[src])
+            self.virtual_to_physical[v] = dst
+            self.physical_to_virtual[dst] = v
+            self.physical_to_virtual[src] = -1
+
+
+class UnifiedSWAAllocator:
+    """Full + SWA sub-pools over shared virtual page ids in one byte arena."""
+
+    # Read by targets.py: the unified SWA harness drives this family.
+    family = "unified_swa"
+    lazy_compaction = False
+
+    def __init__(self, size: int, page_size: int = 1, device: str = "cpu", need_sort: bool = False):
+        self.size, self.page_size, self.device = size, page_size, device
+        # The sglang target's stand-in arena: (size + page_size) full slots of bytes.
+        total = (size + page_size) * FULL_SLOT_BYTES
+        full_pages, swa_pages = total // (FULL_SLOT_BYTES * page_size), total // (SWA_SLOT_BYTES * page_size)
+        swa_first = -(-FULL_SLOT_BYTES * page_size // (SWA_SLOT_BYTES * page_size))
+        self.full_attn_allocator = ArenaSubPool("full", "up", full_pages, 1, FULL_SLOT_BYTES * page_size,
+                                                full_pages, page_size, device)
+        self.swa_attn_allocator = ArenaSubPool("swa", "down", swa_pages, swa_first, SWA_SLOT_BYTES * page_size,
+                                               full_pages, page_size, device)
+        self.full_attn_allocator.free_virtual_ids = torch.arange(1, full_pages, dtype=torch.int64, device=device)
+        self.budget = total - FULL_SLOT_BYTES * page_size
+        self.free_group: list[torch.Tensor] | None = None
+        self.free_page_reps_group: list[torch.Tensor] | None = None
+        self.full_free_group: list[torch.Tensor] = []
+        self.full_page_reps_group: list[torch.Tensor] = []
+
+    # -- capacity --
+
+    def _fits(self, pages: int) -> bool:
+        fa, sa = self.full_attn_allocator, self.swa_attn_allocator
+        return (
+            pages <= len(fa.free_virtual_ids)
+            and fa.live + pages <= fa.num_pages - fa.min_page_index
+            and sa.live + pages <= sa.num_pages - sa.min_page_index
+            and (fa.live + pages) * fa.entry_bytes_per_page + (sa.live + pages) * sa.entry_bytes_per_page <= self.budget
+        )
+
+    def available_size(self) -> int:
+        pages = 0
+        while self._fits(pages + 1):
+            pages += 1
+        return pages * self.page_size
+
+    # -- alloc --
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        pages = need_size // self.page_size
+        if not self._fits(pages):
+            return None
+        fa = self.full_attn_allocator
+        v_pages, fa.free_virtual_ids = fa.free_virtual_ids[:pages].clone(), fa.free_virtual_ids[pages:]
+        fa.bind(v_pages)
+        self.swa_attn_allocator.bind(v_pages)
+        offsets = torch.arange(self.page_size, dtype=torch.int64, device=self.device)
+        return (v_pages[:, None] * self.page_size + offsets).reshape(-1)
+
+    # -- free --
+
+    def _pages(self, free_index: torch.Tensor) -> torch.Tensor:
+        return torch.unique(free_index.to(torch.int64) // self.page_size)
+
+    def _reps(self, free_index: torch.Tensor, start_pos: int) -> torch.Tensor:
+        """One slot of each page of a page-aligned segment, as a copy."""
+        assert start_pos % self.page_size == 0, f"segment start {start_pos} is not page-aligned"
+        return free_index[:: self.page_size].to(torch.int64).clone()
+
+    def _swa_live(self, v_pages: torch.Tensor) -> torch.Tensor:
+        """The pages whose SWA side is bound: a tombstone (-1) is skipped."""
+        return v_pages[self.swa_attn_allocator.virtual_to_physical[v_pages] > 0]
+
+    def _release(self, v_pages: torch.Tensor, *, swa: bool) -> None:
+        if not len(v_pages):
+            return
+        if swa:
+            self.swa_attn_allocator.unbind(self._swa_live(v_pages))
+        fa = self.full_attn_allocator
+        fa.unbind(v_pages)
+        fa.free_virtual_ids = torch.cat((fa.free_virtual_ids, v_pages))
+
+    def free(self, free_index: torch.Tensor) -> None:
+        if free_index.numel() == 0:
+            return
+        if self.free_group is not None:
+            self.free_group.append(free_index.clone())
+            return
+        self._release(self._pages(free_index), swa=True)
+
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        if free_index.numel() == 0:
+            return
+        reps = self._reps(free_index, start_pos)
+        if self.free_page_reps_group is not None:
+            self.free_page_reps_group.append(reps)
+            return
+        self._release(reps // self.page_size, swa=True)
+
+    def free_full(self, free_index: torch.Tensor) -> None:
+        """The full side only: the SWA side is already a tombstone."""
+        if free_index.numel() == 0:
+            return
+        if self.free_group is not None:
+            self.full_free_group.append(free_index.clone())
+            return
+        self._release(self._pages(free_index), swa=False)
+
+    def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        if free_index.numel() == 0:
+            return
+        reps = self._reps(free_index, start_pos)
+        if self.free_page_reps_group is not None:
+            self.full_page_reps_group.append(reps)
+            return
+        self._release(reps // self.page_size, swa=False)
+
+    def free_swa(self, free_index: torch.Tensor) -> None:
+        """The window slid: unbind the SWA side of the bound pages, at once."""
+        if free_index.numel() == 0:
+            return
+        self.swa_attn_allocator.unbind(self._swa_live(self._pages(free_index)))
+
+    def free_swa_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        if free_index.numel() == 0:
+            return
+        self.swa_attn_allocator.unbind(self._reps(free_index, start_pos) // self.page_size)
+
+    # -- free groups --
+
+    def free_group_begin(self) -> None:
+        self.free_group, self.free_page_reps_group = [], []
+        self.full_free_group, self.full_page_reps_group = [], []
+
+    def free_group_end(self) -> None:
+        """Flush the four queues: whole frees, full-only frees, and the page
+        representatives of both kinds of segment."""
+        both, self.free_group = self.free_group, None
+        both_reps, self.free_page_reps_group = self.free_page_reps_group, None
+        full, self.full_free_group = self.full_free_group, []
+        full_reps, self.full_page_reps_group = self.full_page_reps_group, []
+        self._flush(both or [], both_reps or [], full, full_reps)
+
+    def _flush(self, both, both_reps, full, full_reps) -> None:
+        if both:
+            self.free(torch.cat(both))
+        for reps in both_reps:
+            self._release(reps // self.page_size, swa=True)
+        if full:
+            self.free_full(torch.cat(full))
+        for reps in full_reps:
+            self._release(reps // self.page_size, swa=False)
+
+
+class NoTombstoneFilterAllocator(UnifiedSWAAllocator):
+    """Mutant: ``free`` forwards every page to the SWA side, tombstones
+    (``v2p == -1``) included, as a forwarding wrapper with no ``-1`` filter
+    does: the SWA pool counts a page it never held as released."""
+
+    def _swa_live(self, v_pages: torch.Tensor) -> torch.Tensor:
+        return v_pages
+
+
+class FullQueueNotFlushedAllocator(UnifiedSWAAllocator):
+    """Mutant: ``free_group_end`` flushes three of its four queues and drops
+    the full-only frees (``free_full`` inside a group): those pages leak."""
+
+    def _flush(self, both, both_reps, full, full_reps) -> None:
+        super()._flush(both, both_reps, [], full_reps)
+
+
+class SegmentQueuesViewAllocator(UnifiedSWAAllocator):
+    """Mutant: ``free_segment`` inside a group queues a strided *view* of
+    the caller's row (sglang's ``.to(torch.int64)[::ps]`` is one for an
+    int64 row): an overwrite before the group ends changes what it frees."""
+
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        if self.free_page_reps_group is not None and free_index.numel():
+            self.free_page_reps_group.append(free_index[:: self.page_size])
+            return
+        super().free_segment(free_index, start_pos=start_pos)
+
+
+class SlideKeepsBindingAllocator(UnifiedSWAAllocator):
+    """Mutant: a slide gives the SWA physical page back but leaves the
+    virtual page bound to it (no tombstone): the next alloc binds the same
+    physical page to a second virtual page."""
+
+    def free_swa(self, free_index: torch.Tensor) -> None:
+        if free_index.numel() == 0:
+            return
+        sa = self.swa_attn_allocator
+        live = self._swa_live(self._pages(free_index))
+        if len(live):
+            sa._release(sa.virtual_to_physical[live].clone())
+
+
+UNIFIED_SWA_MUTANTS = {
+    m.name: m
+    for m in (
+        Mutant("no-tombstone-filter", NoTombstoneFilterAllocator,
+               "free() sends tombstoned pages (v2p == -1) to the SWA side too"),
+        Mutant("full-queue-not-flushed", FullQueueNotFlushedAllocator,
+               "free_group_end() drops the queued free_full() calls"),
+        Mutant("segment-queues-view", SegmentQueuesViewAllocator,
+               "free_segment() in a group queues a view of the caller's row"),
+        Mutant("slide-keeps-binding", SlideKeepsBindingAllocator,
+               "free_swa() frees the SWA page but leaves v2p pointing at it"),
+    )
+}

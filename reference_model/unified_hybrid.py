@@ -1,0 +1,139 @@
+"""Unified hybrid pools (full + SWA sub-pools in one byte arena), in plain
+Python (no torch).
+
+sglang's ``UnifiedSWATokenToKVPoolAllocator`` (and its Mamba variant) hand
+out *virtual* page ids, minted by the full sub-pool; each sub-pool binds a
+virtual page to one of its own physical pages through a page table
+(``v2p``, with its inverse ``p2v``).  The full sub-pool grows up from the
+arena's low end, the SWA sub-pool down from its high end, and they share the
+free bytes between them.  A window slide unbinds a virtual page's SWA side
+(``v2p == -1``, a tombstone) and gives its bytes back to the shared gap
+while the full side stays live.
+
+The model reuses the SWA family's: the full side is an ``OwnershipModel``
+over virtual page ids, the SWA side an ``SWASide`` whose "SWA page" of a
+virtual page is the virtual page itself (physical ids move under compaction,
+so the model names no physical page).  What this module adds is the arena:
+``Arena`` (the geometry read once from a fresh allocator) predicts whether an
+alloc fits in bytes, and the predicates below judge the page tables and the
+byte bands after every step.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from attrs import frozen
+
+
+def _show(items) -> str:
+    items = sorted(items)
+    shown = ", ".join(map(str, items[:12]))
+    return f"[{shown}{', ...' if len(items) > 12 else ''}]"
+
+
+@frozen
+class SubPool:
+    """One sub-pool's fixed geometry: physical pages ``[first, end)`` are
+    allocatable (below ``first`` is the padding sink), ``page_bytes`` each;
+    ``grows`` is "up" (from the arena's low end) or "down"."""
+
+    name: str
+    first: int
+    end: int
+    page_bytes: int
+    grows: str
+
+    @property
+    def pages(self) -> int:
+        return self.end - self.first
+
+    def band(self, live: int) -> range:
+        """The physical pages ``live`` pages occupy when compacted to this
+        pool's end of the arena."""
+        return range(self.first, self.first + live) if self.grows == "up" else range(self.end - live, self.end)
+
+
+@frozen
+class Arena:
+    """The byte arena two END sub-pools share: ``low`` grows up from byte
+    ``low.first * low.page_bytes``, ``high`` grows down from byte
+    ``high.end * high.page_bytes``; together they fit in between."""
+
+    low: SubPool
+    high: SubPool
+
+    @property
+    def budget_bytes(self) -> int:
+        return self.high.end * self.high.page_bytes - self.low.first * self.low.page_bytes
+
+    def fits(self, low_live: int, high_live: int) -> bool:
+        """Whether ``low_live`` pages of the low pool and ``high_live`` of
+        the high one fit at once, each within its own index range and both
+        within the shared bytes (compacted: no holes)."""
+        return (
+            low_live <= self.low.pages
+            and high_live <= self.high.pages
+            and low_live * self.low.page_bytes + high_live * self.high.page_bytes <= self.budget_bytes
+        )
+
+
+# -- predicates: each returns None, or what the allocator says / what the model says --
+
+
+def unified_page_table_bijective(
+    pool: SubPool, v2p: list[int], p2v: list[int], live: set[int], universe: set[int]
+) -> str | None:
+    """``v2p`` and ``p2v`` are inverse on the model's live virtual pages:
+    each live virtual page maps to its own allocatable physical page, whose
+    ``p2v`` names it back; every other virtual page of ``universe`` maps to
+    -1 (a tombstone on the SWA side); no other physical page names a
+    virtual one.  The padding sink (virtual 0 <-> physical 0) is left out."""
+    problems = []
+    bound = {v: v2p[v] for v in universe if v2p[v] != -1}
+    if set(bound) != live:
+        if extra := set(bound) - live:
+            problems.append(f"bound in {pool.name}, not live in model: {_show(extra)}")
+        if missing := live - set(bound):
+            problems.append(f"live in model, unbound (-1) in {pool.name}: {_show(missing)}")
+    outside = {v: p for v, p in bound.items() if not pool.first <= p < pool.end}
+    if outside:
+        problems.append(f"virtual -> physical outside [{pool.first}, {pool.end}): {dict(sorted(outside.items())[:6])}")
+    twice = sorted(p for p, n in Counter(bound.values()).items() if n > 1)
+    if twice:
+        problems.append(f"physical pages {_show(twice)} bound to two virtual pages")
+    unpaired = sorted(v for v, p in bound.items() if 0 <= p < len(p2v) and p2v[p] != v)
+    if unpaired:
+        problems.append(f"p2v[v2p[v]] != v for virtual pages {_show(unpaired)}")
+    stray = sorted(p for p in range(1, len(p2v) - 1) if p2v[p] != -1 and bound.get(p2v[p]) != p)
+    if stray:
+        problems.append(f"p2v names a virtual page for physical pages {_show(stray)} that it does not map to")
+    if not problems:
+        return None
+    return f"{pool.name} page table: " + "; ".join(problems) + f" / a bijection on the model's {len(live)} live pages"
+
+
+def unified_compacted(pool: SubPool, physical: list[int], allocated_tokens: int, page_size: int) -> str | None:
+    """Eager compaction: a pool's live physical pages are exactly the band
+    at its end of the arena, and ``allocated_count()`` is their tokens."""
+    want = set(pool.band(len(physical)))
+    if set(physical) == want and allocated_tokens == len(physical) * page_size:
+        return None
+    return (
+        f"{pool.name} holds physical pages {_show(physical)} and allocated_count() {allocated_tokens}"
+        f" / {len(physical)} live pages compacted to {_show(want)}, {len(physical) * page_size} tokens"
+    )
+
+
+def unified_bands_disjoint(arena: Arena, low_physical: list[int], high_physical: list[int]) -> str | None:
+    """No byte of the arena is in a live page of both sub-pools."""
+    if not low_physical or not high_physical:
+        return None
+    low_top = (max(low_physical) + 1) * arena.low.page_bytes
+    high_bottom = min(high_physical) * arena.high.page_bytes
+    if low_top <= high_bottom:
+        return None
+    return (
+        f"{arena.low.name}'s live bytes reach {low_top}, {arena.high.name}'s start at {high_bottom}"
+        f" / disjoint byte bands"
+    )

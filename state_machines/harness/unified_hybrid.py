@@ -1,0 +1,377 @@
+"""The lockstep harness for unified hybrid SWA pools (the "unified_swa" family).
+
+sglang's ``UnifiedSWATokenToKVPoolAllocator`` and
+``UnifiedMambaSWATokenToKVPoolAllocator`` keep the SWA allocator's surface
+(``alloc``, ``free``, ``free_segment``, ``free_swa``, ``free_swa_segment``,
+``free_full``, ``free_full_segment``, free groups) over *virtual* page ids:
+``full_attn_allocator`` mints them (census ``free_virtual_ids``), and each
+sub-pool (``full_attn_allocator``, ``swa_attn_allocator``) binds them to
+physical pages of one shared byte arena through ``virtual_to_physical`` /
+``physical_to_virtual``.  A window slide tombstones the SWA side
+(``v2p == -1``) and returns its bytes to the shared gap.
+
+``UnifiedSWALockstep`` runs the SWA family's steps as they are (a slide, an
+SWA eviction, ``free_full`` for slid spans), with the SWA model keyed by
+virtual page (``reference_model/unified_hybrid.py``).  What it checks
+instead of a free list per pool:
+
+- the full pool: the core checks over ``free_virtual_ids`` (the census);
+- the SWA pool: the core checks over the virtual pages whose SWA side is
+  unbound (a tombstone or never bound), so a slid page counts as free there;
+- both page tables a bijection on the model's live pages
+  (``unified_page_table_bijective``), compacted to their own ends of the
+  arena (``unified_compacted``, eager compaction), in disjoint byte bands
+  (``unified_bands_disjoint``);
+- an alloc returns ``None`` exactly when the arena, in bytes, cannot hold
+  one more page of each side per page asked (``Arena.fits``).
+
+``available_size()`` is a byte-budget view here, not a free-list length:
+``available_size_agrees`` does not apply and is not run; an alloc's
+``None`` is judged against the arena instead.
+"""
+
+from __future__ import annotations
+
+import torch
+from attrs import define, field
+
+from reference_model import CHECKS, OwnershipModel, SWASide, invariants
+from reference_model.invariants import available_size_agrees
+from reference_model.mamba import MambaModel
+from reference_model.unified_hybrid import (
+    Arena,
+    SubPool,
+    unified_bands_disjoint,
+    unified_compacted,
+    unified_page_table_bijective,
+)
+from state_machines.harness.lockstep import Lockstep, Pool, ids
+from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, draws
+from state_machines.harness.steps import EntryRef, ReqRef, step
+from state_machines.harness.swa import SWALockstep, SWAMachine
+from state_machines.targets import probe
+
+# The census checks that hold on a unified pool (see the module docstring).
+UNIFIED_CHECKS = tuple(c for c in CHECKS if c is not available_size_agrees)
+
+
+def sub_pool(allocator) -> SubPool:
+    """A ``MultiEndedAllocator``'s fixed geometry, read once."""
+    return SubPool(
+        name=f"{allocator.sub_pool_name} pool",
+        first=int(allocator.min_page_index),
+        end=int(allocator.num_pages),
+        page_bytes=int(allocator.entry_bytes_per_page),
+        grows=str(allocator.grow_direction),
+    )
+
+
+@define
+class UnifiedSWALockstep(SWALockstep):
+    arena: Arena | None = None
+    universe: frozenset[int] = frozenset()
+    # Whether the pools compact lazily (holes allowed): compaction is then not checked.
+    lazy: bool = False
+
+    def start_models(self, defers_frees: bool) -> None:
+        a = self.allocator
+        fa, sa = a.full_attn_allocator, a.swa_attn_allocator
+        full, swa = sub_pool(fa), sub_pool(sa)
+        # A float SWA pool (the Mamba variant's chain middle) sits below full,
+        # above the Mamba pool's empty low end: the arena is still two bands.
+        self.arena = Arena(low=full, high=swa) if full.grows == "up" else Arena(low=swa, high=full)
+        self.lazy = bool(getattr(a, "lazy_compaction", False))
+        free = sorted(set(self._call("free_virtual_ids", self._full_census)))
+        self.model = OwnershipModel.from_census(free, defers_frees=defers_frees)
+        self.universe = frozenset(free)
+        self.swa = SWASide.from_census(self.model, free)
+        # free_swa() and free_swa_segment() release at once, inside a group too.
+        self.swa_defers = False
+
+    def why_not(self, step: str) -> str | None:
+        # A probed reason (a Triton kernel on CPU) says more than "not modelled".
+        if step in probe.OPTIONAL and step in self.disabled_rules:
+            return self.disabled_rules[step]
+        return super().why_not(step)
+
+    # -- censuses --
+
+    def _full_census(self) -> list[int]:
+        return ids(self.allocator.full_attn_allocator.free_virtual_ids)
+
+    def _swa_census(self) -> list[int]:
+        """Virtual pages whose SWA side is unbound: a tombstone, or never bound."""
+        v2p = ids(self.allocator.swa_attn_allocator.virtual_to_physical)
+        return [v for v in sorted(self.universe) if v2p[v] == -1]
+
+    # -- checks --
+
+    def pools(self) -> list[Pool]:
+        a = self.allocator
+        return [
+            Pool(a.full_attn_allocator, self.model, "", "full pool: "),
+            Pool(a.swa_attn_allocator, self.swa, "swa_", "SWA pool: "),
+        ]
+
+    def check(self) -> None:
+        censuses = [
+            self._call("full census (free_virtual_ids)", self._full_census),
+            self._call("SWA census (virtual_to_physical == -1)", self._swa_census),
+        ]
+        for pool, census in zip(self.pools(), censuses):
+            for predicate in UNIFIED_CHECKS:
+                self._judge(predicate, census, len(census) * self.page_size, self.page_size, pool.model,
+                            name=pool.prefix + predicate.__name__, label=pool.label)
+        self.check_joint(censuses)
+
+    def _live(self) -> tuple[set[int], set[int]]:
+        """The model's live virtual pages of the full side and of the SWA side."""
+        full = self.universe - self.model.free_pages
+        swa = self.universe - self.swa.free_pages
+        return full, swa
+
+    def check_joint(self, censuses: list[list[int]]) -> None:
+        a = self.allocator
+        live = dict(zip(("full", "swa"), self._live()))
+        physical = {}
+        for name, sub in (("full", a.full_attn_allocator), ("swa", a.swa_attn_allocator)):
+            pool = self.arena.low if self.arena.low.name.startswith(name) else self.arena.high
+            v2p, p2v = ids(sub.virtual_to_physical), ids(sub.physical_to_virtual)
+            self._judge(unified_page_table_bijective, pool, v2p, p2v, live[name], set(self.universe),
+                        name=f"{name}_page_table_bijective")
+            physical[pool.name] = [v2p[v] for v in live[name]]
+            if not self.lazy and pool.grows != "float":
+                tokens = int(self._call(f"{name} allocated_count()", sub.allocated_count))
+                self._judge(unified_compacted, pool, physical[pool.name], tokens, self.page_size,
+                            name=f"{name}_compacted")
+        self._judge(unified_bands_disjoint, self.arena, physical[self.arena.low.name], physical[self.arena.high.name])
+
+    # -- steps --
+
+    def _short(self, pages: int) -> bool:
+        """Short when the virtual ids run out, or the arena cannot hold
+        ``pages`` more on each side (the model's live counts, compacted)."""
+        full, swa = self._live()
+        low, high = (len(full), len(swa)) if self.arena.low.name.startswith("full") else (len(swa), len(full))
+        return self.model.num_free < pages or not self.arena.fits(low + pages, high + pages)
+
+    @step
+    def alloc(self, n: int, req: ReqRef | None = None, prefix: EntryRef | None = None) -> ReqRef | None:
+        """As the core's ``alloc``: the full side mints ``n // page_size``
+        virtual pages and the SWA side binds each of them."""
+        pool_short = self._short(n // self.page_size)
+        made = Lockstep.alloc(self, n, req, prefix)
+        if pool_short:
+            return None
+        ps = self.page_size
+        pages = self.model.requests[(made or req).rid].own[-(n // ps):]
+        self.swa.take(pages, pages)
+        return made
+
+
+    def _give_back(self, row: int, start: int, end: int, pages: list[int], *, segment: bool) -> None:
+        """A segment splits as the SWA family's does (``free_segment``
+        asserts every SWA side bound); a plain free is one ``free()`` of the
+        whole span, slid pages included: the composite's ``free()`` skips
+        tombstoned SWA sides itself (``swa v2p > 0``)."""
+        if segment:
+            super()._give_back(row, start, end, pages, segment=True)
+            return
+        Lockstep._give_back(self, row, start, end, pages, segment=False)
+        self.swa.release(pages, "free")
+
+
+class UnifiedSWAMachine(SWAMachine):
+    """The SWA family's rules over a unified pool."""
+
+
+def is_unified_swa(allocator) -> bool:
+    """Whether an allocator has two sub-pools with virtual page tables."""
+    fa = getattr(allocator, "full_attn_allocator", None)
+    sa = getattr(allocator, "swa_attn_allocator", None)
+    return all(hasattr(x, "virtual_to_physical") for x in (fa, sa)) and hasattr(fa, "free_virtual_ids")
+
+
+# --------------------------------------------------------------------------- #
+# The "unified_mamba" family: full KV pages and Mamba state slots in one arena.
+
+
+@define
+class UnifiedMambaLockstep(Lockstep):
+    """sglang's ``UnifiedMambaTokenToKVPoolAllocator``: the core steps on
+    its full side (virtual page ids, census ``free_virtual_ids``), and the
+    Mamba state slots of ``mamba_allocator`` through the slot allocator the
+    target hands over (``mamba_slots``: sglang's ``UnifiedMambaSlotAllocator``,
+    with allocation groups), against a ``MambaModel``.  The two sides share
+    the arena's bytes: each step checks both page tables, eager compaction,
+    disjoint bands, and judges each alloc's ``None`` against the arena."""
+
+    arena: Arena | None = None
+    universe: frozenset[int] = frozenset()
+    mamba: MambaModel | None = None
+    mamba_universe: frozenset[int] = frozenset()
+    # Live Mamba states, by model request id: the slot each holds.
+    states: dict[int, int] = field(factory=dict)
+    # Token-batched decode and extend run through Triton kernels (disabled on CPU).
+    caller_steps = ("decode", "extend")
+
+    def start_models(self, defers_frees: bool) -> None:
+        a = self.allocator
+        full, mamba = sub_pool(a.full_attn_allocator), sub_pool(a.mamba_allocator)
+        self.arena = Arena(low=full, high=mamba) if full.grows == "up" else Arena(low=mamba, high=full)
+        free = sorted(set(self._call("free_virtual_ids", self._full_census)))
+        self.model = OwnershipModel.from_census(free, defers_frees=defers_frees)
+        self.universe = frozenset(free)
+        slots = sorted(set(self._call("mamba free_virtual_ids", self._mamba_census)))
+        self.mamba = MambaModel.from_census(slots)
+        self.mamba_universe = frozenset(slots)
+
+    def _full_census(self) -> list[int]:
+        return ids(self.allocator.full_attn_allocator.free_virtual_ids)
+
+    def _mamba_census(self) -> list[int]:
+        return ids(self.allocator.mamba_allocator.free_virtual_ids)
+
+    @property
+    def in_alloc_group(self) -> bool:
+        return self.mamba.reserved is not None
+
+    # -- checks --
+
+    def pools(self) -> list[Pool]:
+        a = self.allocator
+        return [Pool(a.full_attn_allocator, self.model, "", "full pool: "),
+                Pool(a.mamba_allocator, self.mamba, "mamba_", "Mamba pool: ")]
+
+    def check(self) -> None:
+        censuses = [self._call("full census (free_virtual_ids)", self._full_census),
+                    self._call("Mamba census (free_virtual_ids)", self._mamba_census)]
+        for pool, census in zip(self.pools(), censuses):
+            for predicate in UNIFIED_CHECKS:
+                self._judge(predicate, census, len(census), 1, pool.model,
+                            name=pool.prefix + predicate.__name__, label=pool.label)
+        physical = {}
+        for name, sub, model, universe in (
+            ("full", self.allocator.full_attn_allocator, self.model, self.universe),
+            ("mamba", self.allocator.mamba_allocator, self.mamba, self.mamba_universe),
+        ):
+            pool = self.arena.low if self.arena.low.name.startswith(name) else self.arena.high
+            live = set(universe) - model.free_pages
+            v2p, p2v = ids(sub.virtual_to_physical), ids(sub.physical_to_virtual)
+            self._judge(unified_page_table_bijective, pool, v2p, p2v, live, set(universe),
+                        name=f"{name}_page_table_bijective")
+            physical[pool.name] = [v2p[v] for v in live]
+            if not getattr(self.allocator, "lazy_compaction", False):
+                tokens = int(self._call(f"{name} allocated_count()", sub.allocated_count))
+                self._judge(unified_compacted, pool, physical[pool.name], tokens, 1 if name == "mamba" else self.page_size,
+                            name=f"{name}_compacted")
+        self._judge(unified_bands_disjoint, self.arena, physical[self.arena.low.name], physical[self.arena.high.name])
+
+    # -- what fits --
+
+    def _held(self) -> tuple[int, int]:
+        """Live pages of the full side and live slots of the Mamba side."""
+        return (len(self.universe) - self.model.num_free, len(self.mamba_universe) - self.mamba.num_free)
+
+    def _fits(self, full: int, mamba: int) -> bool:
+        f, m = self._held()
+        f, m = f + full, m + mamba
+        return self.arena.fits(f, m) if self.arena.low.name.startswith("full") else self.arena.fits(m, f)
+
+    def _short(self, pages: int) -> bool:
+        return self.model.num_free < pages or not self._fits(pages, 0)
+
+    def _mamba_room(self) -> int:
+        room = 0
+        while room < self.mamba.num_free and self._fits(0, room + 1):
+            room += 1
+        return room
+
+    # -- Mamba steps --
+
+    @step
+    def mamba_alloc(self, n: int) -> None:
+        """A request's Mamba state (``n`` > 1: with its track slots):
+        ``alloc(n)`` on the slot allocator; inside an allocation group
+        ``alloc(1)`` draws a pre-allocated slot."""
+        slots = self.allocator.mamba_slots
+        from_group = n == 1 and bool(self.mamba.reserved)
+        short = not from_group and n > self._mamba_room()
+        what = f"mamba alloc({n})"
+        out = self._call(what, slots.alloc, n)
+        if out is None:
+            self._judge(invariants.alloc_none_iff_short, what, True, 0, short, self._mamba_room(), n)
+            return
+        got = ids(out)
+        self._judge(invariants.alloc_none_iff_short, what, False, len(got), short, self._mamba_room(), n)
+        self._judge(invariants.slots_were_available, got, self.mamba, name="mamba_slots_were_available")
+        made = self.mamba.new_request(-1, [])
+        self.mamba.take(made.rid, got)
+        self.states[made.rid] = got
+
+    @step
+    def mamba_free(self, state: int) -> None:
+        """The request owning Mamba state ``state`` (an index into the live
+        ones, in order) ends: ``free`` of its slots."""
+        rid = sorted(self.states)[state]
+        got = self.states.pop(rid)
+        self._call(f"mamba free({got})", self.allocator.mamba_slots.free,
+                   torch.tensor(got, dtype=torch.int64, device=self.rows.device))
+        self.mamba.finish(rid)
+
+    @step
+    def mamba_group_begin(self, n: int) -> None:
+        """``alloc_group_begin(n)``: pre-allocate ``n`` slots, or none when
+        the arena cannot hold them."""
+        before = self.mamba.free_pages
+        room = self._mamba_room()
+        self._call(f"mamba alloc_group_begin({n})", self.allocator.mamba_slots.alloc_group_begin, n)
+        after = set(self._call("mamba census", self._mamba_census))
+        self._judge(invariants.alloc_group_reserves, n, sorted(before - after), sorted(after - before), room,
+                    name="mamba_alloc_group_reserves")
+        self.mamba.group_begin(sorted(before - after))
+
+    @step
+    def mamba_group_end(self) -> None:
+        """``alloc_group_end()``: the slots no alloc drew go back."""
+        self._call("mamba alloc_group_end()", self.allocator.mamba_slots.alloc_group_end)
+        self.mamba.group_end()
+
+    def teardown(self) -> None:
+        if self.in_alloc_group:
+            self.mamba_group_end()
+        super().teardown()
+
+    def step_not_applicable(self, rule: str, args: dict) -> str | None:
+        if rule == "mamba_group_begin" and self.in_alloc_group:
+            return "an allocation group is already open"
+        if rule == "mamba_free" and args.get("state", 0) >= len(self.states):
+            return "no such live Mamba state"
+        return None
+
+
+class UnifiedMambaMachine(FreeGroupMachine):
+    """The core rules on the full side, and Mamba states with allocation groups."""
+
+    @draws(n=(1, 3))
+    def mamba_alloc(self, n):
+        self._do("mamba_alloc", n)
+
+    @draws(guard=lambda s: s.states, which=PICKS)
+    def mamba_free(self, which):
+        self._do("mamba_free", which % len(self.state.states))
+
+    @draws(guard=lambda s: not s.in_alloc_group, n=(0, MAX_PAGES + 2))
+    def mamba_group_begin(self, n):
+        self._do("mamba_group_begin", n)
+
+    @draws()
+    def mamba_group_end(self):
+        self._do("mamba_group_end")
+
+
+def is_unified_mamba(allocator) -> bool:
+    """Whether an allocator has a full sub-pool with virtual ids and a Mamba sub-pool."""
+    return hasattr(getattr(allocator, "mamba_allocator", None), "virtual_to_physical") and not hasattr(
+        allocator, "swa_attn_allocator"
+    )

@@ -1,0 +1,122 @@
+"""The unified hybrid SWA family: full and SWA sub-pools in one byte arena,
+over virtual page ids (``harness/unified_hybrid.py``)."""
+
+import pytest
+
+from reference_model.unified_hybrid import Arena, SubPool, unified_compacted, unified_page_table_bijective
+from state_machines.harness import FAMILIES, build
+from state_machines.harness.lockstep import InvariantViolation, ids
+
+FULL = SubPool("full pool", first=1, end=11, page_bytes=16, grows="up")
+SWA = SubPool("swa pool", first=2, end=22, page_bytes=8, grows="down")
+
+
+def test_the_builtin_twin_runs_on_the_unified_swa_family():
+    """builtin:unified-swa names its family, and the registry drives it there."""
+    assert type(build(target="builtin:unified-swa")) is FAMILIES["unified_swa"].lockstep
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_slide_tombstones_the_swa_side_and_keeps_the_full_side(page_size):
+    """free_swa of a request's oldest page sets its SWA v2p to -1; its full v2p stays bound."""
+    state = build(target="builtin:unified-swa", page_size=page_size)
+    req = state.alloc(n=2 * page_size)
+    first = state.model.requests[req.rid].own[0]
+    state.slide(req=req, pages=1)
+    a = state.allocator
+    assert ids(a.swa_attn_allocator.virtual_to_physical)[first] == -1
+    assert ids(a.full_attn_allocator.virtual_to_physical)[first] > 0
+
+
+def test_bytes_a_slide_frees_serve_the_next_alloc():
+    """With the arena full, an alloc is short; after a slide of two pages (8 bytes a slot each) one more page fits."""
+    state = build(target="builtin:unified-swa")
+    req = state.alloc(n=6)
+    assert state.alloc(n=1) is None
+    state.slide(req=req, pages=2)
+    assert state.alloc(n=1) is not None
+
+
+def test_a_tombstoned_page_is_recovered_once_when_its_request_finishes():
+    """After a slide and the finish, every virtual page is free on both sides again."""
+    state = build(target="builtin:unified-swa", page_size=4)
+    req = state.alloc(n=12)
+    state.slide(req=req, pages=2)
+    state.finish(req=req)
+    assert state.model.free_pages == set(state.universe)
+    assert state.swa.free_pages == set(state.universe)
+
+
+def test_a_full_only_free_in_a_group_waits_for_end():
+    """An evicted entry whose window slid goes to free_full: queued inside a group, freed at end()."""
+    state = build(target="builtin:unified-swa", page_size=4)
+    req = state.alloc(n=4)
+    entry = state.rematch(req=req, dup=0)
+    state.finish(req=req)
+    state.evict_swa(entry=entry)
+    state.begin()
+    page = state.model.cache[entry.eid].pages[0]
+    state.evict(entry=entry)
+    assert page not in ids(state.allocator.full_attn_allocator.free_virtual_ids)
+    state.end()
+    assert page in ids(state.allocator.full_attn_allocator.free_virtual_ids)
+
+
+def test_a_queued_full_free_that_end_drops_is_caught():
+    """The full-queue-not-flushed mutant leaks a free_full queued in a group: free_sets_agree at end()."""
+    state = build(target="builtin:unified-swa", mutant="full-queue-not-flushed", page_size=4)
+    req = state.alloc(n=4)
+    entry = state.rematch(req=req, dup=0)
+    state.finish(req=req)
+    state.evict_swa(entry=entry)
+    state.begin()
+    state.evict(entry=entry)
+    with pytest.raises(InvariantViolation, match="free_sets_agree"):
+        state.end()
+
+
+def test_a_free_that_sends_a_tombstone_to_the_swa_side_is_caught():
+    """The no-tombstone-filter mutant shrinks the SWA band for a page it never held: swa_compacted."""
+    state = build(target="builtin:unified-swa", mutant="no-tombstone-filter", page_size=4)
+    req = state.alloc(n=8)
+    state.slide(req=req, pages=1)
+    with pytest.raises(InvariantViolation, match="swa_compacted"):
+        state.free(req=req, n=8)
+
+
+def test_a_slide_that_leaves_the_binding_is_caught():
+    """The slide-keeps-binding mutant frees the SWA page but keeps v2p on it: the SWA census disagrees."""
+    state = build(target="builtin:unified-swa", mutant="slide-keeps-binding")
+    req = state.alloc(n=2)
+    with pytest.raises(InvariantViolation, match="swa_free_sets_agree"):
+        state.slide(req=req, pages=1)
+
+
+def test_a_segment_queued_as_a_row_view_is_caught():
+    """The segment-queues-view mutant frees what the row holds at end(), not what was queued."""
+    state = build(target="builtin:unified-swa", mutant="segment-queues-view", page_size=4)
+    state.begin()
+    req = state.alloc(n=4)
+    state.free_segment(req=req, start=0, n=4)
+    state.overwrite_row(row=0)
+    with pytest.raises(InvariantViolation):
+        state.end()
+
+
+def test_page_tables_that_are_not_inverse_are_named():
+    """v2p maps virtual 1 to physical 1, but p2v[1] names virtual 2: the predicate says so."""
+    v2p = [0, 1, -1, -1] + [-1] * 8
+    p2v = [0, 2] + [-1] * 10
+    problem = unified_page_table_bijective(FULL, v2p, p2v, {1}, {1, 2, 3})
+    assert problem and "p2v[v2p[v]] != v" in problem
+
+
+def test_a_hole_inside_the_band_is_not_compacted():
+    """Two live full pages at physical 1 and 3 leave a hole: eager compaction wants 1 and 2."""
+    assert "compacted to [1, 2]" in unified_compacted(FULL, [1, 3], 2, 1)
+
+
+def test_the_arena_counts_each_sides_bytes():
+    """160 bytes hold 6 pages of both sides (24 bytes a pair) but not 7; 10 full pages alone."""
+    arena = Arena(low=FULL, high=SWA)
+    assert arena.fits(6, 6) and not arena.fits(7, 7) and arena.fits(10, 0)

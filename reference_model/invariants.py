@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from reference_model.census import Census, as_census
 from reference_model.model import CACHE, QUEUED, REQUEST, OwnershipModel
 
 
@@ -20,17 +21,17 @@ def _show(pages) -> str:
     return f"[{shown}{', ...' if len(pages) > 12 else ''}]"
 
 
-def no_page_freed_twice(census: list[int], available: int, page_size: int, model: OwnershipModel) -> str | None:
-    twice = sorted(p for p, n in Counter(census).items() if n > 1)
-    if twice:
+def no_page_freed_twice(census: Census | list[int], available: int, page_size: int, model: OwnershipModel) -> str | None:
+    if twice := as_census(census).repeats():
         return f"pages {_show(twice)} are in the allocator's free list more than once / once each"
     return None
 
 
-def free_sets_agree(census: list[int], available: int, page_size: int, model: OwnershipModel) -> str | None:
-    got, want = set(census), model.free_pages
-    if got == want:
+def free_sets_agree(census: Census | list[int], available: int, page_size: int, model: OwnershipModel) -> str | None:
+    census = as_census(census)
+    if census.lists_free_of(model):
         return None
+    got, want = census.distinct(), model.free_pages
     parts = []
     if extra := got - want:
         parts.append(f"free in allocator, held in model: {_describe(extra, model)}")
@@ -44,7 +45,7 @@ def _describe(pages, model: OwnershipModel) -> str:
     return f"{_show(pages)} (" + ", ".join(f"{n} of {who}" for who, n in sorted(owners.items())) + ")"
 
 
-def eviction_accounting_balances(census: list[int], available: int, page_size: int, model: OwnershipModel) -> str | None:
+def eviction_accounting_balances(census: Census | list[int], available: int, page_size: int, model: OwnershipModel) -> str | None:
     # What the pool physically gained back since it started, against what the
     # cache and requests logically gave back.
     ledger = model.ledger
@@ -55,20 +56,22 @@ def eviction_accounting_balances(census: list[int], available: int, page_size: i
     return f"logical evicted {ledger.evicted} + freed {ledger.freed} = {logical} / physically freed {physically_freed}"
 
 
-def slots_conserved(census: list[int], available: int, page_size: int, model: OwnershipModel) -> str | None:
+def slots_conserved(census: Census | list[int], available: int, page_size: int, model: OwnershipModel) -> str | None:
+    census = as_census(census)
     counts = model.counts()
-    total = len(set(census)) + counts[REQUEST] + counts[CACHE] + counts[QUEUED]
-    if total == model.capacity and set(census) <= model.owner.keys():
+    free = census.num_distinct()
+    total = free + counts[REQUEST] + counts[CACHE] + counts[QUEUED]
+    if total == model.capacity and census.within(model):
         return None
-    outside = set(census) - model.owner.keys()
+    outside = census.distinct() - model.owner.keys()
     return (
-        f"free {len(set(census))} + requests {counts[REQUEST]} + cache {counts[CACHE]} + queued {counts[QUEUED]}"
+        f"free {free} + requests {counts[REQUEST]} + cache {counts[CACHE]} + queued {counts[QUEUED]}"
         f" = {total} / capacity {model.capacity}"
         + (f"; free pages outside the pool: {_show(outside)}" if outside else "")
     )
 
 
-def available_size_agrees(census: list[int], available: int, page_size: int, model: OwnershipModel) -> str | None:
+def available_size_agrees(census: Census | list[int], available: int, page_size: int, model: OwnershipModel) -> str | None:
     if available == len(census) * page_size:
         return None
     return f"available_size() {available} / census {len(census)} pages x {page_size} = {len(census) * page_size}"
@@ -93,9 +96,10 @@ CHECKS = (
 def no_slot_handed_out_twice(pages: list[int], model: OwnershipModel) -> str | None:
     """Checked after every alloc: each page handed out was free, and only once."""
     twice = sorted(p for p, n in Counter(pages).items() if n > 1)
-    free = model.free_pages
-    held = [p for p in pages if p in model.owner and p not in free]
-    outside = [p for p in pages if p not in model.owner]
+    # Read once: a model may build its owner map on each read (SWASide).
+    owner, free = model.owner, model.free
+    held = [p for p in pages if p in owner and p not in free]
+    outside = [p for p in pages if p not in owner]
     if not (twice or held or outside):
         return None
     parts = []

@@ -6,6 +6,7 @@ from collections import Counter
 
 from attrs import define, field, frozen
 
+from reference_model.census import FREE_FLAG, HELD_FLAG
 from reference_model.ledger import Ledger
 
 FREE = "free"
@@ -31,6 +32,80 @@ class Owner:
 
 
 FREE_OWNER = Owner(FREE)
+
+
+def _refused(self, *args, **kwargs):
+    raise TypeError("an OwnerMap changes only by owner[page] = who, so its bookkeeping stays exact")
+
+
+class OwnerMap(dict):
+    """``page -> Owner``, and what the checks read off it, kept current by
+    the one way it changes, ``owner[page] = who`` (the dict's other
+    mutators are refused), so each is exact at every step:
+
+    - ``free``: the pages whose owner is free (a live set: do not mutate);
+    - ``held``: the other pages;
+    - ``kinds``: kind -> how many pages have an owner of that kind (no zeros);
+    - ``flags``: a byte per page id, ``census.FREE_FLAG`` for a free page,
+      ``HELD_FLAG`` for a held one, 0 for an id not in the map, past the
+      largest id 0 too (a tensor census compares against it without a
+      Python loop); None when an id is negative or far past the rest.
+    """
+
+    __slots__ = ("free", "held", "kinds", "flags")
+
+    # Ids past this many times the map's size give up on ``flags``.
+    _SPARSE = 4
+
+    def __init__(self, items=()):
+        super().__init__(items)
+        # One pass per structure, not one _account call per page: a pool
+        # of 16,384 pages is built once per example.
+        self.free: set[int] = {p for p, who in dict.items(self) if who.kind == FREE}
+        self.held: set[int] = dict.keys(self) - self.free
+        self.kinds: dict[str, int] = dict(Counter(who.kind for who in dict.values(self)))
+        self.flags: bytearray | None = None
+        ids = list(dict.keys(self))
+        if all(isinstance(p, int) and p >= 0 for p in ids) and (not ids or max(ids) < self._SPARSE * len(ids) + 1024):
+            flags = bytearray(max(ids) + 1 if ids else 0)
+            for p in self.free:
+                flags[p] = FREE_FLAG
+            for p in self.held:
+                flags[p] = HELD_FLAG
+            self.flags = flags
+
+    def __setitem__(self, page: int, who: Owner) -> None:
+        old = self.get(page)
+        if old is not None:
+            self._account(page, old, -1)
+        dict.__setitem__(self, page, who)
+        self._account(page, who, 1)
+
+    def _account(self, page: int, who: Owner, sign: int) -> None:
+        n = self.kinds.get(who.kind, 0) + sign
+        if n:
+            self.kinds[who.kind] = n
+        else:
+            del self.kinds[who.kind]
+        into = self.free if who.kind == FREE else self.held
+        if sign > 0:
+            into.add(page)
+        else:
+            into.discard(page)
+        self._flag(page, 0 if sign < 0 else FREE_FLAG if who.kind == FREE else HELD_FLAG)
+
+    def _flag(self, page: int, value: int) -> None:
+        flags = self.flags
+        if flags is None:
+            return
+        if not isinstance(page, int) or page < 0 or page >= self._SPARSE * len(self) + 1024:
+            self.flags = None
+            return
+        if page >= len(flags):
+            flags.extend(bytes(page + 1 - len(flags)))
+        flags[page] = value
+
+    __delitem__ = pop = popitem = clear = update = setdefault = __ior__ = _refused
 
 
 @define
@@ -72,7 +147,7 @@ class OwnershipModel:
     queued: that is the ownership rule, so ``end()`` releases exactly them.
     """
 
-    owner: dict[int, Owner]
+    owner: OwnerMap = field(converter=OwnerMap)
     # The counts and the open group's snapshots.
     ledger: Ledger
     requests: dict[int, Request] = field(factory=dict)
@@ -99,14 +174,25 @@ class OwnershipModel:
 
     @property
     def free_pages(self) -> set[int]:
-        return self.pages_owned_by(FREE)
+        """A copy of the free pages."""
+        return set(self.owner.free)
+
+    @property
+    def free(self) -> set[int]:
+        """The free pages, live (do not mutate): what the checks read."""
+        return self.owner.free
+
+    @property
+    def page_flags(self) -> bytearray | None:
+        """A byte per page id: free, held or not in the pool (``OwnerMap.flags``)."""
+        return self.owner.flags
 
     @property
     def num_free(self) -> int:
-        return sum(1 for o in self.owner.values() if o.kind == FREE)
+        return len(self.owner.free)
 
     def counts(self) -> Counter:
-        return Counter(o.kind for o in self.owner.values())
+        return Counter(self.owner.kinds)
 
     # -- requests --
 
@@ -276,10 +362,12 @@ class OwnershipModel:
                 out.append(f"cache_{entry.eid} lock count {entry.lock_count} / held by {holders} requests")
         for p in self.ledger.queued_pages():
             claim(p, Owner(QUEUED))
-        for p, who in self.owner.items():
-            if who.kind != FREE and want.get(p) != who:
+        # Only held pages can disagree: a free page is claimed by no structure.
+        for p in sorted(self.owner.held):
+            who = self.owner[p]
+            if want.get(p) != who:
                 out.append(f"page {p} owned by {who} / structures say {want.get(p, 'nobody')}")
-        for p in want.keys() - self.owner.keys():
+        for p in sorted(p for p in want if p not in self.owner):
             out.append(f"page {p} is outside the pool")
         counts = self.counts()
         held = counts[REQUEST] + counts[CACHE] + counts[QUEUED]

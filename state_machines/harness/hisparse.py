@@ -25,6 +25,7 @@ import torch
 from attrs import define
 
 from reference_model import invariants
+from reference_model.census import Census
 from reference_model.hisparse import DeviceSide
 from state_machines.harness.drawing import rematch_among
 from state_machines.harness.lockstep import Lockstep, Pool, census_of, ids
@@ -77,7 +78,7 @@ class HiSparseLockstep(Lockstep):
             Pool(a.hisparse_attn_allocator, self.device, "device_", "device pool: "),
         ]
 
-    def check_joint(self, censuses: list[list[int]]) -> None:
+    def check_joint(self, censuses: list[Census]) -> None:
         """The mapping between the pools, and the joint available size."""
         a = self.allocator
         self._judge(invariants.hisparse_mapping_consistent, ids(self.mapping), self.page_size, self.model, self.device)

@@ -14,6 +14,7 @@ calls ``super()``, or overrides the hooks every free goes through
 
 from __future__ import annotations
 
+import _signal
 import signal
 import threading
 import time
@@ -25,6 +26,7 @@ import torch
 from attrs import define, field, frozen
 
 from reference_model import CHECKS, OwnershipModel, invariants
+from reference_model.census import Census
 from state_machines.config import Config
 from state_machines.harness.steps import EntryRef, ReqRef, Step, StepSpec, step
 from state_machines.targets import probe
@@ -64,27 +66,132 @@ def violation_type(invariant: str) -> type[InvariantViolation]:
 
 
 def ids(t) -> list[int]:
-    return t.detach().to("cpu").reshape(-1).tolist()
+    """A tensor's values, flattened, as Python ints (floats for a float tensor)."""
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    return (t if t.dim() == 1 else t.reshape(-1)).tolist()
 
 
-def census_of(allocator) -> list[int]:
-    """The allocator's free pages, with repeats: ``get_all_free_pages()``
-    where it has one, else its ``free_pages``, ``release_pages``,
-    ``staged_pages`` and ``free_slots`` (a Mamba slot list) containers."""
+def _census_parts(allocator) -> list:
+    """What ``census_of`` reads: ``get_all_free_pages()`` where it has one
+    (and it returns something), else the ``free_pages``, ``release_pages``,
+    ``staged_pages`` and ``free_slots`` (a Mamba slot list) containers, each
+    a tensor or a list of tensors."""
     get_all = getattr(allocator, "get_all_free_pages", None)
     if callable(get_all):
         pages = get_all()
         if pages is not None:
-            return ids(pages)
-    out: list[int] = []
+            return [pages]
+    parts = []
     for name in ("free_pages", "release_pages", "staged_pages", "free_slots"):
         part = getattr(allocator, name, None)
         if isinstance(part, torch.Tensor):
-            out += ids(part)
+            parts.append(part)
         elif isinstance(part, (list, tuple)):
-            for t in part:
-                out += ids(t)
-    return out
+            parts += part
+    return parts
+
+
+def census_of(allocator) -> list[int]:
+    """The allocator's free pages, with repeats (see ``_census_parts``)."""
+    return [page for part in _census_parts(allocator) for page in ids(part)]
+
+
+class TensorCensus(Census):
+    """A census kept as one int64 tensor on the CPU: ``Census``'s answers,
+    the same values, from a few torch ops where the model keeps page flags
+    (``OwnershipModel.page_flags``), so no check loops over the pool in
+    Python.  Elsewhere (no flags, a negative or outsized id, an id past the
+    model's) ``Census``'s own answers stand.  The page list is built only
+    when a check needs it: a failure's message, or a model without flags.
+    ``model`` is the one the checks will hand over, whose flags the page
+    counts (``num_distinct``, ``repeats``) are tabulated with."""
+
+    def __init__(self, pages: torch.Tensor, model=None):
+        super().__init__(())
+        self._tensor = pages
+        self._list: list[int] | None = None
+        self._model = model
+        # The model the table was made for, and the table (``_table``).
+        self._tabled: tuple[Any, list[int] | None] | None = None
+
+    @property
+    def pages(self) -> list[int]:
+        if self._list is None:
+            self._list = self._tensor.tolist()
+        return self._list
+
+    def __len__(self) -> int:
+        return self._tensor.numel()
+
+    def _table(self, model) -> list[int] | None:
+        """How many page ids fall in each (listed 0, 1, 2+ times) x (flag:
+        not in the pool, free, held) cell, at ``3 * min(count, 2) + flag``;
+        None where ``Census``'s answers must stand."""
+        if self._tabled is None or self._tabled[0] is not model:
+            self._tabled = (model, self._make_table(model))
+        return self._tabled[1]
+
+    def _make_table(self, model) -> list[int] | None:
+        flags = getattr(model, "page_flags", None)
+        t = self._tensor
+        if not flags:
+            return None
+        if t.numel():
+            low, high = (int(v) for v in torch.aminmax(t))
+            if low < 0 or high >= len(flags):
+                return None
+        # A zero-copy view: the model stays torch-free, and no page is visited in Python.
+        view = torch.frombuffer(flags, dtype=torch.uint8)
+        cells = torch.bincount(t, minlength=len(flags)).clamp_(max=2).mul_(3).add_(view)
+        return torch.bincount(cells, minlength=9).tolist()
+
+    def num_distinct(self) -> int:
+        table = self._table(self._model)
+        if table is None:
+            return super().num_distinct()
+        return sum(table[3:])
+
+    def repeats(self) -> list[int]:
+        table = self._table(self._model)
+        if table is None:
+            return super().repeats()
+        if not sum(table[6:]):
+            return []
+        return torch.nonzero(torch.bincount(self._tensor) > 1).reshape(-1).tolist()
+
+    def lists_free_of(self, model) -> bool:
+        table = self._table(model)
+        if table is None:
+            return super().lists_free_of(model)
+        # Listed exactly when free: no (0, free) cell, no (1+, not free) cell.
+        return not (table[1] + table[3] + table[5] + table[6] + table[8])
+
+    def within(self, model) -> bool:
+        table = self._table(model)
+        if table is None:
+            return super().within(model)
+        return not (table[3] + table[6])
+
+
+# Below this many pages a Python set beats the torch ops' fixed cost.
+TENSOR_CENSUS_PAGES = 512
+
+
+def read_census(allocator, model=None) -> Census:
+    """The allocator's census, as the checks read it (against ``model``):
+    a ``TensorCensus`` of its integer tensors where it lists at least
+    ``TENSOR_CENSUS_PAGES``, else a ``Census`` of ``census_of``'s list."""
+    parts = _census_parts(allocator)
+    if (
+        parts
+        and all(isinstance(t, torch.Tensor) and not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool
+                for t in parts)
+        and sum(t.numel() for t in parts) >= TENSOR_CENSUS_PAGES
+    ):
+        flat = [t.detach().to("cpu").reshape(-1).to(torch.int64) for t in parts]
+        return TensorCensus(flat[0] if len(flat) == 1 else torch.cat(flat), model)
+    return Census([page for part in parts for page in ids(part)])
 
 
 def _on_alarm(signum, frame):
@@ -97,8 +204,10 @@ def _deadline(seconds: float):
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
         yield
         return
-    # Installed once; restoring another handler per call costs more than the call.
-    if signal.getsignal(signal.SIGALRM) is not _on_alarm:
+    # Installed once; restoring another handler per call costs more than the
+    # call.  _signal's getsignal returns the handler as is (signal's wraps it
+    # in an enum lookup that costs more than the check).
+    if _signal.getsignal(signal.SIGALRM) is not _on_alarm:
         signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
@@ -255,12 +364,11 @@ class Lockstep:
 
     def stale_rows(self) -> list[int]:
         """Rows holding slot ids past what a live request uses."""
-        stale = []
-        for row, holder in enumerate(self.row_holder):
-            used = len(self.model.requests[holder].pages) * self.page_size if holder is not None else 0
-            if bool(self.rows[row, used:].any()):
-                stale.append(row)
-        return stale
+        used = [len(self.model.requests[holder].pages) * self.page_size if holder is not None else 0 for holder in self.row_holder]
+        # One mask over all rows: a rule guard asks this before every step.
+        columns = torch.arange(self.rows.shape[1], device=self.rows.device)
+        past = columns >= torch.tensor(used, device=self.rows.device)[:, None]
+        return torch.nonzero((self.rows.ne(0) & past).any(dim=1)).reshape(-1).tolist()
 
     def room(self, req: ReqRef) -> int:
         """Pages the request's row can still take."""
@@ -542,14 +650,14 @@ class Lockstep:
         failure raises."""
         censuses = []
         for pool in self.pools():
-            census = self._call(f"{pool.prefix}census", census_of, pool.allocator)
+            census = self._call(f"{pool.prefix}census", read_census, pool.allocator, pool.model)
             available = int(self._call(f"{pool.prefix}available_size()", pool.allocator.available_size))
             for predicate in CHECKS:
                 self._judge(predicate, census, available, self.page_size, pool.model, name=pool.prefix + predicate.__name__, label=pool.label)
             censuses.append(census)
         self.check_joint(censuses)
 
-    def check_joint(self, censuses: list[list[int]]) -> None:
+    def check_joint(self, censuses: list[Census]) -> None:
         """Checks across pools, after each pool's own (one pool: none)."""
 
     def teardown(self) -> None:
@@ -637,7 +745,7 @@ class Lockstep:
             )
         finally:
             if observer is not None and observer.call_ended is not None:
-                census = fn is census_of or getattr(fn, "__name__", "") == "available_size"
+                census = fn in (census_of, read_census) or getattr(fn, "__name__", "") == "available_size"
                 observer.call_ended(CENSUS if census else ALLOCATOR, time.perf_counter() - t0)
 
     def _fail(self, invariant: str, detail: str):

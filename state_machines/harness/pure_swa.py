@@ -19,6 +19,7 @@ from attrs import define, field
 
 from reference_model import invariants
 from reference_model import pure_swa as windows
+from reference_model.census import Census
 from state_machines.harness.drawing import rematch_among
 from state_machines.harness.lockstep import Lockstep, Pool
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, _pick, draws
@@ -46,7 +47,7 @@ class PureSWALockstep(Lockstep):
     def pools(self) -> list[Pool]:
         return [Pool(self.pool, self.model)]
 
-    def check_joint(self, censuses: list[list[int]]) -> None:
+    def check_joint(self, censuses: list[Census]) -> None:
         """A wrapper reports its pool's available size."""
         if self.pool is not self.allocator:
             self._judge(

@@ -25,6 +25,7 @@ import torch
 from attrs import define, field
 
 from reference_model import SWASide, invariants
+from reference_model.census import Census
 from state_machines.harness.lockstep import Lockstep, Pool, census_of, ids
 from state_machines.harness.machines import PICKS, FreeGroupMachine, _pick, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
@@ -65,10 +66,10 @@ class SWALockstep(Lockstep):
             Pool(a.swa_attn_allocator, self.swa, "swa_", "SWA pool: "),
         ]
 
-    def check_joint(self, censuses: list[list[int]]) -> None:
+    def check_joint(self, censuses: list[Census]) -> None:
         """The mapping between the pools, and the joint available size."""
         a = self.allocator
-        swa_free = set(censuses[1])
+        swa_free = censuses[1].distinct()
         mapping = ids(a.full_to_swa_index_mapping)
         self._judge(invariants.swa_mapping_consistent, mapping, self.page_size, self.model, self.swa, swa_free)
         if "hybrid_available_size_agrees" in self.skipped_checks:

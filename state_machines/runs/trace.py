@@ -83,6 +83,8 @@ _UNITS = {
     ("evict_tokens", "n"): SPAN,
     ("device_buffer", "n"): SLOTS,
     ("alloc_group_begin", "n"): PAGES0,
+    ("load_back", "n"): SLOTS,
+    ("load_back", "start"): PAGES0,  # a class, taken modulo the shard size as alloc_cyclic takes it
 }
 
 

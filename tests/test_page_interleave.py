@@ -77,7 +77,7 @@ def test_a_load_back_cycles_from_its_start_class():
 
 
 def test_load_back_is_disabled_without_alloc_cyclic():
-    """A page-interleaved allocator without alloc_cyclic (sglang 0.5.20) does not run load_back, saying why."""
+    """A page-interleaved allocator without alloc_cyclic (sglang 0.5.20, 0.5.22) does not run load_back, saying why."""
     state = _state()
     state.allocator.alloc_cyclic = None
     assert "no alloc_cyclic" in state.why_not("load_back")

@@ -72,7 +72,7 @@ class PageInterleaveLockstep(Lockstep):
         if step == "decode" and "decode" in self.disabled_rules:
             return self.disabled_rules["decode"]
         if step == "load_back" and not callable(getattr(self.allocator, "alloc_cyclic", None)):
-            return f"{self.config.target} has no alloc_cyclic (sglang adds it in 0.5.22)"
+            return f"{self.config.target} has no alloc_cyclic (sglang adds it in 0.5.23)"
         return super().why_not(step)
 
     # -- steps --

@@ -110,6 +110,14 @@ class PageInterleaveAllocator(SlotAllocator):
             parts.append((page_t[:, None] * ps + offsets).reshape(-1)[:tokens])
         return torch.cat(parts)
 
+    def alloc_cyclic(self, start_class: int, need_size: int):
+        """One chain of whole pages (``need_size`` a multiple of the page
+        size) whose owners cycle from ``start_class % shard_size``: a
+        host copy loaded back keeps its pages' owners.  ``None`` when short."""
+        lens = torch.tensor([0, need_size], dtype=torch.int64)
+        return self.alloc_extend(lens[:1], lens[:1], lens[1:], lens[1:], lens[:1] - 1, need_size,
+                                 [start_class % self.shard_size])
+
     def _merge_where_short(self, plan) -> None:
         """Under ``need_sort``, merge a class's releases in where its free
         list alone cannot supply the batch."""

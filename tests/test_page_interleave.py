@@ -69,6 +69,20 @@ def test_a_class_short_returns_none_though_the_pool_has_pages_enough():
     assert len(state.model.requests[req_0.rid].own) == 2
 
 
+def test_a_load_back_cycles_from_its_start_class():
+    """alloc_cyclic(start=2, 3 pages) hands out pages of classes 2, 0, 1, held by a new request."""
+    state = _state()
+    req = state.load_back(n=12, start=2)
+    assert _classes(state.model.requests[req.rid].own) == [2, 0, 1]
+
+
+def test_load_back_is_disabled_without_alloc_cyclic():
+    """A page-interleaved allocator without alloc_cyclic (sglang 0.5.20, 0.5.22) does not run load_back, saying why."""
+    state = _state()
+    state.allocator.alloc_cyclic = None
+    assert "no alloc_cyclic" in state.why_not("load_back")
+
+
 def test_an_extend_ending_mid_page_stops_the_request_growing():
     """After an extend ends mid-page the request is no longer extendable."""
     state = _state()

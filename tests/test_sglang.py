@@ -169,12 +169,12 @@ def test_targets_lists_every_kind_of_a_release_with_its_steps():
 
 
 def test_targets_lists_page_interleave_from_page_size_2_with_decode_disabled():
-    """0.5.23's page-interleave kind: page size 2 or more, shown at 4, extend runs, decode disabled with the reason."""
+    """0.5.23's page-interleave kind: page size 2 or more, shown at 4, extend and load_back run, decode disabled with the reason."""
     lines = targets_listing("0.5.23")
     at = lines.index("  sglang:page-interleave: PageInterleavePoolAllocator"
                      " (sglang.srt.mem_cache.allocator.page_interleave), page size 2 or more")
     assert lines[at + 1 : at + 4] == [
         "    at page size 4: harness PageInterleaveLockstep",
-        "    steps: admit, alloc, begin, end, evict, extend, finish, free, free_segment, overwrite_row, rematch",
+        "    steps: admit, alloc, begin, end, evict, extend, finish, free, free_segment, load_back, overwrite_row, rematch",
         "    disabled: decode: alloc_decode: not provided (NotImplementedError)",
     ]

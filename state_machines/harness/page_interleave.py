@@ -31,8 +31,8 @@ from attrs import define, frozen
 
 from reference_model import page_interleave as pi
 from state_machines.harness.lockstep import Lockstep, Pool, ids
-from state_machines.harness.machines import FreeGroupMachine
-from state_machines.harness.steps import EntryRef, ReqRef
+from state_machines.harness.machines import MAX_PAGES, FreeGroupMachine, draws
+from state_machines.harness.steps import EntryRef, ReqRef, step
 from state_machines.targets import TargetError
 
 
@@ -71,7 +71,40 @@ class PageInterleaveLockstep(Lockstep):
     def why_not(self, step: str) -> str | None:
         if step == "decode" and "decode" in self.disabled_rules:
             return self.disabled_rules["decode"]
+        if step == "load_back" and not callable(getattr(self.allocator, "alloc_cyclic", None)):
+            return f"{self.config.target} has no alloc_cyclic (sglang adds it in 0.5.23)"
         return super().why_not(step)
+
+    # -- steps --
+
+    @step
+    def load_back(self, n: int, start: int) -> ReqRef | None:
+        """HiCache's load-back of a host copy: ``alloc_cyclic(start, n)``,
+        ``n`` slots of whole pages whose owners cycle from class ``start % N``
+        (a copy keeps its pages' owners), held by a new request.  Returns it,
+        or None when a class is short."""
+        ps, shard = self.page_size, self.shard_size
+        what = f"alloc_cyclic(start_class={start}, need_size={n})"
+        out = self._call(what, self.allocator.alloc_cyclic, start, n)
+        need = pi.class_counts(start % shard, n // ps, shard)
+        class_free = pi.class_free_counts(self.model, shard)
+        self.class_short = any(k > f for k, f in zip(need, class_free))
+        self._judge(pi.none_iff_class_short, what, out is None, need, class_free)
+        slots = self._index_tensor(what, out, n, n // ps)
+        if slots is None:
+            return None
+        pages = [slots[i] // ps for i in range(0, n, ps)]
+        self._judge(pi.pages_follow_rotation, what, ["the copy"], [start % shard], [0], [pages], shard)
+        return self._hold(slots, pages)
+
+    def _hold(self, slots: list[int], pages: list[int]) -> ReqRef:
+        """A new request on a free row holds ``pages`` (checked free first)."""
+        self._judge_handout(pages)
+        row = self.free_rows()[0]
+        made = self.model.new_request(row, pages)
+        self.row_holder[row] = made.rid
+        self.rows[row, : len(slots)] = torch.tensor(slots, dtype=self.rows.dtype, device=self.rows.device)
+        return ReqRef(made.rid)
 
     def extendable(self) -> list[ReqRef]:
         """Requests whose length is page-aligned: an extend starts on a page
@@ -160,6 +193,10 @@ class PageInterleaveLockstep(Lockstep):
 
     def step_not_applicable(self, rule: str, args: dict) -> str | None:
         """Why a replayed step is one this family's rules never draw."""
+        if rule == "load_back":
+            if (why := self.why_not("load_back")) is not None:
+                return f"load_back does not run here: {why}"
+            return None if self.free_rows() else f"every one of the {self.config.rows} rows is in use"
         grown = [args["req"]] if rule == "alloc" and args.get("req") is not None else args.get("reqs", []) if rule == "extend" else []
         for ref in grown:
             if ref.rid in self.model.requests and self.model.requests[ref.rid].spare:
@@ -168,7 +205,12 @@ class PageInterleaveLockstep(Lockstep):
 
 
 class PageInterleaveMachine(FreeGroupMachine):
-    """The core rules; ``alloc`` and ``extend`` grow page-aligned requests only."""
+    """The core rules (``alloc`` and ``extend`` grow page-aligned requests
+    only), and HiCache's load-back where the allocator has ``alloc_cyclic``."""
+
+    @draws(guard=lambda s: s.free_rows() and s.runs("load_back"), pages=(1, MAX_PAGES), start=(0, 5))
+    def load_back(self, pages, start):
+        self._do("load_back", pages * self.state.page_size, start)
 
 
 def is_page_interleave(allocator) -> bool:

@@ -173,7 +173,7 @@ def test_0_5_23_multi_ended_frees_an_overwritten_int64_row_view():
 
 @pytest.mark.sglang
 def test_targets_lists_multi_ended_once_with_its_steps():
-    """`targets` on 0.5.23 shows sglang:multi-ended once, on the unified harness, decode and extend disabled at page size 4."""
+    """`targets` on 0.5.23 shows sglang:multi-ended once, on the unified harness, with the stand-ins it is built over."""
     run = subprocess.run(
         [sys.executable, "-m", "state_machines.cli", "targets", "--sglang-path", str(release_dir("0.5.23"))],
         cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)),
@@ -182,6 +182,7 @@ def test_targets_lists_multi_ended_once_with_its_steps():
     head = "  sglang:multi-ended: MultiEndedAllocator (sglang.srt.mem_cache.allocator.unified_sub_pool), any page size"
     assert lines.count(head) == 1, run.stdout
     assert lines[lines.index(head) + 1] == "    at page size 4: harness UnifiedLockstep"
+    assert "    over: KV pool stand-in: a stamp per physical page, carried by move_physical_pages / move_kv_cache" in lines
 
 
 def test_replay_refuses_a_free_physical_of_a_loan_not_out():

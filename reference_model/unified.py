@@ -32,16 +32,12 @@ from collections import Counter
 
 from attrs import define, field, frozen
 
+from reference_model.invariants import _show
 from reference_model.model import FREE, OwnershipModel
 
 UNMAPPED = -1
 # The roles a physical page can have (``PageTables.roles``).
 BOUND, HOLE, PENDING, LENT = "bound", "hole", "pending", "lent"
-
-
-def _show(pages) -> str:
-    pages = sorted(pages)
-    return "[" + ", ".join(map(str, pages[:12])) + (", ..." if len(pages) > 12 else "") + "]"
 
 
 @frozen

@@ -346,6 +346,8 @@ def _describe(config: Config) -> list[str]:
     lines.append(f"  steps: {', '.join(name for name in steps if state.runs(name))}")
     lines += [f"  disabled: {name}: {why}" for name in steps if (why := state.why_not(name)) is not None]
     lines += [f"  not checked: {name}: {why}" for name, why in sorted(getattr(state, "skipped_checks", {}).items())]
+    # What a target is built over where sglang's class needs pools it cannot have here.
+    lines += [f"  over: {what}" for what in getattr(state, "stand_ins", list)()]
     return lines
 
 

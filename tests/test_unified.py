@@ -173,7 +173,7 @@ def test_0_5_23_multi_ended_frees_an_overwritten_int64_row_view():
 
 @pytest.mark.sglang
 def test_targets_lists_multi_ended_once_with_its_steps():
-    """`targets` on 0.5.23 shows sglang:multi-ended once, on the unified harness, decode and extend disabled at page size 4."""
+    """`targets` on 0.5.23 shows sglang:multi-ended once, on the unified harness, with the stand-ins it is built over."""
     run = subprocess.run(
         [sys.executable, "-m", "state_machines.cli", "targets", "--sglang-path", str(release_dir("0.5.23"))],
         cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)),
@@ -182,3 +182,27 @@ def test_targets_lists_multi_ended_once_with_its_steps():
     head = "  sglang:multi-ended: MultiEndedAllocator (sglang.srt.mem_cache.allocator.unified_sub_pool), any page size"
     assert lines.count(head) == 1, run.stdout
     assert lines[lines.index(head) + 1] == "    at page size 4: harness UnifiedLockstep"
+    assert "    over: KV pool stand-in: a stamp per physical page, carried by move_physical_pages / move_kv_cache" in lines
+
+
+def test_replay_refuses_a_free_physical_of_a_loan_not_out():
+    """A trace returning a loan no alloc_physical made is refused, not run."""
+    from state_machines.harness import Step
+    from state_machines.runs.trace import TraceError, run_steps
+
+    with pytest.raises(TraceError, match="loan 0 is not out"):
+        run_steps(build(Config(target="builtin:multi-ended")), (Step("free_physical", {"loan": 0}),))
+
+
+def test_a_loan_stops_compaction_and_its_return_frees_it():
+    """While a loan is out no page moves; once returned, an urgent flush packs the span to the live pages."""
+    state = build(Config(target="builtin:multi-ended"))
+    first = state.alloc(2)
+    state.alloc(1)
+    state.finish(first)
+    state.alloc_physical(1)
+    state.flush(True)
+    assert state.allocator.watermark_physical == 4  # page 1 lent (the lowest hole), 2 a hole, 3 live
+    state.free_physical(0)
+    state.flush(True)
+    assert state.allocator.watermark_physical == 2  # page 3's virtual page moved to page 1

@@ -532,7 +532,8 @@ class _UnifiedBufferStandIn:
         return self.floor
 
     def __repr__(self) -> str:
-        return "<UnifiedKVPool stand-in>"
+        return (f"UnifiedKVPool stand-in: one sub-pool growing {self.spec_.grow_direction}, {self.slots} slots of"
+                f" {self.spec_.entry_bytes()} byte, the first {self.floor} reserved")
 
 
 class _UnifiedKVStandIn:
@@ -555,7 +556,7 @@ class _UnifiedKVStandIn:
         self.move_physical_pages(tgt_loc.view(-1, ps)[:, 0] // ps, src_loc.view(-1, ps)[:, 0] // ps, ps)
 
     def __repr__(self) -> str:
-        return "<unified KV pool stand-in>"
+        return "KV pool stand-in: a stamp per physical page, carried by move_physical_pages / move_kv_cache"
 
 
 def make_multi_ended(size: int, page_size: int, device: str, need_sort: bool, lazy_compaction: bool = True):

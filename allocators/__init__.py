@@ -24,6 +24,7 @@ from allocators.npu import NPU_MUTANTS, NPUPagedAllocator
 from allocators.paged import PAGED_MUTANTS, PagedAllocator
 from allocators.swa import PURE_SWA_MUTANTS, SWA_MUTANTS, PureSWAAllocator, SWAAllocator
 from allocators.token import TOKEN_MUTANTS, TokenAllocator
+from allocators.unified_mamba import UNIFIED_MAMBA_MUTANTS, UnifiedMambaAllocator
 from allocators.unified_swa import UNIFIED_SWA_MUTANTS, UnifiedSWAAllocator
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "SWAAllocator",
     "SlotAllocator",
     "TokenAllocator",
+    "UnifiedMambaAllocator",
     "UnifiedSWAAllocator",
 ]
 
@@ -50,4 +52,5 @@ BUILTINS: dict[str, tuple[type, dict[str, Mutant]]] = {
     "npu": (NPUPagedAllocator, NPU_MUTANTS),
     "mamba": (MambaSlotAllocator, MAMBA_MUTANTS),
     "unified-swa": (UnifiedSWAAllocator, UNIFIED_SWA_MUTANTS),
+    "unified-mamba": (UnifiedMambaAllocator, UNIFIED_MAMBA_MUTANTS),
 }

@@ -171,3 +171,22 @@ def test_a_full_side_that_ignores_the_mamba_bytes_is_caught():
     state.mamba_alloc(n=2)
     with pytest.raises(InvariantViolation, match="alloc_none_iff_short"):
         state.alloc(n=6)
+
+
+# -- sglang's unified pools (a release per process; skipped without it) --
+
+UNIFIED_KINDS = "unified-swa,unified-mamba,unified-mamba-swa"
+
+
+@pytest.fixture(scope="module")
+def rows_0_5_23(tmp_path_factory):
+    from tests.test_sglang import gate
+
+    return gate("0.5.23", tmp_path_factory.mktemp("traces"), UNIFIED_KINDS)
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("kind", UNIFIED_KINDS.split(","))
+def test_0_5_23_runs_each_unified_kind_clean(rows_0_5_23, kind):
+    """0.5.23's unified SWA, Mamba and Mamba-SWA composites pass the gate's budget at page size 4."""
+    assert rows_0_5_23[kind]["result"] == "pass", rows_0_5_23[kind]

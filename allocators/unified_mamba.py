@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from allocators.base import Mutant
-from allocators.unified_swa import FULL_SLOT_BYTES, ArenaSubPool
+from allocators.unified_swa import FULL_SLOT_BYTES, ArenaSubPool, page_tokens
 
 MAMBA_SLOT_BYTES = 32
 
@@ -36,17 +36,6 @@ class Arena:
         )
 
 
-def _take_ids(pool: ArenaSubPool, n: int) -> torch.Tensor:
-    taken, pool.free_virtual_ids = pool.free_virtual_ids[:n].clone(), pool.free_virtual_ids[n:]
-    pool.bind(taken)
-    return taken
-
-
-def _give_ids(pool: ArenaSubPool, v_pages: torch.Tensor) -> None:
-    pool.unbind(v_pages)
-    pool.free_virtual_ids = torch.cat((pool.free_virtual_ids, v_pages))
-
-
 class MambaSlots:
     """Mamba state slots (virtual ids of the Mamba sub-pool) with allocation groups."""
 
@@ -60,11 +49,11 @@ class MambaSlots:
         arena, pool = self.owner.arena, self.owner.mamba_allocator
         if need_size > len(pool.free_virtual_ids) or not arena.fits(0, need_size):
             return None
-        return _take_ids(pool, need_size)
+        return pool.mint(need_size)
 
     def free(self, free_index: torch.Tensor) -> None:
         if free_index.numel():
-            _give_ids(self.owner.mamba_allocator, free_index.to(torch.int64).clone())
+            self.owner.mamba_allocator.recycle(free_index.to(torch.int64).clone())
 
     def alloc_group_begin(self, num_reqs: int) -> None:
         got = self.alloc(num_reqs) if num_reqs > 0 else None
@@ -113,9 +102,7 @@ class UnifiedMambaAllocator:
         pages = need_size // self.page_size
         if pages > len(self.full_attn_allocator.free_virtual_ids) or not self._fits(pages):
             return None
-        v_pages = _take_ids(self.full_attn_allocator, pages)
-        offsets = torch.arange(self.page_size, dtype=torch.int64, device=self.device)
-        return (v_pages[:, None] * self.page_size + offsets).reshape(-1)
+        return page_tokens(self.full_attn_allocator.mint(pages), self.page_size)
 
     def free(self, free_index: torch.Tensor) -> None:
         if free_index.numel() == 0:
@@ -123,7 +110,7 @@ class UnifiedMambaAllocator:
         if self.free_group is not None:
             self.free_group.append(free_index.clone())
             return
-        _give_ids(self.full_attn_allocator, torch.unique(free_index.to(torch.int64) // self.page_size))
+        self.full_attn_allocator.recycle(torch.unique(free_index.to(torch.int64) // self.page_size))
 
     def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
         if free_index.numel() == 0:
@@ -133,7 +120,7 @@ class UnifiedMambaAllocator:
         if self.free_page_reps_group is not None:
             self.free_page_reps_group.append(reps)
             return
-        _give_ids(self.full_attn_allocator, reps // self.page_size)
+        self.full_attn_allocator.recycle(reps // self.page_size)
 
     def free_group_begin(self) -> None:
         self.free_group, self.free_page_reps_group = [], []
@@ -147,7 +134,7 @@ class UnifiedMambaAllocator:
         if whole:
             self.free(torch.cat(whole))
         for r in reps:
-            _give_ids(self.full_attn_allocator, r // self.page_size)
+            self.full_attn_allocator.recycle(r // self.page_size)
 
 
 class RepsNotFlushedAllocator(UnifiedMambaAllocator):

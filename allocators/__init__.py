@@ -26,6 +26,7 @@ from allocators.page_interleave import PAGE_INTERLEAVE_MUTANTS, PageInterleaveAl
 from allocators.paged import PAGED_MUTANTS, PagedAllocator
 from allocators.swa import PURE_SWA_MUTANTS, SWA_MUTANTS, PureSWAAllocator, SWAAllocator
 from allocators.token import TOKEN_MUTANTS, TokenAllocator
+from allocators.unified_mamba import UNIFIED_MAMBA_MUTANTS, UnifiedMambaAllocator
 from allocators.unified_swa import UNIFIED_SWA_MUTANTS, UnifiedSWAAllocator
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "SWAAllocator",
     "SlotAllocator",
     "TokenAllocator",
+    "UnifiedMambaAllocator",
     "UnifiedSWAAllocator",
 ]
 
@@ -56,4 +58,5 @@ BUILTINS: dict[str, tuple[type, dict[str, Mutant]]] = {
     "page-interleave": (PageInterleaveAllocator, PAGE_INTERLEAVE_MUTANTS),
     "multi-ended": (MultiEndedAllocator, MULTI_ENDED_MUTANTS),
     "unified-swa": (UnifiedSWAAllocator, UNIFIED_SWA_MUTANTS),
+    "unified-mamba": (UnifiedMambaAllocator, UNIFIED_MAMBA_MUTANTS),
 }

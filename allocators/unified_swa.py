@@ -63,6 +63,17 @@ class ArenaSubPool:
         self.virtual_to_physical[v_pages] = -1
         self._release(freed)
 
+    def mint(self, n: int) -> torch.Tensor:
+        """Take ``n`` virtual pages off ``free_virtual_ids`` (an id owner's) and bind them."""
+        taken, self.free_virtual_ids = self.free_virtual_ids[:n].clone(), self.free_virtual_ids[n:]
+        self.bind(taken)
+        return taken
+
+    def recycle(self, v_pages: torch.Tensor) -> None:
+        """Unbind ``v_pages`` and give the ids back to ``free_virtual_ids``."""
+        self.unbind(v_pages)
+        self.free_virtual_ids = torch.cat((self.free_virtual_ids, v_pages))
+
     def _release(self, freed: torch.Tensor) -> None:
         freed_set = set(freed.tolist())
         self.physical_to_virtual[freed] = -1
@@ -76,6 +87,12 @@ class ArenaSubPool:
             self.virtual_to_physical[v] = dst
             self.physical_to_virtual[dst] = v
             self.physical_to_virtual[src] = -1
+
+
+def page_tokens(v_pages: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Every token id of ``v_pages``, page by page."""
+    offsets = torch.arange(page_size, dtype=torch.int64, device=v_pages.device)
+    return (v_pages[:, None] * page_size + offsets).reshape(-1)
 
 
 class UnifiedSWAAllocator:
@@ -125,12 +142,9 @@ class UnifiedSWAAllocator:
         pages = need_size // self.page_size
         if not self._fits(pages):
             return None
-        fa = self.full_attn_allocator
-        v_pages, fa.free_virtual_ids = fa.free_virtual_ids[:pages].clone(), fa.free_virtual_ids[pages:]
-        fa.bind(v_pages)
+        v_pages = self.full_attn_allocator.mint(pages)
         self.swa_attn_allocator.bind(v_pages)
-        offsets = torch.arange(self.page_size, dtype=torch.int64, device=self.device)
-        return (v_pages[:, None] * self.page_size + offsets).reshape(-1)
+        return page_tokens(v_pages, self.page_size)
 
     # -- free --
 
@@ -151,9 +165,7 @@ class UnifiedSWAAllocator:
             return
         if swa:
             self.swa_attn_allocator.unbind(self._swa_live(v_pages))
-        fa = self.full_attn_allocator
-        fa.unbind(v_pages)
-        fa.free_virtual_ids = torch.cat((fa.free_virtual_ids, v_pages))
+        self.full_attn_allocator.recycle(v_pages)
 
     def free(self, free_index: torch.Tensor) -> None:
         if free_index.numel() == 0:

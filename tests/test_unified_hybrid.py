@@ -120,3 +120,73 @@ def test_the_arena_counts_each_sides_bytes():
     """160 bytes hold 6 pages of both sides (24 bytes a pair) but not 7; 10 full pages alone."""
     arena = Arena(low=FULL, high=SWA)
     assert arena.fits(6, 6) and not arena.fits(7, 7) and arena.fits(10, 0)
+
+
+# -- the unified Mamba pool --
+
+
+def test_the_unified_mamba_twin_runs_on_its_own_family():
+    """builtin:unified-mamba names the unified_mamba family, and the registry drives it there."""
+    assert type(build(target="builtin:unified-mamba")) is FAMILIES["unified_mamba"].lockstep
+
+
+def test_mamba_slots_take_bytes_the_full_side_would_use():
+    """At page size 1 the arena's 144 bytes hold 9 full pages; two Mamba slots (32 bytes each) leave room for 5."""
+    state = build(target="builtin:unified-mamba")
+    state.mamba_alloc(n=2)
+    assert state.alloc(n=6) is None
+    assert state.alloc(n=5) is not None
+
+
+def test_an_allocation_group_hands_out_its_reserve_then_returns_the_rest():
+    """alloc_group_begin(2), one alloc(1) from it, end: one slot held, the other free again."""
+    state = build(target="builtin:unified-mamba")
+    state.mamba_group_begin(n=2)
+    state.mamba_alloc(n=1)
+    state.mamba_group_end()
+    assert len(state.mamba_universe) - state.mamba.num_free == 1
+
+
+def test_a_group_end_that_keeps_the_undrawn_slots_is_caught():
+    """The group-end-keeps-leftovers mutant leaks the reserve: mamba_free_sets_agree at end."""
+    state = build(target="builtin:unified-mamba", mutant="group-end-keeps-leftovers")
+    state.mamba_group_begin(n=1)
+    with pytest.raises(InvariantViolation, match="mamba_free_sets_agree"):
+        state.mamba_group_end()
+
+
+def test_segment_representatives_that_end_drops_are_caught():
+    """The reps-not-flushed mutant leaks a free_segment queued in a group: free_sets_agree at end."""
+    state = build(target="builtin:unified-mamba", mutant="reps-not-flushed", page_size=4)
+    req = state.alloc(n=4)
+    state.begin()
+    state.free_segment(req=req, start=0, n=4)
+    with pytest.raises(InvariantViolation, match="free_sets_agree"):
+        state.end()
+
+
+def test_a_full_side_that_ignores_the_mamba_bytes_is_caught():
+    """The bytes-not-shared mutant hands out full pages the Mamba slots' bytes leave no room for."""
+    state = build(target="builtin:unified-mamba", mutant="bytes-not-shared")
+    state.mamba_alloc(n=2)
+    with pytest.raises(InvariantViolation, match="alloc_none_iff_short"):
+        state.alloc(n=6)
+
+
+# -- sglang's unified pools (a release per process; skipped without it) --
+
+UNIFIED_KINDS = "unified-swa,unified-mamba,unified-mamba-swa"
+
+
+@pytest.fixture(scope="module")
+def rows_0_5_23(tmp_path_factory):
+    from tests.test_sglang import gate
+
+    return gate("0.5.23", tmp_path_factory.mktemp("traces"), UNIFIED_KINDS)
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("kind", UNIFIED_KINDS.split(","))
+def test_0_5_23_runs_each_unified_kind_clean(rows_0_5_23, kind):
+    """0.5.23's unified SWA, Mamba and Mamba-SWA composites pass the gate's budget at page size 4."""
+    assert rows_0_5_23[kind]["result"] == "pass", rows_0_5_23[kind]

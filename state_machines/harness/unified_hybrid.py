@@ -72,6 +72,8 @@ class UnifiedSWALockstep(SWALockstep):
     universe: frozenset[int] = frozenset()
     # Whether the pools compact lazily (holes allowed): compaction is then not checked.
     lazy: bool = False
+    # Whether the last alloc's None went unjudged (``_index_tensor``).
+    refused: bool = False
 
     def start_models(self, defers_frees: bool) -> None:
         a = self.allocator
@@ -155,13 +157,28 @@ class UnifiedSWALockstep(SWALockstep):
         low, high = (len(full), len(swa)) if self.arena.low.name.startswith("full") else (len(swa), len(full))
         return self.model.num_free < pages or not self.arena.fits(low + pages, high + pages)
 
+    @property
+    def float_chain(self) -> bool:
+        """Whether a sub-pool floats between the arena's ends (the Mamba variant's SWA)."""
+        return "float" in (self.arena.low.grows, self.arena.high.grows)
+
+    def _index_tensor(self, what: str, out, length: int, want_pages: int) -> list[int] | None:
+        """As the core's, except that over a float chain a ``None`` the
+        arena's bytes could have served is not judged: where the float sits
+        is the release's placement policy, which the model does not predict.
+        An alloc that succeeds must still fit (no over-commit)."""
+        self.refused = out is None and self.float_chain and self.model.num_free >= want_pages
+        if self.refused:
+            return None
+        return super()._index_tensor(what, out, length, want_pages)
+
     @step
     def alloc(self, n: int, req: ReqRef | None = None, prefix: EntryRef | None = None) -> ReqRef | None:
         """As the core's ``alloc``: the full side mints ``n // page_size``
         virtual pages and the SWA side binds each of them."""
         pool_short = self._short(n // self.page_size)
         made = Lockstep.alloc(self, n, req, prefix)
-        if pool_short:
+        if pool_short or self.refused:
             return None
         ps = self.page_size
         pages = self.model.requests[(made or req).rid].own[-(n // ps):]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
+from operator import attrgetter
 
 from attrs import define, field, frozen
 
@@ -60,18 +61,28 @@ class OwnerMap(dict):
 
     def __init__(self, items=()):
         super().__init__(items)
-        # One pass per structure, not one _account call per page: a pool
-        # of 16,384 pages is built once per example.
-        self.free: set[int] = {p for p, who in dict.items(self) if who.kind == FREE}
+        # Built once per example, for every page of the pool: C-level passes
+        # (map, set, Counter, slices) wherever the pages allow.
+        kinds = Counter(map(attrgetter("kind"), dict.values(self)))
+        self.kinds: dict[str, int] = dict(kinds)
+        if set(kinds) <= {FREE}:
+            self.free: set[int] = set(dict.keys(self))
+        else:
+            self.free = {p for p, who in dict.items(self) if who.kind == FREE}
         self.held: set[int] = dict.keys(self) - self.free
-        self.kinds: dict[str, int] = dict(Counter(who.kind for who in dict.values(self)))
         self.flags: array | None = None
-        ids = list(dict.keys(self))
-        if all(isinstance(p, int) and p >= 0 for p in ids) and (not ids or max(ids) < self._SPARSE * len(ids) + 1024):
-            flags = array("q", bytes(8 * (max(ids) + 1 if ids else 0)))
-            for p in self.free:
-                flags[p] = 1
-            self.flags = flags
+        if set(map(type, dict.keys(self))) <= {int} and (not self or min(self) >= 0):
+            top = max(self, default=-1)
+            if top < self._SPARSE * len(self) + 1024:
+                flags = array("q", bytes(8 * (top + 1)))
+                low = min(self.free, default=0)
+                if self.free and max(self.free) - low + 1 == len(self.free):
+                    # A run of free ids (a fresh pool's): one slice assignment.
+                    flags[low : low + len(self.free)] = array("q", [1]) * len(self.free)
+                else:
+                    for p in self.free:
+                        flags[p] = 1
+                self.flags = flags
 
     def __setitem__(self, page: int, who: Owner) -> None:
         old = self.get(page)

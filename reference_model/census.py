@@ -14,9 +14,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator
 
-# What ``OwnerMap.flags`` holds per page id (see reference_model.model).
-NOT_IN_POOL, FREE_FLAG, HELD_FLAG = 0, 1, 2
-
 
 class Census:
     """The free pages one census listed, in its order, with repeats."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
+from operator import attrgetter
 
 from attrs import define, field, frozen
 
-from reference_model.census import FREE_FLAG, HELD_FLAG
 from reference_model.ledger import Ledger
 
 FREE = "free"
@@ -46,10 +47,11 @@ class OwnerMap(dict):
     - ``free``: the pages whose owner is free (a live set: do not mutate);
     - ``held``: the other pages;
     - ``kinds``: kind -> how many pages have an owner of that kind (no zeros);
-    - ``flags``: a byte per page id, ``census.FREE_FLAG`` for a free page,
-      ``HELD_FLAG`` for a held one, 0 for an id not in the map, past the
-      largest id 0 too (a tensor census compares against it without a
-      Python loop); None when an id is negative or far past the rest.
+    - ``flags``: a signed 64-bit integer per page id, 0 up to the largest:
+      1 for a free page, 0 otherwise; what a census of the free pages
+      counts per id when it lists each once (a tensor census compares its
+      counts against it without a Python loop).  None when an id is
+      negative or far past the rest.
     """
 
     __slots__ = ("free", "held", "kinds", "flags")
@@ -59,20 +61,28 @@ class OwnerMap(dict):
 
     def __init__(self, items=()):
         super().__init__(items)
-        # One pass per structure, not one _account call per page: a pool
-        # of 16,384 pages is built once per example.
-        self.free: set[int] = {p for p, who in dict.items(self) if who.kind == FREE}
+        # Built once per example, for every page of the pool: C-level passes
+        # (map, set, Counter, slices) wherever the pages allow.
+        kinds = Counter(map(attrgetter("kind"), dict.values(self)))
+        self.kinds: dict[str, int] = dict(kinds)
+        if set(kinds) <= {FREE}:
+            self.free: set[int] = set(dict.keys(self))
+        else:
+            self.free = {p for p, who in dict.items(self) if who.kind == FREE}
         self.held: set[int] = dict.keys(self) - self.free
-        self.kinds: dict[str, int] = dict(Counter(who.kind for who in dict.values(self)))
-        self.flags: bytearray | None = None
-        ids = list(dict.keys(self))
-        if all(isinstance(p, int) and p >= 0 for p in ids) and (not ids or max(ids) < self._SPARSE * len(ids) + 1024):
-            flags = bytearray(max(ids) + 1 if ids else 0)
-            for p in self.free:
-                flags[p] = FREE_FLAG
-            for p in self.held:
-                flags[p] = HELD_FLAG
-            self.flags = flags
+        self.flags: array | None = None
+        if set(map(type, dict.keys(self))) <= {int} and (not self or min(self) >= 0):
+            top = max(self, default=-1)
+            if top < self._SPARSE * len(self) + 1024:
+                flags = array("q", bytes(8 * (top + 1)))
+                low = min(self.free, default=0)
+                if self.free and max(self.free) - low + 1 == len(self.free):
+                    # A run of free ids (a fresh pool's): one slice assignment.
+                    flags[low : low + len(self.free)] = array("q", [1]) * len(self.free)
+                else:
+                    for p in self.free:
+                        flags[p] = 1
+                self.flags = flags
 
     def __setitem__(self, page: int, who: Owner) -> None:
         old = self.get(page)
@@ -92,7 +102,7 @@ class OwnerMap(dict):
             into.add(page)
         else:
             into.discard(page)
-        self._flag(page, 0 if sign < 0 else FREE_FLAG if who.kind == FREE else HELD_FLAG)
+        self._flag(page, int(sign > 0 and who.kind == FREE))
 
     def _flag(self, page: int, value: int) -> None:
         flags = self.flags
@@ -102,7 +112,7 @@ class OwnerMap(dict):
             self.flags = None
             return
         if page >= len(flags):
-            flags.extend(bytes(page + 1 - len(flags)))
+            flags.frombytes(bytes(8 * (page + 1 - len(flags))))
         flags[page] = value
 
     __delitem__ = pop = popitem = clear = update = setdefault = __ior__ = _refused
@@ -183,8 +193,8 @@ class OwnershipModel:
         return self.owner.free
 
     @property
-    def page_flags(self) -> bytearray | None:
-        """A byte per page id: free, held or not in the pool (``OwnerMap.flags``)."""
+    def free_flags(self) -> array | None:
+        """Per page id, 1 when free, else 0 (``OwnerMap.flags``)."""
         return self.owner.flags
 
     @property
@@ -348,20 +358,24 @@ class OwnershipModel:
                 out.append(f"page {page} claimed by {want[page]} and {who}")
             want[page] = who
 
+        # One Owner per holder, not per page: this runs after every step.
         for req in self.requests.values():
+            who = Owner(REQUEST, req.rid)
             for p in req.own:
-                claim(p, Owner(REQUEST, req.rid))
+                claim(p, who)
             for eid in req.locks:
                 if eid not in self.cache:
                     out.append(f"req_{req.rid} locks evicted cache_{eid}")
         for entry in self.cache.values():
+            who = Owner(CACHE, entry.eid)
             for p in entry.pages:
-                claim(p, Owner(CACHE, entry.eid))
+                claim(p, who)
             holders = sum(r.locks.count(entry.eid) for r in self.requests.values())
             if holders != entry.lock_count:
                 out.append(f"cache_{entry.eid} lock count {entry.lock_count} / held by {holders} requests")
+        queued = Owner(QUEUED)
         for p in self.ledger.queued_pages():
-            claim(p, Owner(QUEUED))
+            claim(p, queued)
         # Only held pages can disagree: a free page is claimed by no structure.
         for p in sorted(self.owner.held):
             who = self.owner[p]

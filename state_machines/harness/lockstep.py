@@ -98,22 +98,20 @@ def census_of(allocator) -> list[int]:
 
 
 class TensorCensus(Census):
-    """A census kept as one int64 tensor on the CPU: ``Census``'s answers,
-    the same values, from a few torch ops where the model keeps page flags
-    (``OwnershipModel.page_flags``), so no check loops over the pool in
-    Python.  Elsewhere (no flags, a negative or outsized id, an id past the
-    model's) ``Census``'s own answers stand.  The page list is built only
-    when a check needs it: a failure's message, or a model without flags.
-    ``model`` is the one the checks will hand over, whose flags the page
-    counts (``num_distinct``, ``repeats``) are tabulated with."""
+    """A census kept as one int64 tensor on the CPU.  Its one question in
+    torch: does it list each of ``model``'s free pages once and nothing
+    else, its per-id counts equal to the model's ``free_flags``?  Then every
+    answer follows without visiting a page (no repeats, ``len`` distinct
+    pages, the model's free set, inside its pool).  Otherwise some check
+    fails, and ``Census``'s answers, from the page list, stand: the same
+    values and messages, whatever ``model`` is."""
 
     def __init__(self, pages: torch.Tensor, model=None):
         super().__init__(())
         self._tensor = pages
         self._list: list[int] | None = None
         self._model = model
-        # The model the table was made for, and the table (``_table``).
-        self._tabled: tuple[Any, list[int] | None] | None = None
+        self._exact: bool | None = None
 
     @property
     def pages(self) -> list[int]:
@@ -124,54 +122,37 @@ class TensorCensus(Census):
     def __len__(self) -> int:
         return self._tensor.numel()
 
-    def _table(self, model) -> list[int] | None:
-        """How many page ids fall in each (listed 0, 1, 2+ times) x (flag:
-        not in the pool, free, held) cell, at ``3 * min(count, 2) + flag``;
-        None where ``Census``'s answers must stand."""
-        if self._tabled is None or self._tabled[0] is not model:
-            self._tabled = (model, self._make_table(model))
-        return self._tabled[1]
+    def exact(self) -> bool:
+        """Whether the census lists each of ``model``'s free pages once and
+        no other page (False also where that cannot be had in torch)."""
+        if self._exact is None:
+            self._exact = self._lists_each_free_page_once()
+        return self._exact
 
-    def _make_table(self, model) -> list[int] | None:
-        flags = getattr(model, "page_flags", None)
+    def _lists_each_free_page_once(self) -> bool:
+        flags = getattr(self._model, "free_flags", None)
         t = self._tensor
-        if not flags:
-            return None
-        if t.numel():
-            low, high = (int(v) for v in torch.aminmax(t))
-            if low < 0 or high >= len(flags):
-                return None
+        if not flags or not t.numel():
+            return False
+        low, high = (int(v) for v in torch.aminmax(t))
+        if low < 0 or high >= len(flags):
+            return False
         # A zero-copy view: the model stays torch-free, and no page is visited in Python.
-        view = torch.frombuffer(flags, dtype=torch.uint8)
-        cells = torch.bincount(t, minlength=len(flags)).clamp_(max=2).mul_(3).add_(view)
-        return torch.bincount(cells, minlength=9).tolist()
+        want = torch.frombuffer(flags, dtype=torch.int64)
+        return bool(torch.equal(torch.bincount(t, minlength=len(flags)), want))
 
     def num_distinct(self) -> int:
-        table = self._table(self._model)
-        if table is None:
-            return super().num_distinct()
-        return sum(table[3:])
+        return len(self) if self.exact() else super().num_distinct()
 
     def repeats(self) -> list[int]:
-        table = self._table(self._model)
-        if table is None:
-            return super().repeats()
-        if not sum(table[6:]):
-            return []
-        return torch.nonzero(torch.bincount(self._tensor) > 1).reshape(-1).tolist()
+        return [] if self.exact() else super().repeats()
 
     def lists_free_of(self, model) -> bool:
-        table = self._table(model)
-        if table is None:
-            return super().lists_free_of(model)
-        # Listed exactly when free: no (0, free) cell, no (1+, not free) cell.
-        return not (table[1] + table[3] + table[5] + table[6] + table[8])
+        return True if model is self._model and self.exact() else super().lists_free_of(model)
 
     def within(self, model) -> bool:
-        table = self._table(model)
-        if table is None:
-            return super().within(model)
-        return not (table[3] + table[6])
+        # The model's free pages are keys of its owner map (OwnerMap.free).
+        return True if model is self._model and self.exact() else super().within(model)
 
 
 # Below this many pages a Python set beats the torch ops' fixed cost.
@@ -364,11 +345,14 @@ class Lockstep:
 
     def stale_rows(self) -> list[int]:
         """Rows holding slot ids past what a live request uses."""
-        used = [len(self.model.requests[holder].pages) * self.page_size if holder is not None else 0 for holder in self.row_holder]
-        # One mask over all rows: a rule guard asks this before every step.
-        columns = torch.arange(self.rows.shape[1], device=self.rows.device)
-        past = columns >= torch.tensor(used, device=self.rows.device)[:, None]
-        return torch.nonzero((self.rows.ne(0) & past).any(dim=1)).reshape(-1).tolist()
+        # One read of the (small) row table: a rule guard asks this before
+        # every step, and a torch op per row costs more than the whole read.
+        stale = []
+        for row, (holder, slots) in enumerate(zip(self.row_holder, self.rows.tolist())):
+            used = len(self.model.requests[holder].pages) * self.page_size if holder is not None else 0
+            if any(slots[used:]):
+                stale.append(row)
+        return stale
 
     def room(self, req: ReqRef) -> int:
         """Pages the request's row can still take."""

@@ -46,17 +46,19 @@ def _harness(config: Config, job: dict) -> dict:
     """Hypothesis up to the first failure, shrinking off."""
     settings.load_profile("bench-timing")
     outcome = fuzz(config, max_examples=job["max_examples"], seed=job["seed"])
-    return _first_failure(outcome.record, outcome.failures[0] if outcome.failures else None)
+    return _first_failure(outcome.record, outcome.failures[0] if outcome.failures else None, outcome.elapsed_s)
 
 
 def _baseline(config: Config, job: dict) -> dict:
     outcome = random_fuzz(config, seed=job["seed"], max_examples=job["max_examples"])
-    return _first_failure(outcome.record, outcome.failure)
+    return _first_failure(outcome.record, outcome.failure, outcome.elapsed_s)
 
 
-def _first_failure(r, failure) -> dict:
-    """The figures both fuzzers report: where the first failure came, if any."""
+def _first_failure(r, failure, elapsed_s: float) -> dict:
+    """The figures both fuzzers report: where the first failure came, if
+    any, and how long the whole search took (a miss costs all of it)."""
     return {
+        "elapsed_s": elapsed_s,
         "found": failure is not None,
         "seconds": r.first_failure_s,
         "examples": r.examples_to_failure,

@@ -33,7 +33,7 @@ def markdown(data: dict) -> str:
         f"{st['processes']} worker processes, one torch thread each; load average {_s(m.get('load_average_1min'), 1)} "
         f"when the run ended; `make bench` took {data['wall_s']:.0f} s.",
         "These machines are noisy: read medians and ratios, not single times. Rerun with `make bench`.",
-        "",
+        *_bar_section(data),
         "## Time to failure: harness against a plain random fuzzer",
         "",
         f"Each bug, {st['seeds']} seeds per fuzzer. **Harness**: `state_machines.runs.runner.fuzz` under Hypothesis with "
@@ -96,6 +96,8 @@ def markdown(data: dict) -> str:
             "lose the failure, and deleting one step renumbers every later pick. The shrinker then settles in a "
             "local minimum (often one or two redundant allocs or an extra `end`), and which one depends on the seed.",
         ]
+    if not data["clean"]:
+        return "\n".join(out + _shortest_section(data)) + "\n"
     out += [
         "",
         "## Clean targets: throughput and where a step's time goes",
@@ -135,6 +137,11 @@ def markdown(data: dict) -> str:
         "the census and the two counts, all in C; the SWA pool and the HiSparse device pool (`SWASide`) still "
         "walk their pages in Python.",
     ]
+    return "\n".join(out + _shortest_section(data)) + "\n"
+
+
+def _shortest_section(data: dict) -> list[str]:
+    out = []
     if data["skipped"]:
         out += ["", "## Skipped", ""] + [f"- {s['name']}: {s['reason']}" for s in data["skipped"]]
     out += ["", "## Shortest traces", ""]
@@ -146,7 +153,41 @@ def markdown(data: dict) -> str:
             out += [f"Known ({known['length']} steps; {known['why']}):", "", "```python", known["program"], "```", ""]
         if shrunk:
             out += ["Shortest shrunk by the harness:", "", "```python", shrunk, "```", ""]
-    return "\n".join(out) + "\n"
+    return out
+
+
+def _bar_section(data: dict) -> list[str]:
+    """The ratio table issue 13's bar reads: floored median time to first
+    failure, harness over baseline, per bug; and the three headline figures."""
+    st, hl = data["settings"], data["headline"]
+    floor = st.get("floor_s", 0.25)
+    shrink = hl.get("bar_median_shrink_s")
+    out = [
+        "",
+        "## The bar: harness against a uniform random walk",
+        "",
+        f"{len(data['bugs'])} bugs, {st['seeds']} seeds each, at most {st['cap_examples']:,} examples a search. "
+        f"A seed's time to first failure counts as at least {floor} s, and a seed that finds nothing counts as its "
+        "whole search; *harness s* and *baseline s* are the medians over seeds of that time, *ratio* is harness / "
+        "baseline (below 1 the harness is sooner). The baseline walks the default pool only.",
+        "",
+        f"- harness found the bug on every seed: **{hl.get('bar_found_every_seed')} of {len(data['bugs'])}** bugs",
+        f"- geometric mean ratio: **{_s(hl.get('bar_geomean_ratio'))}** (bar: ≤ 1.0)",
+        f"- median shrink time: **{_s(shrink)} s** (bar: ≤ 3 s)",
+        "",
+        "| bug | harness s | harness found | baseline s | baseline found | ratio |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for b in data["bugs"]:
+        bar = b["bar"]
+        seeds = b["harness"]["seeds"]
+        found = round(b["harness"]["found_share"] * seeds)
+        out.append(
+            f"| {b['name']} | {_s(bar['harness_s'], 3)} | {found}/{seeds} | {_s(bar['baseline_s'], 3)} "
+            f"| {bar['baseline_found']}/{seeds} | {_s(bar['ratio'])} |"
+        )
+    out.append("")
+    return out
 
 
 def _split(costs: dict) -> dict:

@@ -9,6 +9,7 @@ import math
 import multiprocessing
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -21,8 +22,11 @@ from state_machines.config import Config
 HERE = Path(__file__).resolve().parent
 # The `ci` profile's budget: a bug found within it is caught by `make test`.
 CI_BUDGET = 200
-# Both fuzzers stop here; past it a seed counts as not found.
-CAP_EXAMPLES = 1000
+# Both fuzzers stop here; past it a seed counts as not found (issue 13's bar).
+CAP_EXAMPLES = 3000
+# The bar's time to failure: a time under this counts as this much, so that
+# start-up noise does not decide a ratio, and a miss counts as the whole search.
+FLOOR_S = 0.25
 SHRINK_SEEDS = 2
 THROUGHPUT_EXAMPLES = 100
 THROUGHPUT_REPEATS = 3
@@ -57,12 +61,12 @@ def machine() -> dict:
     }
 
 
-def plan(bugs, clean, seeds: int) -> list[dict]:
+def plan(bugs, clean, seeds: int, cap: int = CAP_EXAMPLES, shrink_seeds: int = SHRINK_SEEDS) -> list[dict]:
     jobs = []
     for config in bugs:
         c = config.to_dict()
         # Shrinking runs are the longest: queue them first so both cores stay busy.
-        jobs += [{"kind": "shrink", "config": c, "seed": s, "max_examples": CAP_EXAMPLES} for s in range(SHRINK_SEEDS)]
+        jobs += [{"kind": "shrink", "config": c, "seed": s, "max_examples": cap} for s in range(shrink_seeds)]
     for config in clean:
         c = config.to_dict()
         jobs.append({"kind": "throughput", "config": c, "max_examples": THROUGHPUT_EXAMPLES, "repeats": THROUGHPUT_REPEATS})
@@ -72,8 +76,8 @@ def plan(bugs, clean, seeds: int) -> list[dict]:
     for config in bugs:
         c = config.to_dict()
         for s in range(seeds):
-            jobs.append({"kind": "harness", "config": c, "seed": s, "max_examples": CAP_EXAMPLES})
-            jobs.append({"kind": "baseline", "config": c, "seed": s, "max_examples": CAP_EXAMPLES})
+            jobs.append({"kind": "harness", "config": c, "seed": s, "max_examples": cap})
+            jobs.append({"kind": "baseline", "config": c, "seed": s, "max_examples": cap})
     return jobs
 
 
@@ -100,6 +104,9 @@ def summarize_fuzzer(runs: list[dict]) -> dict:
 
 
 def summarize_shrink(runs: list[dict], known) -> dict:
+    if not runs:
+        none = {"median": None, "min": None, "max": None}
+        return {"seeds": 0, "length": none, "shrink_s": None, "invariants": [], "shortest_program": None}
     lengths, shrink_s, chosen = [], [], []
     for r in runs:
         if not r["failures"]:
@@ -120,10 +127,36 @@ def summarize_shrink(runs: list[dict], known) -> dict:
     }
 
 
+def bar_seconds(run: dict) -> float:
+    """One seed's time to failure as the bar counts it: at least ``FLOOR_S``,
+    and the whole search where the seed found nothing."""
+    return max(FLOOR_S, run["seconds"] if run["found"] else run["elapsed_s"])
+
+
+def bar_row(harness: list[dict], baseline: list[dict]) -> dict:
+    """The bar's figures for one bug: median floored seconds per fuzzer, their
+    ratio (harness / baseline), and whether the harness found it on every seed."""
+    h = statistics.median(map(bar_seconds, harness))
+    b = statistics.median(map(bar_seconds, baseline))
+    return {
+        "harness_s": h,
+        "baseline_s": b,
+        "ratio": h / b,
+        "harness_found_all": all(r["found"] for r in harness),
+        "baseline_found": sum(r["found"] for r in baseline),
+    }
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or b == 0:
         return None
     return a / b
+
+
+def median_shrink(runs: list[dict]) -> float | None:
+    """The median shrink time over every shrinking run that found a failure."""
+    times = [r["shrink_s"] for r in runs if r.get("shrink_s") is not None]
+    return statistics.median(times) if times else None
 
 
 def geomean(xs) -> float | None:
@@ -140,17 +173,19 @@ def collect(bugs, clean, results: list[dict]) -> tuple[list[dict], list[dict]]:
     for config in bugs:
         name = bug_name(config)
         known = BY_NAME.get(name)
-        harness = summarize_fuzzer(sorted(by[key("harness", config)], key=lambda r: r["seed"]))
-        baseline = summarize_fuzzer(sorted(by[key("baseline", config)], key=lambda r: r["seed"]))
+        harness_runs, baseline_runs = by[key("harness", config)], by[key("baseline", config)]
+        harness = summarize_fuzzer(sorted(harness_runs, key=lambda r: r["seed"]))
+        baseline = summarize_fuzzer(sorted(baseline_runs, key=lambda r: r["seed"]))
         bug_rows.append(
             {
                 "name": name,
                 "config": config.to_dict(),
                 "harness": harness,
                 "baseline": baseline,
+                "bar": bar_row(harness_runs, baseline_runs),
                 "ratio_seconds": ratio(harness["seconds"]["median"], baseline["seconds"]["median"]),
                 "ratio_steps": ratio(harness["steps"]["median"], baseline["steps"]["median"]),
-                "shrink": summarize_shrink(by[key("shrink", config)], known),
+                "shrink": summarize_shrink(by.get(key("shrink", config), []), known),
                 "known_shortest": None
                 if known is None
                 else {"length": len(known.steps), "invariant": known.invariant, "program": known.trace().program(), "why": known.why},
@@ -177,7 +212,11 @@ def collect(bugs, clean, results: list[dict]) -> tuple[list[dict], list[dict]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--seeds", type=int, default=20, help="seeds per bug for time to failure (default 20, at least 10 for the report)")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds per bug for time to failure (default 5, the bar's)")
+    parser.add_argument("--only", metavar="REGEX", help="only the bugs whose name matches (e.g. 'bench.bugs|token')")
+    parser.add_argument("--cap", type=int, default=CAP_EXAMPLES, help=f"examples a search stops at (default {CAP_EXAMPLES}, the bar's)")
+    parser.add_argument("--shrink-seeds", type=int, default=SHRINK_SEEDS, help=f"shrinking runs per bug (default {SHRINK_SEEDS}; 0: none)")
+    parser.add_argument("--quick", action="store_true", help="bugs only: no clean-target throughput, costs or scaling")
     parser.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default: 2, or 1 on one core)")
     parser.add_argument("--out", default=str(HERE), help="where results.json and RESULTS.md go (default bench/)")
     parser.add_argument("--verbose", action="store_true", help="print each run as it ends")
@@ -187,10 +226,12 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     bugs, skipped_bugs = targets.bugs()
-    clean, skipped_clean = targets.clean()
+    clean, skipped_clean = ([], []) if args.quick else targets.clean()
+    if args.only:
+        bugs = [c for c in bugs if re.search(args.only, bug_name(c))]
     for config, reason in skipped_bugs + skipped_clean:
         print(f"skip {bug_name(config)}: {reason}", file=sys.stderr)
-    jobs = plan(bugs, clean, args.seeds)
+    jobs = plan(bugs, clean, args.seeds, args.cap, args.shrink_seeds)
     print(f"bench: {len(bugs)} bugs, {len(clean)} clean targets, {len(jobs)} runs on {args.processes} processes", file=sys.stderr)
 
     from bench import jobs as job_module
@@ -219,13 +260,19 @@ def main(argv: list[str] | None = None) -> int:
             "seeds": args.seeds,
             "processes": args.processes,
             "ci_budget_examples": CI_BUDGET,
-            "cap_examples": CAP_EXAMPLES,
-            "shrink_seeds": SHRINK_SEEDS,
+            "floor_s": FLOOR_S,
+            "quick": args.quick,
+            "only": args.only,
+            "cap_examples": args.cap,
+            "shrink_seeds": args.shrink_seeds,
             "throughput_examples": THROUGHPUT_EXAMPLES,
             "costs_examples": COSTS_EXAMPLES,
             "scaling_examples": SCALING,
         },
         "headline": {
+            "bar_geomean_ratio": geomean(r["bar"]["ratio"] for r in bug_rows),
+            "bar_found_every_seed": sum(r["bar"]["harness_found_all"] for r in bug_rows),
+            "bar_median_shrink_s": median_shrink([r for r in results if r["kind"] == "shrink"]),
             "geomean_ratio_seconds": geomean(r["ratio_seconds"] for r in bug_rows),
             "geomean_ratio_steps": geomean(r["ratio_steps"] for r in bug_rows),
         },

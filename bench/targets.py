@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.bugs import HARD
 from state_machines.config import Config
 from state_machines.harness import build
 from state_machines.targets.catalogue import clean_configs, mutant_configs
@@ -68,8 +69,9 @@ def _split(configs) -> tuple[list[Config], list[tuple[Config, str]]]:
 
 
 def bugs() -> tuple[list[Config], list[tuple[Config, str]]]:
-    """Every built-in mutant and buggy sglang release; and those skipped, with why."""
-    return _split([*mutant_configs(), *(sglang_config(v) for v in SGLANG_BUGGY)])
+    """Every built-in mutant, the bench's harder bugs (``bench/bugs.py``) and
+    buggy sglang releases; and those skipped, with why."""
+    return _split([*mutant_configs(), *HARD, *(sglang_config(v) for v in SGLANG_BUGGY)])
 
 
 def clean() -> tuple[list[Config], list[tuple[Config, str]]]:

@@ -25,7 +25,8 @@ def test_mutant_is_caught_and_its_trace_replays(config, tmp_path):
         assert again is not None, f"trace did not fail on replay:\n{trace.program()}"
         assert (again.invariant, again.detail) == (trace.invariant, trace.detail)
         assert len(again.steps) == len(trace.steps)
-        assert replay(loaded, attrs.evolve(config, mutant=None)) is None
+        # On the pool the run drew (the trace's own), without the mutant.
+        assert replay(loaded, attrs.evolve(loaded.config, mutant=None)) is None
 
 
 # One mutant per bug class: aliasing of free()'s queue, of free_segment's,

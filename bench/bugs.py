@@ -1,0 +1,108 @@
+"""Harder bugs for the bench, beyond the suite's mutants: each needs a
+deeper or rarer state to show.  They are custom targets (``bench.bugs:NAME``)
+rather than mutants, so the suite's catalogue and its tests do not grow.
+
+Each class is a built-in allocator with one deliberate fault; the docstring
+says the state the fault needs, which is what makes it hard to reach.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from allocators.paged import PagedAllocator
+from allocators.token import TokenAllocator
+from state_machines.config import Config
+
+
+class ExactlyFull(TokenAllocator):
+    """An alloc that takes every free slot leaves the last one on the free
+    list.  Needs: the pool exactly full after an alloc."""
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        exact = need_size == len(self.free_pages) + len(self.release_pages) and need_size > 0
+        taken = self._take_pages(need_size)
+        if exact and taken is not None:
+            self.free_pages = taken[-1:].clone()
+        return taken
+
+
+class ThirdGroup(TokenAllocator):
+    """The third free group that released anything releases nothing (its
+    slots leak).  Needs: three groups, each freeing something."""
+
+    def clear(self) -> None:
+        super().clear()
+        self.groups_released = 0
+
+    def free_group_end(self) -> None:
+        pending, self.free_group = self.free_group, None
+        if pending:
+            self.groups_released += 1
+            if self.groups_released != 3:
+                self._release_pages(self._pages_of(torch.cat(pending)))
+
+
+class BigFree(TokenAllocator):
+    """A free of 9 slots or more at once drops the last one.  Needs: one
+    request grown to 9 pages by several allocs, then freed whole."""
+
+    def _release_pages(self, pages: torch.Tensor) -> None:
+        super()._release_pages(pages[:-1] if len(pages) >= 9 else pages)
+
+
+class BigPool(TokenAllocator):
+    """With more than 48 slots free, an alloc hands out a slot it leaves on
+    the free list.  Needs: a pool larger than the default 10 slots (the
+    random baseline's), which no number of steps on the default pool
+    reaches."""
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        big = len(self.free_pages) > 48
+        taken = self._take_pages(need_size)
+        if big and taken is not None and len(taken):
+            self.free_pages = torch.cat((taken[-1:], self.free_pages))
+        return taken
+
+
+class OffsetThree(PagedAllocator):
+    """At page size 4, a ``free_segment`` that ends 3 slots into its last
+    page leaks that page.  Needs: a segment of one particular length modulo
+    the page size."""
+
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        if len(free_index) % self.page_size == 3:
+            free_index = free_index[: len(free_index) - 3]
+        super().free_segment(free_index, start_pos=start_pos)
+
+
+class TenthAlloc(TokenAllocator):
+    """The tenth alloc that hands out anything leaves its last slot free.
+    Needs: a long history, ten allocs in one example."""
+
+    def clear(self) -> None:
+        super().clear()
+        self.served = 0
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        taken = self._take_pages(need_size)
+        if taken is not None and len(taken):
+            self.served += 1
+            if self.served == 10:
+                self.free_pages = torch.cat((taken[-1:], self.free_pages))
+        return taken
+
+
+def _config(name: str, page_size: int = 1) -> Config:
+    return Config(target=f"bench.bugs:{name}", page_size=page_size)
+
+
+# The bench's harder bugs, each under the page size it needs.
+HARD = (
+    _config("ExactlyFull"),
+    _config("ThirdGroup"),
+    _config("BigFree"),
+    _config("BigPool"),
+    _config("OffsetThree", page_size=4),
+    _config("TenthAlloc"),
+)

@@ -102,7 +102,10 @@ class Generation:
         """What ``prepare_for_extend`` does after ``alloc_for_extend``."""
 
     def after_decode(self, req) -> None:
-        """What ``prepare_for_decode`` does after ``alloc_for_decode``."""
+        """What ``prepare_for_decode`` does after ``alloc_for_decode``: count
+        the request's decode steps (a window slides from the first on)."""
+        if hasattr(req, "decode_batch_idx"):
+            req.decode_batch_idx += 1
 
     def cache_unfinished(self, req, cache) -> None:
         """A prefill result of a request that goes on decoding."""
@@ -172,6 +175,7 @@ class PrefixIndicesGeneration(Generation):
         req.is_retracted = False
 
     def after_decode(self, req):
+        super().after_decode(req)
         req.kv_committed_len += 1
 
     def cache_unfinished(self, req, cache):

@@ -41,6 +41,13 @@ class CallerMachine(RuleBasedStateMachine):
         prompt = int("".join(map(str, digits)))
         self._do("arrive", prompt, min(out, max_new_tokens(self.state.page_size)))
 
+    @draws(guard=lambda s: s.swa and len(s.waiting) < MAX_WAITING, first=(1, ALPHABET), second=(0, ALPHABET),
+           out=(1, 17))
+    def arrive_long(self, first, second, out):
+        # An SWA cache's request long enough for its window to slide past what the tree holds.
+        prompt = first * 10 + second if second else first
+        self._do("arrive", prompt, min(out, max_new_tokens(self.state.page_size, swa=True)))
+
     @draws(guard=lambda s: s.waiting and s.pool.available_size() > 0)
     def prefill(self):
         self._do("prefill")
@@ -52,6 +59,10 @@ class CallerMachine(RuleBasedStateMachine):
     @draws(guard=lambda s: s.cache.evictable_size() > 0, pages=(1, 4))
     def evict_tokens(self, pages):
         self._do("evict_tokens", pages * self.state.page_size)
+
+    @draws(guard=lambda s: s.swa and s.running)
+    def slide_windows(self):
+        self._do("slide_windows")
 
     @draws(guard=lambda s: s.running, which=PICKS)
     def retract(self, which):

@@ -234,6 +234,16 @@ def gate(version: str, runs: tuple[str, ...], *, max_examples: int, shrink: bool
     return {f"{r['caller']}:{r['groups']}:{r['page_size']}": r for r in _GATES[key]}
 
 
+def first_failures(cache: str, *, max_examples: int, target: str = "") -> list[dict]:
+    """The first failure of ``cache`` (MODULE:ATTR) on 0.5.23 at page sizes 1
+    and 4, its own placement; each run must fail."""
+    runs = (f"{cache}:release:1", f"{cache}:release:4")
+    rows = gate("0.5.23", tuple(f"{run}@{target}" if target else run for run in runs), max_examples=max_examples)
+    for run in runs:
+        assert rows[run]["result"] == "FAIL", rows[run]
+    return [rows[run]["failures"][0] for run in runs]
+
+
 OLD_RUNS = ("radix:all:4", "radix:release:1", "radix:release:4")
 FIXED_RUNS = ("radix:release:1", "radix:release:4", "unified:release:1", "unified:release:4")
 MUTANT = "tests.sglang_caller_mutants:FreesOnePast"
@@ -289,14 +299,20 @@ def test_fixed_releases_pass_under_both_caches(version):
 
 
 @pytest.mark.sglang
+@pytest.mark.parametrize(("version", "chunks"), [("0.5.18", False), ("0.5.23", True)])
+def test_chunked_prefill_runs_on_the_checkpoint_generation_only(version, chunks):
+    """Chunked prefill (stash with checkpoint_kv_cache, resume at prefix_len)
+    is drawn, and passes, where the release has the kv_record generation."""
+    rows = gate(version, FIXED_RUNS, max_examples=60)
+    for run in FIXED_RUNS:
+        assert ("chunked_prefill" in rows[run]["rules"]) == chunks, rows[run]["rules"]
+
+
+@pytest.mark.sglang
 def test_a_cache_subclass_that_frees_one_past_a_duplicate_is_caught_as_reachable():
     """--caller MODULE:ATTR: a 0.5.23 RadixCache subclass that frees the
     request's next slot with a dropped duplicate fails, at page sizes 1 and 4."""
-    runs = (f"{MUTANT}:release:1", f"{MUTANT}:release:4")
-    rows = gate("0.5.23", runs, max_examples=200)
-    for run in runs:
-        assert rows[run]["result"] == "FAIL", rows[run]
-        failure = rows[run]["failures"][0]
+    for failure in first_failures(MUTANT, max_examples=200):
         assert failure["label"] == "reachable"
         assert failure["invariant"] == "census_covers_pool"
         assert " is held by " in failure["detail"], failure["detail"]
@@ -307,11 +323,7 @@ def test_a_unified_cache_subclass_that_frees_one_past_a_duplicate_is_caught_as_r
     """--caller MODULE:ATTR on 0.5.23's default cache (UnifiedRadixCache): an
     insert that frees the slot past the duplicated span fails at page sizes 1
     and 4, the slot held by the tree and by the free list or open group."""
-    runs = (f"{UNIFIED_MUTANT}:release:1", f"{UNIFIED_MUTANT}:release:4")
-    rows = gate("0.5.23", runs, max_examples=200)
-    for run in runs:
-        assert rows[run]["result"] == "FAIL", rows[run]
-        failure = rows[run]["failures"][0]
+    for failure in first_failures(UNIFIED_MUTANT, max_examples=200):
         assert failure["label"] == "reachable"
         assert " is held by the tree and by " in failure["detail"], failure["detail"]
 
@@ -358,11 +370,8 @@ def test_a_window_slide_that_frees_the_trees_swa_is_caught():
     """An SWA cache subclass whose slide frees the SWA peers of the tree's
     first page fails swa_tree_sizes_balance at page sizes 1 and 4: the tree
     still counts that SWA live."""
-    runs = (f"{SWA_MUTANT}:release:1", f"{SWA_MUTANT}:release:4")
-    rows = gate("0.5.23", tuple(f"{run}@sglang:swa" for run in runs), max_examples=100)
-    for run in runs:
-        assert rows[run]["result"] == "FAIL", rows[run]
-        assert rows[run]["failures"][0]["invariant"] == "swa_tree_sizes_balance", rows[run]["failures"][0]
+    for failure in first_failures(SWA_MUTANT, max_examples=100, target="sglang:swa"):
+        assert failure["invariant"] == "swa_tree_sizes_balance", failure
 
 
 @pytest.mark.sglang

@@ -111,6 +111,8 @@ class CallerLockstep:
     # Census predicates this cache cannot feed, with the reason.
     unchecked: dict[str, str] = field(factory=dict)
     in_group: bool = False
+    # The request in chunked prefill (rid), or None: it is neither waiting nor running.
+    chunked: int | None = None
     # The cache pairs full slots with SWA peers (an SWA cache over the hybrid allocator).
     swa: bool = False
     # A re-run of the steps under the release's own placement (_reachability).
@@ -125,6 +127,8 @@ class CallerLockstep:
     def why_not(self, step: str) -> str | None:
         """Why ``step`` does not run here, or None: this family runs its own
         steps, ``slide_windows`` on an SWA cache only."""
+        if step == "chunked_prefill" and self.gen.chunking:
+            return self.gen.chunking
         if step == "slide_windows" and not self.swa:
             return f"{type(self.cache).__name__} keeps no sliding windows (an SWA cache does: --caller unified-swa)"
         if step in steps_of(type(self)):
@@ -222,7 +226,11 @@ class CallerLockstep:
                 return f"out {args['out']} is more than {max_new_tokens(ps, self.swa)} new tokens"
             return f"{MAX_WAITING} requests are waiting already" if len(self.waiting) >= MAX_WAITING else None
         if rule == "prefill":
+            if self.chunked is not None:
+                return f"req_{self.chunked} is in chunked prefill (its chunks go first)"
             return None if self.waiting else "no request is waiting"
+        if rule == "chunked_prefill":
+            return self.why_not(rule) or self._why_not_chunk(args["pages"])
         if rule == "decode":
             if [r.rid for r in args["reqs"]] != self.running:
                 return f"the running batch is {self.refs(self.running)}"
@@ -296,6 +304,62 @@ class CallerLockstep:
         for rid in batch:
             self.waiting.remove(rid)
         self._results("prefill", batch, self.placement.prefill, finished_only=False)
+
+    def _why_not_chunk(self, pages: int) -> str | None:
+        if self.chunked is None and not self.waiting:
+            return "no request is waiting and none is in chunked prefill"
+        if self.chunked is None and self.pool.available_size() == 0:
+            return "no request row is free"
+        if (pages + 1) * self.page_size > self.budget():
+            return f"free + evictable memory does not cover {pages} pages and one more"
+        return None
+
+    @step
+    def chunked_prefill(self, pages: int) -> None:
+        """A prefill batch of one request, at most ``pages`` pages of it (the
+        chunk budget).  The request in chunked prefill goes on: its last
+        chunk is published (``stash_chunked_request``: ``checkpoint_kv_cache``)
+        and it resumes at its own prefix (``init_next_round_input()``).
+        Else the first waiting request is matched and locked.  Then
+        ``alloc_for_extend`` of as many whole pages as free + evictable
+        memory covers with a page to spare (none: a new request waits again,
+        first; the chunked one is parked this round); a chunk short of the
+        request's end has no result (it stays in chunked prefill), the last
+        one is processed as ``prefill`` processes a result."""
+        gen = self.gen
+        if self.chunked is not None:
+            rid = self.chunked
+            req = self.requests[rid].req
+            self._call(f"stash_chunked_request(req_{rid})", gen.stash_chunk, req, self.cache)
+            self._call(f"req_{rid}.init_next_round_input()", gen.next_chunk, req)
+        else:
+            rid = self.waiting.pop(0)
+            req = self.requests[rid].req
+            self._call(f"req_{rid}.init_next_round_input(cache)", req.init_next_round_input, self.cache)
+            self._call(f"lock req_{rid}'s prefix", gen.lock, req, self.cache)
+        start, fill, ps = gen.prefix_len(req), len(req.full_untruncated_fill_ids), self.page_size
+        # The chunk memory covers once the prefix is locked, a page to spare, in whole pages.
+        room = min(pages * ps, (self.budget() - ps) // ps * ps)
+        if room < ps:
+            if self.chunked is None:  # admission turns it away: it waits again, first
+                self._call(f"unlock req_{rid}'s prefix", gen.unlock, req, self.cache)
+                self.waiting.insert(0, rid)
+            else:  # parked: no chunk this round
+                gen.set_extend(req, start)
+            return
+        end = min(fill, start + room)
+        gen.set_extend(req, end)
+        seq = torch.tensor([end], dtype=torch.int64)
+        b = self._batch([req], prefix_lens=[start], extend_lens=[end - start], seq_lens=seq, seq_lens_cpu=seq.clone(),
+                        extend_num_tokens=end - start)
+        self._call(f"alloc_for_extend(batch of [req_{rid}], chunk {start}..{end})",
+                   self.release.modules.allocation.alloc_for_extend, b)
+        gen.after_extend(req, end)
+        if end < fill:
+            self.chunked = rid
+            return
+        self.chunked = None
+        self._results("prefill", [rid], self.placement.prefill, finished_only=False)
 
     @step
     def decode(self, reqs: list[ReqRef]) -> None:

@@ -48,7 +48,12 @@ class CallerMachine(RuleBasedStateMachine):
         prompt = first * 10 + second if second else first
         self._do("arrive", prompt, min(out, max_new_tokens(self.state.page_size, swa=True)))
 
-    @draws(guard=lambda s: s.waiting and s.pool.available_size() > 0)
+    @draws(guard=lambda s: s.runs("chunked_prefill") and s._why_not_chunk(1) is None, pages=(1, 3))
+    def chunked_prefill(self, pages):
+        # A chunk budget that memory covers (a page more than the chunk, as prefill asks).
+        self._do("chunked_prefill", min(pages, self.state.budget() // self.state.page_size - 1))
+
+    @draws(guard=lambda s: s.chunked is None and s.waiting and s.pool.available_size() > 0)
     def prefill(self):
         self._do("prefill")
 

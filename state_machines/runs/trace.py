@@ -81,6 +81,7 @@ _UNITS = {
     ("arrive", "prompt"): PROMPT,
     ("arrive", "out"): SPAN,
     ("evict_tokens", "n"): SPAN,
+    ("chunked_prefill", "pages"): PAGES,
     ("device_buffer", "n"): SLOTS,
     ("alloc_group_begin", "n"): PAGES0,
 }

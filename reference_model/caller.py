@@ -12,6 +12,10 @@ while a free group is open, the harness reads four holders of pages:
 - the free list: the allocator's census;
 - the open free group: what its queued tensors hold *now*.
 
+On an SWA cache the SWA pool has holders too: its free list, the open
+group's SWA queue and the full slots' peers; the peers must pair at most one
+full slot with each SWA slot, and no free full slot keeps a peer.
+
 Each predicate returns ``None`` when it holds, else a message showing both
 sides and naming the action that led there.  Pages are slots at page size 1.
 """
@@ -117,5 +121,61 @@ def tree_sizes_balance(evictable: int, protected: int, tree_tokens: int, action:
     )
 
 
+# --------------------------------------------------------------------------- #
+# SWA: every full slot may have one sliding-window peer (``full_to_swa_index_mapping``,
+# 0 meaning none); a window slide frees peers and keeps the full slots.
+
+SWA_FREE = "the SWA free list"
+SWA_QUEUED = "the open free group's SWA queue"
+
+
+def swa_peers_are_a_partial_bijection(peers: dict[int, int], action: str) -> str | None:
+    """No SWA slot is the peer of two full slots.
+
+    ``peers`` maps each full slot that has a peer to it (slots, not pages);
+    a full slot without a peer is absent.
+    """
+    owners: dict[int, list[int]] = {}
+    for full, swa in sorted(peers.items()):
+        owners.setdefault(swa, []).append(full)
+    shared = {s: fulls for s, fulls in owners.items() if len(fulls) > 1}
+    if shared:
+        swa = min(shared)
+        return (
+            f"after {action}: SWA slot {swa} is the peer of full slots {_show(shared[swa])}"
+            f" / one full slot at most ({len(shared)} SWA slots shared)"
+        )
+    return None
+
+
+def free_full_slots_have_no_peer(free_full: list[int], peers: dict[int, int], action: str) -> str | None:
+    """A full slot on the free list (or queued to it) keeps no SWA peer: its
+    peer was freed with it, or a later allocation of it would alias the peer.
+
+    ``free_full`` is slots (a free page's every slot at page size > 1).
+    """
+    kept = sorted(s for s in set(free_full) if s in peers)
+    if kept:
+        slot = kept[0]
+        more = f" ({len(kept) - 1} more: {_show(kept[1:])})" if len(kept) > 1 else ""
+        return f"after {action}: full slot {slot} is free and still has SWA peer {peers[slot]} / a free full slot has none{more}"
+    return None
+
+
+def swa_tree_sizes_balance(evictable: int, protected: int, live: int, action: str) -> str | None:
+    """``swa_evictable_size() + swa_protected_size()`` is the number of tree
+    slots whose SWA is live (that have a peer); a tombstoned node's slots
+    have none."""
+    if evictable + protected == live:
+        return None
+    return (
+        f"after {action}: swa_evictable_size() {evictable} + swa_protected_size() {protected} = {evictable + protected}"
+        f" / the tree holds {live} slots with an SWA peer"
+    )
+
+
 # Run after every action, in this order; the first that fails is reported.
 CENSUS = (free_list_has_no_repeats, tree_holds_each_slot_once, census_covers_pool, protected_prefix_is_locked_path, tree_sizes_balance)
+# Also run on an SWA cache, after CENSUS; the SWA pool's cover is census_covers_pool
+# over the SWA free list, the open group's SWA queue and the peers.
+SWA_CENSUS = (swa_peers_are_a_partial_bijection, free_full_slots_have_no_peer, swa_tree_sizes_balance)

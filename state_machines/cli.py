@@ -102,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
 def _caller_options(parser, defaults: bool = True) -> None:
     group = parser.add_argument_group("the real caller (see README, The real caller)")
     group.add_argument("--caller", default="harness" if defaults else None, metavar="CALLER",
-                       help="harness (the simulated caller), radix, unified, or MODULE:ATTR (a cache class):"
+                       help="harness (the simulated caller), radix, unified, unified-swa, swa-radix, or MODULE:ATTR (a cache class):"
                             " sglang's own prefix cache and scheduler helpers drive the allocator"
                             + (" (default %(default)s)" if defaults else " (default: the trace's)"))
     group.add_argument("--groups", default="release" if defaults else None, choices=("release", "all", "none"),
@@ -134,8 +134,11 @@ def cmd_fuzz(args) -> int:
     from state_machines.runs.options import open_database
     from state_machines.targets import devices
 
-    target = args.target or (DEFAULT_TARGET if args.caller == "harness" else
-                             "sglang:token" if args.page_size == 1 else "sglang:paged")
+    target = args.target or DEFAULT_TARGET
+    if args.caller != "harness" and not args.target:
+        from state_machines.callers.release import default_target
+
+        target = default_target(args.caller, args.page_size)
     config = Config(
         target=target,
         mutant=args.mutant,

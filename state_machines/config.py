@@ -33,7 +33,8 @@ class Config:
     # A failure then is a latent finding, not a gate failure.
     latent: bool = False
     # Who drives the allocator: "harness" (the simulated caller), or sglang's
-    # own cache and scheduler helpers ("radix", "unified", MODULE:ATTR), with
+    # own cache and scheduler helpers ("radix", "unified", "unified-swa",
+    # "swa-radix", MODULE:ATTR), with
     # free groups where the release's scheduler opens them ("release"), or
     # forced around every result ("all") or none ("none").
     caller: str = "harness"

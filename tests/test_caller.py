@@ -86,6 +86,27 @@ def test_tree_sizes_must_add_up_to_the_tree():
     )
 
 
+def test_swa_peers_that_pair_one_full_slot_each_pass():
+    """Distinct SWA peers (and full slots without one) form a partial bijection."""
+    assert census.swa_peers_are_a_partial_bijection({1: 3, 2: 4, 5: 1}, "step 0") is None
+
+
+def test_an_swa_slot_that_peers_two_full_slots_names_both():
+    """Two full slots mapped to one SWA slot are named with it."""
+    assert census.swa_peers_are_a_partial_bijection({1: 3, 2: 3, 4: 5}, "step 6, slide_windows()") == (
+        "after step 6, slide_windows(): SWA slot 3 is the peer of full slots [1, 2] / one full slot at most"
+        " (1 SWA slots shared)"
+    )
+
+
+def test_a_free_full_slot_that_keeps_its_swa_peer_is_reported():
+    """A full slot on the free list with a peer left behind is reported with the peer."""
+    assert census.free_full_slots_have_no_peer([4, 5, 6], {1: 2, 7: 3}, "step 0") is None
+    assert census.free_full_slots_have_no_peer([4, 5, 6], {5: 2, 7: 3}, "step 3, decode(reqs=[req_0])") == (
+        "after step 3, decode(reqs=[req_0]): full slot 5 is free and still has SWA peer 2 / a free full slot has none"
+    )
+
+
 # -- where a release opens free groups --
 
 
@@ -213,9 +234,22 @@ def gate(version: str, runs: tuple[str, ...], *, max_examples: int, shrink: bool
     return {f"{r['caller']}:{r['groups']}:{r['page_size']}": r for r in _GATES[key]}
 
 
+def first_failures(cache: str, *, max_examples: int, target: str = "") -> list[dict]:
+    """The first failure of ``cache`` (MODULE:ATTR) on 0.5.23 at page sizes 1
+    and 4, its own placement; each run must fail."""
+    runs = (f"{cache}:release:1", f"{cache}:release:4")
+    rows = gate("0.5.23", tuple(f"{run}@{target}" if target else run for run in runs), max_examples=max_examples)
+    for run in runs:
+        assert rows[run]["result"] == "FAIL", rows[run]
+    return [rows[run]["failures"][0] for run in runs]
+
+
 OLD_RUNS = ("radix:all:4", "radix:release:1", "radix:release:4")
 FIXED_RUNS = ("radix:release:1", "radix:release:4", "unified:release:1", "unified:release:4")
 MUTANT = "tests.sglang_caller_mutants:FreesOnePast"
+UNIFIED_MUTANT = "tests.sglang_caller_mutants:UnifiedFreesOnePast"
+SWA_RUNS = ("unified-swa:release:1", "unified-swa:release:4")
+SWA_MUTANT = "tests.sglang_caller_mutants:SlidesIntoTheTree"
 
 
 @pytest.mark.sglang
@@ -265,14 +299,114 @@ def test_fixed_releases_pass_under_both_caches(version):
 
 
 @pytest.mark.sglang
+@pytest.mark.parametrize(("version", "chunks"), [("0.5.18", False), ("0.5.23", True)])
+def test_chunked_prefill_runs_on_the_checkpoint_generation_only(version, chunks):
+    """Chunked prefill (stash with checkpoint_kv_cache, resume at prefix_len)
+    is drawn, and passes, where the release has the kv_record generation."""
+    rows = gate(version, FIXED_RUNS, max_examples=60)
+    for run in FIXED_RUNS:
+        assert ("chunked_prefill" in rows[run]["rules"]) == chunks, rows[run]["rules"]
+
+
+@pytest.mark.sglang
 def test_a_cache_subclass_that_frees_one_past_a_duplicate_is_caught_as_reachable():
     """--caller MODULE:ATTR: a 0.5.23 RadixCache subclass that frees the
     request's next slot with a dropped duplicate fails, at page sizes 1 and 4."""
-    runs = (f"{MUTANT}:release:1", f"{MUTANT}:release:4")
-    rows = gate("0.5.23", runs, max_examples=200)
-    for run in runs:
-        assert rows[run]["result"] == "FAIL", rows[run]
-        failure = rows[run]["failures"][0]
+    for failure in first_failures(MUTANT, max_examples=200):
         assert failure["label"] == "reachable"
         assert failure["invariant"] == "census_covers_pool"
         assert " is held by " in failure["detail"], failure["detail"]
+
+
+@pytest.mark.sglang
+def test_a_unified_cache_subclass_that_frees_one_past_a_duplicate_is_caught_as_reachable():
+    """--caller MODULE:ATTR on 0.5.23's default cache (UnifiedRadixCache): an
+    insert that frees the slot past the duplicated span fails at page sizes 1
+    and 4, the slot held by the tree and by the free list or open group."""
+    for failure in first_failures(UNIFIED_MUTANT, max_examples=200):
+        assert failure["label"] == "reachable"
+        assert " is held by the tree and by " in failure["detail"], failure["detail"]
+
+
+def _headers(version: str, *callers: str, page_size: int = 1) -> list[list[str]]:
+    """Each caller's run header on one release, built in a fresh process."""
+    script = textwrap.dedent(f"""\
+        import json, state_machines.callers as c
+        from state_machines.callers.release import default_target
+        from state_machines.config import Config
+        print(json.dumps([c.build(Config(target=default_target(k, {page_size}), page_size={page_size},
+                                         sglang_path={str(release_dir(version))!r}, caller=k)).header()
+                          for k in {list(callers)!r}]))
+        """)
+    child = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=600,
+                           env=_env())
+    assert child.returncode == 0, child.stderr[-3000:]
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.sglang
+def test_a_module_attr_cache_is_probed_as_its_named_kind_is():
+    """A MODULE:ATTR subclass of UnifiedRadixCache gets the named kind's
+    probes: the same stand-ins (CPU kernels included), placement and checks,
+    only its class name differs in the header."""
+    for page_size in (1, 4):
+        named, custom = _headers("0.5.23", "unified", UNIFIED_MUTANT, page_size=page_size)
+        assert custom[0] == named[0].replace("UnifiedRadixCache over", "UnifiedFreesOnePast over")
+        assert custom[1:] == named[1:]
+
+
+@pytest.mark.sglang
+def test_unified_swa_passes_on_0_5_23_and_slides_windows():
+    """0.5.23's UnifiedRadixCache with the FULL and SWA components over the
+    hybrid SWA allocator runs clean at page sizes 1 and 4, with window slides."""
+    rows = gate("0.5.23", SWA_RUNS, max_examples=60)
+    for run in SWA_RUNS:
+        assert rows[run]["result"] == "pass", rows[run]
+        assert {"arrive", "prefill", "decode", "slide_windows"} <= set(rows[run]["rules"]), rows[run]["rules"]
+
+
+@pytest.mark.sglang
+def test_a_window_slide_that_frees_the_trees_swa_is_caught():
+    """An SWA cache subclass whose slide frees the SWA peers of the tree's
+    first page fails swa_tree_sizes_balance at page sizes 1 and 4: the tree
+    still counts that SWA live."""
+    for failure in first_failures(SWA_MUTANT, max_examples=100, target="sglang:swa"):
+        assert failure["invariant"] == "swa_tree_sizes_balance", failure
+
+
+@pytest.mark.sglang
+def test_an_swa_cache_names_its_window_and_swa_stand_ins():
+    """The header of --caller unified-swa says the window and the SWA pool's stand-in."""
+    (header,) = _headers("0.5.23", "unified-swa", page_size=4)
+    assert header[0] == ("caller: UnifiedRadixCache over SWATokenToKVPoolAllocator, sglang 0.5.23,"
+                         " API generation kv_record, SWA window 4 tokens")
+    assert any(line.startswith("stand-in: SWA kvcache: a BaseSWAKVPool stand-in") for line in header)
+
+
+@pytest.mark.sglang
+def test_an_swa_cache_over_a_plain_allocator_or_a_release_without_it_is_bad_input():
+    """unified-swa needs the hybrid allocator; swa-radix is gone from 0.5.23."""
+    rows = gate("0.5.23", ("swa-radix:release:1",), max_examples=1)
+    assert rows["swa-radix:release:1"]["result"].startswith("unavailable: sglang 0.5.23 has no SWARadixCache")
+    run = subprocess.run(
+        [sys.executable, "-m", "state_machines.cli", "fuzz", "--caller", "unified-swa", "--target", "sglang:token",
+         "--sglang-path", str(release_dir("0.5.23")), "--max-examples", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=_env(),
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "--caller unified-swa pairs full slots with SWA peers" in run.stderr
+
+
+def test_cover_of_a_caller_run_counts_the_cache_modules_too():
+    """fuzz --cover under --caller measures the release's prefix caches and
+    scheduler helpers besides its allocator package."""
+    from state_machines.config import Config
+    from state_machines.runs import cover
+
+    folder = release_dir("0.5.23").resolve()
+    plain = cover.measured_files(Config(target="sglang:token", sglang_path=str(folder)))
+    caller = cover.measured_files(Config(target="sglang:token", sglang_path=str(folder), caller="unified"))
+    added = {str(p.relative_to(folder / "sglang/srt/mem_cache")) for p in set(caller) - set(plain)}
+    assert set(caller) > set(plain)
+    assert {"radix_cache.py", "unified_radix_cache.py", "common.py", "allocation.py",
+            "unified_cache/components/swa.py"} <= added

@@ -8,7 +8,8 @@ holds every page (``reference_model.caller``).
   (``--groups release|all|none``);
 - ``release.py``: the release's modules, its cache and the stand-ins it forces;
 - ``lockstep.py``: the steps (``arrive``, ``prefill``, ``decode``,
-  ``evict_tokens``, ``retract``, ``abort``) and the census;
+  ``evict_tokens``, ``retract``, ``abort``, and ``slide_windows`` on an SWA
+  cache) and the census;
 - ``machine.py``: the Hypothesis rules that draw them.
 
 Importing this package registers the ``caller`` family, which

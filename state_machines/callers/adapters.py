@@ -102,10 +102,26 @@ class Generation:
         """What ``prepare_for_extend`` does after ``alloc_for_extend``."""
 
     def after_decode(self, req) -> None:
-        """What ``prepare_for_decode`` does after ``alloc_for_decode``."""
+        """What ``prepare_for_decode`` does after ``alloc_for_decode``: count
+        the request's decode steps (a window slides from the first on)."""
+        if hasattr(req, "decode_batch_idx"):
+            req.decode_batch_idx += 1
 
     def cache_unfinished(self, req, cache) -> None:
         """A prefill result of a request that goes on decoding."""
+        raise NotImplementedError
+
+    # Why this generation drives no chunked prefill, or None when it does.
+    chunking: str | None = "chunked prefill is driven on the kv_record generation only (0.5.22 on)"
+
+    def next_chunk(self, req) -> None:
+        """A chunked request's next round (``init_next_round_input()``, no
+        rematch: it resumes at its own ``prefix_len``)."""
+        raise NotImplementedError
+
+    def stash_chunk(self, req, cache) -> None:
+        """``stash_chunked_request``: publish the chunk just computed and
+        resume after it."""
         raise NotImplementedError
 
     def release(self, req, cache, *, insert: bool) -> None:
@@ -172,6 +188,7 @@ class PrefixIndicesGeneration(Generation):
         req.is_retracted = False
 
     def after_decode(self, req):
+        super().after_decode(req)
         req.kv_committed_len += 1
 
     def cache_unfinished(self, req, cache):
@@ -230,6 +247,16 @@ class KvRecordGeneration(Generation):
 
     def cache_unfinished(self, req, cache):
         self.m.common.checkpoint_kv_cache(req, cache)
+
+    chunking = None
+
+    def next_chunk(self, req):
+        req.init_next_round_input()
+
+    def stash_chunk(self, req, cache):
+        # A parked chunk (extend_end == prefix_len) computed nothing: nothing to stash.
+        if req.extend_end > req.prefix_len:
+            self.m.common.checkpoint_kv_cache(req, cache)
 
     def release(self, req, cache, *, insert):
         self.m.common.release_kv_cache(req, cache, checkpoint=insert)

@@ -26,8 +26,11 @@ COLUMNS = ("release", "caller", "groups", "page size", "result", "examples", "s 
 
 
 def _config(release_dir: str, run: str) -> Config:
+    from state_machines.callers.release import default_target
+
+    run, _, target = run.partition("@")
     caller, groups, ps = run.rsplit(":", 2)
-    return Config(target="sglang:token" if ps == "1" else "sglang:paged", page_size=int(ps), sglang_path=release_dir,
+    return Config(target=target or default_target(caller, int(ps)), page_size=int(ps), sglang_path=release_dir,
                   caller=caller, groups=groups)
 
 
@@ -83,7 +86,7 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m state_machines.callers.gate", description=__doc__.splitlines()[0])
     parser.add_argument("releases", nargs="+", help="release versions under .sglang/, or folders holding sglang")
-    parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated caller:groups:page_size")
+    parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated caller:groups:page_size, each with @TARGET where not the caller's default allocator")
     parser.add_argument("--max-examples", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-shrink", action="store_true", help="report the first failing example as found")

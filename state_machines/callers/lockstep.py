@@ -3,11 +3,12 @@ helpers, driven in lockstep with its allocator.
 
 Where the core harness simulates the cache with its own rows, here every
 object is the release's: ``Req``, ``ReqToTokenPool``, the cache class
-(``RadixCache``, ``UnifiedRadixCache`` or a subclass), ``alloc_for_extend``,
+(``RadixCache``, ``UnifiedRadixCache`` with or without its SWA component,
+or a subclass), ``alloc_for_extend``,
 ``alloc_for_decode``, ``release_kv_cache`` and ``cache_unfinished_req`` /
 ``checkpoint_kv_cache``.  The steps are what a scheduler does (a request
 arrives, a prefill batch, a decode step, an eviction, a retraction, an
-abort); free groups open where the release's own scheduler opens them, or
+abort, a window slide on an SWA cache); free groups open where the release's own scheduler opens them, or
 where ``--groups`` forces them.  After every step, and after every
 request's result while a group is open, the census (``reference_model.caller``)
 checks that the tree, the live rows, the free list and the open group hold
@@ -31,16 +32,20 @@ from state_machines.callers import placement as placement_mod
 from state_machines.callers.adapters import Generation, ids, open_group_pages, path_reader, path_slots, tree_slots
 from state_machines.callers.release import (
     STAND_INS,
+    SWA_KINDS,
+    SWA_STAND_INS,
     VOCAB_SIZE,
     Release,
     cache_class,
     cpu_kernels,
     make_cache,
     open_release,
+    sliding_window,
 )
 from state_machines.config import Config
 from state_machines.harness.lockstep import InvariantViolation, Lockstep, census_of, violation_type
 from state_machines.harness.steps import ReqRef, Step, step, steps_of
+from state_machines.harness.swa import is_hybrid
 from state_machines.targets.base import TargetError
 
 # Prompts: each decimal digit (1..ALPHABET) is a page of that token.
@@ -51,9 +56,11 @@ MAX_WAITING = 4
 WAITING, RUNNING, DONE = "waiting", "running", "done"
 
 
-def max_new_tokens(page_size: int) -> int:
-    """The most new tokens a request asks for: past two page boundaries."""
-    return 2 * page_size + 1
+def max_new_tokens(page_size: int, swa: bool = False) -> int:
+    """The most new tokens a request asks for: past two page boundaries, or
+    four on an SWA cache (its windows slide only a page or more past what the
+    tree holds)."""
+    return (4 if swa else 2) * page_size + 1
 
 
 def prompt_tokens(prompt: int, page_size: int) -> list[int] | None:
@@ -91,6 +98,7 @@ class CallerLockstep:
     cache: Any
     placement: placement_mod.Placement
     pool_pages: frozenset = frozenset()
+    swa_pool_pages: frozenset = frozenset()
     # How the census reads a locked path (adapters.path_reader); None: it cannot.
     path_how: str | None = None
     stand_ins: tuple[str, ...] = ()
@@ -103,6 +111,10 @@ class CallerLockstep:
     # Census predicates this cache cannot feed, with the reason.
     unchecked: dict[str, str] = field(factory=dict)
     in_group: bool = False
+    # The request in chunked prefill (rid), or None: it is neither waiting nor running.
+    chunked: int | None = None
+    # The cache pairs full slots with SWA peers (an SWA cache over the hybrid allocator).
+    swa: bool = False
     # A re-run of the steps under the release's own placement (_reachability).
     replaying: bool = False
 
@@ -113,7 +125,12 @@ class CallerLockstep:
     _judge = Lockstep._judge
 
     def why_not(self, step: str) -> str | None:
-        """Why ``step`` does not run here, or None: this family runs its own steps."""
+        """Why ``step`` does not run here, or None: this family runs its own
+        steps, ``slide_windows`` on an SWA cache only."""
+        if step == "chunked_prefill" and self.gen.chunking:
+            return self.gen.chunking
+        if step == "slide_windows" and not self.swa:
+            return f"{type(self.cache).__name__} keeps no sliding windows (an SWA cache does: --caller unified-swa)"
         if step in steps_of(type(self)):
             return None
         return f"the real caller has no step {step}"
@@ -136,29 +153,40 @@ class CallerLockstep:
                 f" sglang:paged, or MODULE:ATTR, not {target.spec}"
             )
         ps = config.page_size
+        if target.family == "swa":
+            # The SWA family takes page size 1 for its alloc() (it asserts above 1); sglang's
+            # callers allocate with alloc_extend / alloc_decode there, as this one does.
+            target = attrs.evolve(target, page_sizes=None)
         allocator = targets.build(target, size=config.pool_size, page_size=ps, device="cpu", need_sort=config.need_sort)
+        swa = is_hybrid(allocator)
+        if config.caller in SWA_KINDS and not swa:
+            raise TargetError(f"--caller {config.caller} pairs full slots with SWA peers: it drives the hybrid"
+                              f" allocator (--target sglang:swa), not {target.spec}")
         kernels = cpu_kernels(allocator, ps)
         m = release.modules
         pool = m.ReqToTokenPool(size=config.rows, max_context_len=config.row_pages * ps, device="cpu",
                                 enable_memory_saver=False)
-        cache = make_cache(release, cache_class(release, config.caller), pool, allocator, ps)
+        cache = make_cache(release, cache_class(release, config.caller), pool, allocator, ps, swa=swa)
         how = path_reader(cache)
         unchecked = {} if how else {"protected_prefix_is_locked_path": f"{type(cache).__name__} exposes no tree path"}
         state = cls(
             config=config, release=release, gen=release.generation, allocator=allocator, pool=pool, cache=cache,
             placement=placement_mod.chosen(config.groups, release.placement), path_how=how,
-            stand_ins=STAND_INS + tuple(kernels), unchecked=unchecked,
+            stand_ins=STAND_INS + (SWA_STAND_INS if swa else ()) + tuple(kernels), unchecked=unchecked, swa=swa,
         )
-        state.pool_pages = frozenset(state._call("census", census_of, allocator))
+        state.pool_pages = frozenset(state._call("census", census_of, state._full()))
+        if swa:
+            state.swa_pool_pages = frozenset(state._call("SWA census", census_of, allocator.swa_attn_allocator))
         state.check()
         return state
 
     def header(self) -> list[str]:
         """What a run's header says: the objects, the placement, the stand-ins."""
         rp = self.release.placement
+        window = f", SWA window {sliding_window(self.page_size)} tokens" if self.swa else ""
         return [
             f"caller: {type(self.cache).__name__} over {type(self.allocator).__name__}, sglang {self.release.modules.version},"
-            f" API generation {self.gen.name}",
+            f" API generation {self.gen.name}{window}",
             f"free groups: {self.placement.label()} (--groups {self.config.groups}); the release's scheduler processes"
             f" prefill results {rp.prefill.describe()}, decode results {rp.decode.describe()}",
             *[f"stand-in: {s}" for s in self.stand_ins],
@@ -194,17 +222,25 @@ class CallerLockstep:
         if rule == "arrive":
             if prompt_tokens(args["prompt"], ps) is None:
                 return f"prompt {args['prompt']} is not 1 to {MAX_PROMPT_PAGES} digits from 1..{ALPHABET}"
-            if args["out"] > max_new_tokens(ps):
-                return f"out {args['out']} is more than {max_new_tokens(ps)} new tokens"
+            if args["out"] > max_new_tokens(ps, self.swa):
+                return f"out {args['out']} is more than {max_new_tokens(ps, self.swa)} new tokens"
             return f"{MAX_WAITING} requests are waiting already" if len(self.waiting) >= MAX_WAITING else None
         if rule == "prefill":
+            if self.chunked is not None:
+                return f"req_{self.chunked} is in chunked prefill (its chunks go first)"
             return None if self.waiting else "no request is waiting"
+        if rule == "chunked_prefill":
+            return self.why_not(rule) or self._why_not_chunk(args["pages"])
         if rule == "decode":
             if [r.rid for r in args["reqs"]] != self.running:
                 return f"the running batch is {self.refs(self.running)}"
             return None if self.can_decode() else "the running batch does not fit in free + evictable memory"
         if rule == "evict_tokens":
             return None
+        if rule == "slide_windows":
+            if not self.swa:
+                return self.why_not(rule)
+            return None if self.running else "no request is running"
         if rule == "retract":
             return None if req.rid in self.running else f"{req!r} is not running"
         if rule == "abort":
@@ -269,6 +305,62 @@ class CallerLockstep:
             self.waiting.remove(rid)
         self._results("prefill", batch, self.placement.prefill, finished_only=False)
 
+    def _why_not_chunk(self, pages: int) -> str | None:
+        if self.chunked is None and not self.waiting:
+            return "no request is waiting and none is in chunked prefill"
+        if self.chunked is None and self.pool.available_size() == 0:
+            return "no request row is free"
+        if (pages + 1) * self.page_size > self.budget():
+            return f"free + evictable memory does not cover {pages} pages and one more"
+        return None
+
+    @step
+    def chunked_prefill(self, pages: int) -> None:
+        """A prefill batch of one request, at most ``pages`` pages of it (the
+        chunk budget).  The request in chunked prefill goes on: its last
+        chunk is published (``stash_chunked_request``: ``checkpoint_kv_cache``)
+        and it resumes at its own prefix (``init_next_round_input()``).
+        Else the first waiting request is matched and locked.  Then
+        ``alloc_for_extend`` of as many whole pages as free + evictable
+        memory covers with a page to spare (none: a new request waits again,
+        first; the chunked one is parked this round); a chunk short of the
+        request's end has no result (it stays in chunked prefill), the last
+        one is processed as ``prefill`` processes a result."""
+        gen = self.gen
+        if self.chunked is not None:
+            rid = self.chunked
+            req = self.requests[rid].req
+            self._call(f"stash_chunked_request(req_{rid})", gen.stash_chunk, req, self.cache)
+            self._call(f"req_{rid}.init_next_round_input()", gen.next_chunk, req)
+        else:
+            rid = self.waiting.pop(0)
+            req = self.requests[rid].req
+            self._call(f"req_{rid}.init_next_round_input(cache)", req.init_next_round_input, self.cache)
+            self._call(f"lock req_{rid}'s prefix", gen.lock, req, self.cache)
+        start, fill, ps = gen.prefix_len(req), len(req.full_untruncated_fill_ids), self.page_size
+        # The chunk memory covers once the prefix is locked, a page to spare, in whole pages.
+        room = min(pages * ps, (self.budget() - ps) // ps * ps)
+        if room < ps:
+            if self.chunked is None:  # admission turns it away: it waits again, first
+                self._call(f"unlock req_{rid}'s prefix", gen.unlock, req, self.cache)
+                self.waiting.insert(0, rid)
+            else:  # parked: no chunk this round
+                gen.set_extend(req, start)
+            return
+        end = min(fill, start + room)
+        gen.set_extend(req, end)
+        seq = torch.tensor([end], dtype=torch.int64)
+        b = self._batch([req], prefix_lens=[start], extend_lens=[end - start], seq_lens=seq, seq_lens_cpu=seq.clone(),
+                        extend_num_tokens=end - start)
+        self._call(f"alloc_for_extend(batch of [req_{rid}], chunk {start}..{end})",
+                   self.release.modules.allocation.alloc_for_extend, b)
+        gen.after_extend(req, end)
+        if end < fill:
+            self.chunked = rid
+            return
+        self.chunked = None
+        self._results("prefill", [rid], self.placement.prefill, finished_only=False)
+
     @step
     def decode(self, reqs: list[ReqRef]) -> None:
         """One decode step of the running batch (``reqs``: every running
@@ -293,6 +385,26 @@ class CallerLockstep:
         where it has them (``evict(EvictParams(num_tokens=n))``)."""
         params = self.release.modules.EvictParams(num_tokens=n)
         self._call(f"evict(num_tokens={n})", self.cache.evict, params)
+
+    @step
+    def slide_windows(self) -> None:
+        """The running requests' sliding windows move up to their last token
+        (SWA caches only): the release's own ``ScheduleBatch.maybe_evict_swa``
+        in decode mode, as ``alloc_for_decode`` runs it before each decode
+        step, over the running batch (eviction interval 1).  It frees, in one
+        free group, the SWA peers of each request's slots that fell out of the
+        window and that the tree does not hold (``evict_sliding_windows``)."""
+        live = [self.requests[r].req for r in self.running]
+        b = self._batch(live, forward_mode=self.release.modules.ForwardMode.DECODE, enable_overlap=False,
+                        forward_iter=0, prefix_lens=[self.gen.prefix_len(r) for r in live])
+        sb = self.release.modules.ScheduleBatch
+        for name in ("maybe_evict_swa", "_swa_eviction_trigger", "_evict_swa"):
+            setattr(b, name, getattr(sb, name).__get__(b))
+        self.in_group = True  # maybe_evict_swa opens and closes its own group
+        try:
+            self._call(f"maybe_evict_swa(batch of {self.refs(self.running)})", b.maybe_evict_swa)
+        finally:
+            self.in_group = False
 
     @step
     def retract(self, req: ReqRef) -> None:
@@ -361,12 +473,13 @@ class CallerLockstep:
         action = self._action() + (f" ({where})" if where else "")
         ps = self.page_size
         tree = self._call("all_values_flatten()", tree_slots, self.cache)
-        free = self._call("free pages", census_of, self.allocator)
+        free = self._call("free pages", census_of, self._full())
         self._judge(census.free_list_has_no_repeats, free, ps, action)
         self._judge(census.tree_holds_each_slot_once, tree, action)
         holders = [census.Holder(census.TREE, tuple(s // ps for s in tree)), census.Holder(census.FREE, tuple(free))]
         if self.in_group:
-            holders.append(census.Holder(census.QUEUED, tuple(open_group_pages(self.allocator, ps))))
+            queued = open_group_pages(self.allocator, ps) + (open_group_pages(self._full(), ps) if self.swa else [])
+            holders.append(census.Holder(census.QUEUED, tuple(queued)))
         rows = self._rows()
         for rid, row, lo, hi in rows:
             slots = ids(self.pool.req_to_token[row, lo:hi])
@@ -382,6 +495,36 @@ class CallerLockstep:
                             path, action)
         evictable, protected = int(self.cache.evictable_size()), int(self.cache.protected_size())
         self._judge(census.tree_sizes_balance, evictable, protected, len(tree), action)
+        if self.swa:
+            self._check_swa(free, tree, action)
+
+    def _full(self):
+        """The allocator whose free list holds full pages (the hybrid's full pool)."""
+        return self.allocator.full_attn_allocator if self.swa else self.allocator
+
+    def _check_swa(self, free_full_pages: list[int], tree: list[int], action: str) -> None:
+        """The SWA pool's census: peers pair at most one full slot each, a
+        free full slot has none, and the SWA free list, the group's SWA queue
+        and the peers hold the SWA pool between them, each page once."""
+        ps, a = self.page_size, self.allocator
+        # 0 means no peer; the mapping's last entry is -1, for a last_loc of -1.
+        peers = {full: swa for full, swa in enumerate(ids(a.full_to_swa_index_mapping)) if swa > 0}
+        self._judge(census.swa_peers_are_a_partial_bijection, peers, action)
+        free_slots = [p * ps + i for p in free_full_pages for i in range(ps)]
+        self._judge(census.free_full_slots_have_no_peer, free_slots, peers, action)
+        swa_free = self._call("SWA free pages", census_of, a.swa_attn_allocator)
+        self._judge(census.free_list_has_no_repeats, swa_free, ps, f"{action} (SWA pool)")
+        holders = [census.Holder(census.SWA_FREE, tuple(swa_free)),
+                   census.Holder("full slots' SWA peers", tuple(sorted({s // ps for s in peers.values()})))]
+        if self.in_group:
+            queued = [p for t in getattr(a, "swa_page_ids_group", None) or [] for p in ids(t)]
+            queued += [s // ps for t in getattr(a, "swa_free_group", None) or [] for s in ids(t) if s > 0]
+            queued += open_group_pages(a.swa_attn_allocator, ps)
+            holders.append(census.Holder(census.SWA_QUEUED, tuple(queued)))
+        self._judge(census.census_covers_pool, holders, self.swa_pool_pages, ps, f"{action} (SWA pool)")
+        if callable(getattr(self.cache, "swa_evictable_size", None)):
+            self._judge(census.swa_tree_sizes_balance, int(self.cache.swa_evictable_size()),
+                        int(self.cache.swa_protected_size()), sum(1 for s in tree if s in peers), action)
 
     def _rows(self) -> list[tuple[int, int, int, int]]:
         """(rid, row, protected length, allocated length) of each request holding a row."""

@@ -41,7 +41,19 @@ class CallerMachine(RuleBasedStateMachine):
         prompt = int("".join(map(str, digits)))
         self._do("arrive", prompt, min(out, max_new_tokens(self.state.page_size)))
 
-    @draws(guard=lambda s: s.waiting and s.pool.available_size() > 0)
+    @draws(guard=lambda s: s.swa and len(s.waiting) < MAX_WAITING, first=(1, ALPHABET), second=(0, ALPHABET),
+           out=(1, 17))
+    def arrive_long(self, first, second, out):
+        # An SWA cache's request long enough for its window to slide past what the tree holds.
+        prompt = first * 10 + second if second else first
+        self._do("arrive", prompt, min(out, max_new_tokens(self.state.page_size, swa=True)))
+
+    @draws(guard=lambda s: s.runs("chunked_prefill") and s._why_not_chunk(1) is None, pages=(1, 3))
+    def chunked_prefill(self, pages):
+        # A chunk budget that memory covers (a page more than the chunk, as prefill asks).
+        self._do("chunked_prefill", min(pages, self.state.budget() // self.state.page_size - 1))
+
+    @draws(guard=lambda s: s.chunked is None and s.waiting and s.pool.available_size() > 0)
     def prefill(self):
         self._do("prefill")
 
@@ -52,6 +64,10 @@ class CallerMachine(RuleBasedStateMachine):
     @draws(guard=lambda s: s.cache.evictable_size() > 0, pages=(1, 4))
     def evict_tokens(self, pages):
         self._do("evict_tokens", pages * self.state.page_size)
+
+    @draws(guard=lambda s: s.swa and s.running)
+    def slide_windows(self):
+        self._do("slide_windows")
 
     @draws(guard=lambda s: s.running, which=PICKS)
     def retract(self, which):

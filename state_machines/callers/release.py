@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import os
 import sys
 import types
 from typing import Any
@@ -24,7 +25,10 @@ from state_machines.callers.adapters import Generation, generation_of
 from state_machines.targets.base import TargetError, one_line, quiet
 
 # The named caches; anything else is MODULE:ATTR, a cache class.
-KINDS = ("radix", "unified")
+KINDS = ("radix", "unified", "unified-swa", "swa-radix")
+# The caches that pair every full slot with a sliding-window (SWA) peer: they
+# need the hybrid SWA allocator (``--target sglang:swa``).
+SWA_KINDS = ("unified-swa", "swa-radix")
 # A token id past every id a run draws (the alphabet is 1..3).
 VOCAB_SIZE = 16
 
@@ -36,6 +40,12 @@ STAND_INS = (
     " (reqs, pools, tree_cache, prefix/extend/seq lens, req_pool_indices, device)",
     "scheduler bookkeeping by hand: admission lock, extend range, committed length (prepare_for_extend/decode)",
     "model forward: none; each next token is (sum of the sequence so far) % 3 + 1, so equal prefixes continue alike",
+)
+
+# What an SWA cache's run adds.
+SWA_STAND_INS = (
+    "SWA kvcache: a BaseSWAKVPool stand-in that only keeps the full-to-SWA mapping (no KV tensors)",
+    "SGLANG_SWA_EVICTION_INTERVAL=1: every window slide frees what fell out of the window",
 )
 
 
@@ -57,6 +67,9 @@ class Modules:
     RadixCache: Any
     UnifiedRadixCache: Any  # None where the release has none
     ComponentType: Any
+    SWARadixCache: Any  # None where the release has none (it has, until 0.5.20)
+    ScheduleBatch: Any
+    ForwardMode: Any
 
 
 @frozen
@@ -78,6 +91,8 @@ def open_release(sglang_path: str | None) -> Release:
     info = sglang_targets.load_sglang(sglang_path)
     if _opened is not None and _opened.modules.path == info.path:
         return _opened
+    # Read at each slide (envs.SGLANG_SWA_EVICTION_INTERVAL.get()); 128 by default.
+    os.environ["SGLANG_SWA_EVICTION_INTERVAL"] = "1"
     with quiet():
         try:
             rc = importlib.import_module("sglang.srt.runtime_context")
@@ -96,6 +111,10 @@ def open_release(sglang_path: str | None) -> Release:
             component_type = importlib.import_module("sglang.srt.mem_cache.unified_cache.components").ComponentType
         except Exception:  # noqa: BLE001 - an older release without it: --caller unified says so
             unified = component_type = None
+        try:
+            swa_radix = importlib.import_module("sglang.srt.mem_cache.swa_radix_cache").SWARadixCache
+        except Exception:  # noqa: BLE001 - a newer release without it: --caller swa-radix says so
+            swa_radix = None
     m = Modules(
         version=info.version,
         path=info.path,
@@ -111,20 +130,38 @@ def open_release(sglang_path: str | None) -> Release:
         RadixCache=mods["mem_cache.radix_cache"].RadixCache,
         UnifiedRadixCache=unified,
         ComponentType=component_type,
+        SWARadixCache=swa_radix,
+        ScheduleBatch=sb.ScheduleBatch,
+        ForwardMode=sb.ForwardMode,
     )
     _opened = Release(m, generation_of(m), placement_mod.read_release(info.path))
     return _opened
 
 
+def default_target(caller: str, page_size: int) -> str:
+    """The allocator ``--caller`` drives when ``--target`` names none: the
+    release's hybrid SWA allocator under an SWA cache, else the token
+    allocator at page size 1 and the paged one above it."""
+    if caller in SWA_KINDS:
+        return "sglang:swa"
+    return "sglang:token" if page_size == 1 else "sglang:paged"
+
+
 def cache_class(release: Release, caller: str) -> type:
-    """``radix``, ``unified``, or ``MODULE:ATTR`` naming a cache class."""
+    """``radix``, ``unified``, ``unified-swa``, ``swa-radix``, or
+    ``MODULE:ATTR`` naming a cache class."""
     m = release.modules
     if caller == "radix":
         return m.RadixCache
-    if caller == "unified":
+    if caller in ("unified", "unified-swa"):
         if m.UnifiedRadixCache is None:
-            raise TargetError(f"sglang {m.version} has no UnifiedRadixCache: --caller unified needs 0.5.17 or later")
+            raise TargetError(f"sglang {m.version} has no UnifiedRadixCache: --caller {caller} needs 0.5.17 or later")
         return m.UnifiedRadixCache
+    if caller == "swa-radix":
+        if m.SWARadixCache is None:
+            raise TargetError(f"sglang {m.version} has no SWARadixCache (releases until 0.5.20 have it):"
+                              " --caller unified-swa drives its successor")
+        return m.SWARadixCache
     module_name, sep, attr = caller.partition(":")
     if not sep or not module_name or not attr:
         raise TargetError(f"--caller {caller!r}: choose harness, {', '.join(KINDS)} or MODULE:ATTR (a cache class)")
@@ -139,15 +176,25 @@ def cache_class(release: Release, caller: str) -> type:
     return found
 
 
-def make_cache(release: Release, cls: type, pool, allocator, page_size: int):
+def sliding_window(page_size: int) -> int:
+    """The SWA window of a run, in tokens: one page (two tokens at page size
+    1), so that requests of a few pages slide their windows."""
+    return max(2, page_size)
+
+
+def make_cache(release: Release, cls: type, pool, allocator, page_size: int, swa: bool = False):
     """The cache as sglang's registry builds it: a unified tree gets the
-    FULL component only (a plain model)."""
+    FULL component (a plain model), and the SWA component too when ``swa``
+    (a hybrid SWA model, over the SWA allocator), with a window of
+    ``sliding_window(page_size)`` tokens."""
     m = release.modules
     params = m.CacheInitParams(
         disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator, page_size=page_size
     )
+    if swa:
+        params.sliding_window_size = sliding_window(page_size)
     if m.UnifiedRadixCache is not None and issubclass(cls, m.UnifiedRadixCache):
-        params.tree_components = (m.ComponentType.FULL,)
+        params.tree_components = (m.ComponentType.FULL, m.ComponentType.SWA) if swa else (m.ComponentType.FULL,)
     try:
         return cls(params)
     except Exception as exc:  # noqa: BLE001 - a cache the release cannot build here is bad input

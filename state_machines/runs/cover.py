@@ -4,7 +4,8 @@ Which code: for ``sglang:`` targets, every file of the release's allocator
 package ``sglang/srt/mem_cache/allocator/`` (or its one file
 ``mem_cache/allocator.py``) plus ``hardware_backend/npu/allocator_npu.py``;
 for built-in targets, ``allocators/``; for a custom ``MODULE:ATTR``, the file
-that defines it.  A file the run never imported counts, at 0%.
+that defines it.  A ``--caller`` run also counts the release's prefix caches
+and scheduler helpers (``CACHE_SOURCES``).  A file the run never imported counts, at 0%.
 
 The allocator runs in a watched worker (``watchdog.fuzz_watched``), so the
 lines are recorded there: a ``Recorder`` is handed to the worker, which
@@ -50,7 +51,8 @@ def measured_files(config: Config) -> list[Path]:
 
     kind, _, name = config.target.partition(":")
     if kind == "sglang":
-        return sglang.release_files(config.sglang_path)
+        files = sglang.release_files(config.sglang_path)
+        return files + cache_files(files[0]) if config.caller != "harness" and files else files
     if kind == "builtin":
         return sorted((REPO_ROOT / "allocators").glob("*.py"))
     from state_machines.targets import resolve
@@ -58,6 +60,19 @@ def measured_files(config: Config) -> list[Path]:
     source = sys.modules.get(getattr(resolve(config.target).factory, "__module__", ""), None)
     path = getattr(source, "__file__", None)
     return [Path(path).resolve()] if path else []
+
+
+# What a ``--caller`` run drives besides the allocator: the prefix caches and the
+# scheduler helpers, under sglang/srt/mem_cache/ (a release has those it has).
+CACHE_SOURCES = ("radix_cache.py", "unified_radix_cache.py", "swa_radix_cache.py", "base_prefix_cache.py",
+                 "common.py", "allocation.py", "unified_cache/*.py", "unified_cache/components/*.py")
+
+
+def cache_files(allocator_file: Path) -> list[Path]:
+    """The cache and scheduler-helper files of the release that holds
+    ``allocator_file`` (a file under its ``mem_cache/``)."""
+    mem_cache = next(p for p in allocator_file.parents if p.name == "mem_cache")
+    return sorted({f for pattern in CACHE_SOURCES for f in mem_cache.glob(pattern)})
 
 
 def root_of(config: Config, files: list[Path]) -> Path:

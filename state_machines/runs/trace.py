@@ -41,7 +41,7 @@ _IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,99}"
 _DOTTED = rf"{_IDENT}(?:\.{_IDENT}){{0,15}}"
 _TARGET = re.compile(rf"builtin:[a-z0-9][a-z0-9_-]{{0,63}}|sglang:[a-z0-9][a-z0-9_-]{{0,63}}|{_DOTTED}:{_DOTTED}", re.ASCII)
 _MUTANT = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}", re.ASCII)
-_CALLER = re.compile(rf"harness|radix|unified|{_DOTTED}:{_DOTTED}", re.ASCII)
+_CALLER = re.compile(rf"harness|radix|unified|unified-swa|swa-radix|{_DOTTED}:{_DOTTED}", re.ASCII)
 _GROUPS = re.compile(r"release|all|none", re.ASCII)
 _DEVICE = re.compile(r"(cpu|cuda|npu)(:[0-9]{1,3})?", re.ASCII)
 _ROW_DTYPE = re.compile(r"int32|int64", re.ASCII)
@@ -81,6 +81,7 @@ _UNITS = {
     ("arrive", "prompt"): PROMPT,
     ("arrive", "out"): SPAN,
     ("evict_tokens", "n"): SPAN,
+    ("chunked_prefill", "pages"): PAGES,
     ("device_buffer", "n"): SLOTS,
     ("alloc_group_begin", "n"): PAGES0,
     ("alloc_physical", "n"): SLOTS,
@@ -222,7 +223,7 @@ _CONFIG_CHECKS = {
     "call_timeout_s": lambda v, w: _seconds(v, w),
     "row_dtype": lambda v, w: _text(v, w, _ROW_DTYPE, "int32 or int64"),
     "latent": _bool,
-    "caller": lambda v, w: _text(v, w, _CALLER, "harness, radix, unified or MODULE:ATTR"),
+    "caller": lambda v, w: _text(v, w, _CALLER, "harness, radix, unified, unified-swa, swa-radix or MODULE:ATTR"),
     "groups": lambda v, w: _text(v, w, _GROUPS, "release, all or none"),
 }
 

@@ -364,6 +364,8 @@ def _plain_child(config_dict, max_examples, seed, db_spec, trace_dir, messages, 
         from state_machines.runs.trace import write
 
         config = Config.from_dict(config_dict)
+        if config.caller != "harness":  # a fresh worker (--cover's) registers the caller family itself
+            import state_machines.callers  # noqa: F401
         if start_worker(config, beacon, messages, 0) is None:
             return
         probe = FirstSight(

@@ -34,7 +34,6 @@ from state_machines.callers.release import (
     VOCAB_SIZE,
     Release,
     cache_class,
-    cpu_kernels,
     make_cache,
     open_release,
 )
@@ -42,6 +41,7 @@ from state_machines.config import Config
 from state_machines.harness.lockstep import InvariantViolation, Lockstep, census_of, violation_type
 from state_machines.harness.steps import ReqRef, Step, step, steps_of
 from state_machines.targets.base import TargetError
+from state_machines.targets.cpu_paths import cpu_kernels
 
 # Prompts: each decimal digit (1..ALPHABET) is a page of that token.
 ALPHABET = 3

@@ -257,6 +257,11 @@ class Lockstep:
                 stale.append(row)
         return stale
 
+    def decode_fits(self, reqs: list[ReqRef]) -> bool:
+        """Whether the caller would send this decode batch (a family whose
+        caller retracts requests first, rather than meet a short pool, says no)."""
+        return True
+
     def room(self, req: ReqRef) -> int:
         """Pages the request's row can still take."""
         return self.config.row_pages - len(self.model.requests[req.rid].pages)
@@ -363,20 +368,7 @@ class Lockstep:
         last = [int(self.rows[row, p - 1]) if p else -1 for row, p in zip(rows, prefix_lens)]
         new_counts = [model.extend_new_pages(r.rid, k, ps) for r, k in zip(reqs, tokens)]
         total = sum(tokens)
-        if probe.caller_sends("extend", ps, self.config.latent) is None:
-            what = f"alloc({total})"
-            out = self._call(what, self.allocator.alloc, total)
-        else:
-            device = self.rows.device
-
-            def host(values):
-                return torch.tensor(values, dtype=torch.int64)
-
-            what = f"alloc_extend(prefix_lens={prefix_lens}, seq_lens={seq_lens}, last_loc={last}, extend_num_tokens={total})"
-            out = self._call(
-                what, self.allocator.alloc_extend, host(prefix_lens).to(device), host(prefix_lens),
-                host(seq_lens).to(device), host(seq_lens), host(last).to(device), total,
-            )
+        what, out = self._extend_call(prefix_lens, seq_lens, last, total)
         slots = self._index_tensor(what, out, total, sum(new_counts))
         if slots is None:
             return
@@ -479,6 +471,22 @@ class Lockstep:
         self.row_holder[row] = None
 
     # -- the hooks every alloc goes through --
+
+    def _extend_call(self, prefix_lens: list[int], seq_lens: list[int], last: list[int], total: int):
+        """The allocator call behind ``extend``: (what it is called, what it
+        returned).  A family may route it elsewhere (``alloc_extend_swa_tail``)."""
+        if probe.caller_sends("extend", self.page_size, self.config.latent) is None:
+            return f"alloc({total})", self._call(f"alloc({total})", self.allocator.alloc, total)
+        device = self.rows.device
+
+        def host(values):
+            return torch.tensor(values, dtype=torch.int64)
+
+        what = f"alloc_extend(prefix_lens={prefix_lens}, seq_lens={seq_lens}, last_loc={last}, extend_num_tokens={total})"
+        return what, self._call(
+            what, self.allocator.alloc_extend, host(prefix_lens).to(device), host(prefix_lens),
+            host(seq_lens).to(device), host(seq_lens), host(last).to(device), total,
+        )
 
     def _alloc_call(self, n: int, req: ReqRef | None, prefix: EntryRef | None):
         """The allocator call behind ``alloc``: (what it is called, what it

@@ -53,10 +53,13 @@ LAYOUTS = {PACKAGE: MODULES, SINGLE_FILE: SINGLE_FILE_MODULES}
 # Allocator code outside mem_cache/ that a kind runs (``release_files``).
 NPU_FILE = ("srt", "hardware_backend", "npu", "allocator_npu.py")
 REQUIRED = ("token", "paged")
-# Kinds that work at page size 1 only: the token allocator, and SWA's alloc().
-PAGE_SIZE_ONE = ("token", "swa", "pure-swa", "mamba")
+# Kinds that work at page size 1 only.
+PAGE_SIZE_ONE = ("token", "pure-swa", "mamba")
 # The page size a kind that takes any is gated and described at (``gate_kinds``).
 GATE_PAGE_SIZE = 4
+# Kinds gated at page size 1 too: the SWA allocator allocates through alloc()
+# there, through alloc_extend / alloc_decode above it (two contracts).
+GATE_BOTH = ("swa",)
 CLASSES = {
     "token": "TokenToKVPoolAllocator",
     "paged": "PagedTokenToKVPoolAllocator",
@@ -69,6 +72,7 @@ CLASSES = {
 
 
 from state_machines.targets.base import Target, TargetError, construct, one_line, quiet
+from state_machines.targets.cpu_paths import cpu_kernels
 
 
 @dataclasses.dataclass
@@ -383,7 +387,15 @@ def make_swa(size: int, page_size: int, device: str, need_sort: bool, size_swa: 
         raise TargetError(f"sglang {_info().version}: {mod.__name__} exposes neither BaseSWAKVPool nor SWAKVPool")
     args = _common(size, page_size, device, need_sort)
     args.update(size_swa=size if size_swa is None else size_swa, kvcache=_swa_standin(base))
-    return _construct(cls, **args)
+    allocator = _construct(cls, **args)
+    # Above page size 1 both pools are paged allocators whose alloc_extend /
+    # alloc_decode may be Triton-only (to 0.5.20): CPU stand-ins, named.
+    replaced = []
+    if page_size > 1:
+        for pool in ("full_attn_allocator", "swa_attn_allocator"):
+            replaced += [f"{pool}: {line}" for line in cpu_kernels(getattr(allocator, pool), page_size)]
+    allocator.kv_lockstep_stand_ins = replaced
+    return allocator
 
 
 # --------------------------------------------------------------------------- #
@@ -457,8 +469,13 @@ FACTORIES: dict[str, Callable[..., Any]] = {
 
 def gate_kinds() -> list[tuple[str, int]]:
     """Every kind with the page size the gate runs it at: 1 where the kind
-    takes only 1, else ``GATE_PAGE_SIZE``."""
-    return [(kind, 1 if kind in PAGE_SIZE_ONE else GATE_PAGE_SIZE) for kind in FACTORIES]
+    takes only 1, else ``GATE_PAGE_SIZE``; a kind of ``GATE_BOTH`` at 1 and
+    at ``GATE_PAGE_SIZE``."""
+    out = []
+    for kind in FACTORIES:
+        sizes = (1, GATE_PAGE_SIZE) if kind in GATE_BOTH else (1,) if kind in PAGE_SIZE_ONE else (GATE_PAGE_SIZE,)
+        out += [(kind, page_size) for page_size in sizes]
+    return out
 
 
 def factory(kind: str) -> Callable[..., Any]:

@@ -42,6 +42,7 @@ class HiSparseLockstep(Lockstep):
     # Decode is modelled (a page-size-1 decode maps device pages); a batched
     # extend, which maps token by token, is not.
     caller_steps = ("decode",)
+    alloc_extends = True
     # Set while a call takes logical pages only (alloc_decode).
     logical_only: bool = False
 
@@ -97,27 +98,6 @@ class HiSparseLockstep(Lockstep):
         new = [p for r in reqs for p in self.model.requests[r.rid].own[before[r.rid]:]]
         if new and not logical_only:
             self._map_new(f"alloc({len(reqs)})", new)
-
-    def _alloc_call(self, n: int, req: ReqRef | None, prefix: EntryRef | None):
-        """``alloc_extend`` of one request at a page size above 1, where the
-        allocator has it; else ``alloc``."""
-        if self.page_size == 1 or not callable(getattr(self.allocator, "alloc_extend", None)):
-            return super()._alloc_call(n, req, prefix)
-        if req is not None:
-            request = self.model.requests[req.rid]
-            before = len(request.pages) * self.page_size
-            last = int(self.rows[request.row, before - 1]) if before else -1
-        elif prefix is not None:
-            before = len(self.model.cache[prefix.eid].pages) * self.page_size
-            last = int(self.entry_slots[prefix.eid][-1]) if before else -1
-        else:
-            before, last = 0, -1
-        i64 = dict(dtype=torch.int64, device=self.rows.device)
-        cpu = dict(dtype=torch.int64)
-        args = (torch.tensor([before], **i64), torch.tensor([before], **cpu), torch.tensor([before + n], **i64),
-                torch.tensor([before + n], **cpu), torch.tensor([last], **i64), n)
-        what = f"alloc_extend(prefix_lens=[{before}], seq_lens=[{before + n}], last_loc=[{last}], extend_num_tokens={n})"
-        return what, self._call(what, self.allocator.alloc_extend, *args)
 
     @step
     def alloc(self, n: int, req: ReqRef | None = None, prefix: EntryRef | None = None) -> ReqRef | None:

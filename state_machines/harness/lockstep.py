@@ -179,6 +179,9 @@ class Lockstep:
     # The batched steps sglang's scheduler drives (decode, extend) that this
     # harness models; a family whose other pools they would not update sets ().
     caller_steps = ("decode", "extend")
+    # Whether ``alloc`` goes to ``alloc_extend`` above page size 1: a family
+    # whose allocators' alloc() is page-size-1 only (sglang's SWA, HiSparse).
+    alloc_extends = False
 
     @classmethod
     def create(cls, config: Config, allocator, *, defers_frees: bool, disabled: dict[str, str]) -> Lockstep:
@@ -490,8 +493,29 @@ class Lockstep:
 
     def _alloc_call(self, n: int, req: ReqRef | None, prefix: EntryRef | None):
         """The allocator call behind ``alloc``: (what it is called, what it
-        returned).  A family may route it elsewhere (``alloc_extend``)."""
+        returned).  Above page size 1 a family with ``alloc_extends`` sends
+        it to ``alloc_extend`` of one request, where the allocator has one."""
+        if self.alloc_extends and self.page_size > 1 and callable(getattr(self.allocator, "alloc_extend", None)):
+            return self._alloc_extend_call(n, req, prefix)
         return f"alloc({n})", self._call(f"alloc({n})", self.allocator.alloc, n)
+
+    def _alloc_extend_call(self, n: int, req: ReqRef | None, prefix: EntryRef | None):
+        """``alloc_extend`` of one request by ``n`` slots from its
+        page-aligned end (a new request's from its ``prefix``'s)."""
+        if req is not None:
+            request = self.model.requests[req.rid]
+            before = len(request.pages) * self.page_size
+            last = int(self.rows[request.row, before - 1]) if before else -1
+        elif prefix is not None:
+            before = len(self.model.cache[prefix.eid].pages) * self.page_size
+            last = int(self.entry_slots[prefix.eid][-1]) if before else -1
+        else:
+            before, last = 0, -1
+        device = self.rows.device
+        lens = [torch.tensor([v], dtype=torch.int64) for v in (before, before + n, last)]
+        what = f"alloc_extend(prefix_lens=[{before}], seq_lens=[{before + n}], last_loc=[{last}], extend_num_tokens={n})"
+        return what, self._call(what, self.allocator.alloc_extend, lens[0].to(device), lens[0], lens[1].to(device),
+                                lens[1], lens[2].to(device), n)
 
     def _judge_handout(self, pages: list[int]) -> None:
         """Judge the pages an alloc handed out, before the model takes them."""

@@ -62,6 +62,8 @@ class SWALockstep(Lockstep):
     swa_need: int | None = None
     # The swa_tail_len of the current extend, when it is an extend_swa_tail.
     tail: int | None = None
+    # sglang's SWA alloc() asserts page size 1.
+    alloc_extends = True
 
     def start_models(self, defers_frees: bool) -> None:
         super().start_models(defers_frees)
@@ -199,13 +201,6 @@ class SWALockstep(Lockstep):
                 host(last).to(device), total, swa_tail_len=self.tail,
             ),
         )
-
-    def _alloc_call(self, n: int, req: ReqRef | None, prefix: EntryRef | None):
-        """Above page size 1, ``alloc_extend`` of one request (sglang's SWA
-        ``alloc()`` is page-size-1 only); else ``alloc``."""
-        if self.page_size == 1 or not callable(getattr(self.allocator, "alloc_extend", None)):
-            return super()._alloc_call(n, req, prefix)
-        return alloc_extend_call(self, n, req, prefix)
 
     def _lengths(self, reqs) -> dict[int, tuple[int, int]]:
         """Each request's (pages, tokens), to tell what a step grew."""
@@ -439,26 +434,6 @@ def swa_steps_disabled(allocator, page_size: int) -> dict[str, str]:
         except Exception as exc:  # noqa: BLE001 - whatever stops it here disables the step
             out["extend_swa_tail"] = f"alloc_extend_swa_tail: {one_line(exc)}"
     return out
-
-
-def alloc_extend_call(state: Lockstep, n: int, req: ReqRef | None, prefix: EntryRef | None):
-    """``alloc_extend`` of one request by ``n`` slots from its page-aligned
-    end (a new request's from its ``prefix``'s): (what it is called, what
-    it returned)."""
-    if req is not None:
-        request = state.model.requests[req.rid]
-        before = len(request.pages) * state.page_size
-        last = int(state.rows[request.row, before - 1]) if before else -1
-    elif prefix is not None:
-        before = len(state.model.cache[prefix.eid].pages) * state.page_size
-        last = int(state.entry_slots[prefix.eid][-1]) if before else -1
-    else:
-        before, last = 0, -1
-    device = state.rows.device
-    lens = [torch.tensor([v], dtype=torch.int64) for v in (before, before + n, last)]
-    what = f"alloc_extend(prefix_lens=[{before}], seq_lens=[{before + n}], last_loc=[{last}], extend_num_tokens={n})"
-    return what, state._call(what, state.allocator.alloc_extend, lens[0].to(device), lens[0], lens[1].to(device),
-                             lens[1], lens[2].to(device), n)
 
 
 class SWAMachine(FreeGroupMachine):

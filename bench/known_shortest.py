@@ -147,6 +147,29 @@ KNOWN: tuple[KnownShortest, ...] = (
         "swa_mapping_consistent",
         "an alloc maps a page, then its window slides: free_swa releases the SWA page and leaves it mapped",
     ),
+    _mutant(
+        _SWA,
+        "end-resolves-swa",
+        [_s("alloc", "req_0", n=4), _s("begin"), _s("slide", req="req_0", pages=1, segment=False),
+         _s("rematch", "cache_0", req="req_0", dup=0), _s("remap", entry="cache_0"), _s("end")],
+        "swa_free_sets_agree",
+        "a page, a group, its window slides (queued), the cache takes the page and loads its SWA side back"
+        " onto a fresh page, then end: the release must be queued, slid and remapped in between",
+    ),
+    _mutant(
+        _SWA,
+        "unmap-per-token",
+        [_s("alloc", "req_0", n=4), _s("slide", req="req_0", pages=1, segment=True)],
+        "swa_mapping_consistent",
+        "an alloc maps a page, then free_swa_segment of it unmaps only its representative slot",
+    ),
+    _mutant(
+        _SWA,
+        "swa-tail-stale",
+        [_s("alloc", "req_0", n=4), _s("slide", req="req_0", pages=1, segment=True)],
+        "swa_mapping_consistent",
+        "its per-token unmapping shows as soon as a mapped page slides by segment",
+    ),
     _mutant(_PURE_SWA, "alias", _ALIAS_TOKEN, "free_sets_agree", _WHY_ALIAS),
     _mutant(
         _PURE_SWA,

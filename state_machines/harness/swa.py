@@ -116,7 +116,7 @@ class SWALockstep(Lockstep):
         made = super().alloc(n, req, prefix)
         if made is not None:
             before[made.rid] = (len(self.model.requests[made.rid].prefix), -1)
-        self._map_growth(self.steps[-1].rule, before, {})
+        self._map_growth("alloc", before, {})
         return made
 
     @step

@@ -72,8 +72,68 @@ class SWAAllocator:
         swa = self.swa_attn_allocator.alloc(need_size)
         if full is None or swa is None:
             raise RuntimeError(f"alloc({need_size}): a pool came up short after its available_size() said it would not")
-        self.full_to_swa_index_mapping[full] = swa
+        self.set_full_to_swa_mapping(full, swa)
         return full
+
+    def _new_pages(self, prefix_lens_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor) -> int:
+        ps = self.page_size
+        return sum(-(-after // ps) - -(-before // ps) for before, after in zip(prefix_lens_cpu.tolist(), seq_lens_cpu.tolist()))
+
+    def _room(self, full_pages: int, swa_pages: int) -> bool:
+        ps = self.page_size
+        return full_pages <= self.full_available_size() // ps and swa_pages <= self.swa_available_size() // ps
+
+    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens):
+        """Page size > 1: both pools extend in step (the SWA pool continues
+        at the SWA peer of ``last_loc``), and each new full slot maps to its
+        SWA slot.  ``None``, taking nothing, when either pool is short of the
+        batch's new pages."""
+        pages = self._new_pages(prefix_lens_cpu, seq_lens_cpu)
+        if not self._room(pages, pages):
+            return None
+        swa_last = self.full_to_swa_index_mapping[last_loc]
+        args = (prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu)
+        full = self.full_attn_allocator.alloc_extend(*args, last_loc, extend_num_tokens)
+        swa = self.swa_attn_allocator.alloc_extend(*args, swa_last, extend_num_tokens)
+        self.set_full_to_swa_mapping(full, swa)
+        return full
+
+    def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc):
+        """One token per request: an extend from ``seq_lens - 1``."""
+        prefix = seq_lens - 1
+        return self.alloc_extend(prefix, seq_lens_cpu - 1, seq_lens, seq_lens_cpu, last_loc, len(seq_lens_cpu))
+
+    def alloc_extend_swa_tail(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens,
+                              swa_tail_len: int):
+        """One request: full slots for the whole extend, SWA slots (fresh
+        pages) only for its last ``swa_tail_len`` tokens.  Preconditions (PD
+        decode's preallocation): the prefix and the tail's start are
+        page-aligned.  The full slots before the tail map to nothing."""
+        full_pages = self._new_pages(prefix_lens_cpu, seq_lens_cpu)
+        if not self._room(full_pages, -(-swa_tail_len // self.page_size)):
+            return None
+        full = self.full_attn_allocator.alloc_extend(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
+        )
+        if swa_tail_len:
+            tail = torch.tensor([swa_tail_len], dtype=torch.int64)
+            zero, none = torch.zeros((1,), dtype=torch.int64), torch.tensor([-1], dtype=torch.int64)
+            swa = self.swa_attn_allocator.alloc_extend(zero, zero, tail, tail, none, swa_tail_len)
+            self.set_full_to_swa_mapping(full[-swa_tail_len:], swa)
+        self._clear_before_tail(full[: extend_num_tokens - swa_tail_len])
+        return full
+
+    def _clear_before_tail(self, full_slots: torch.Tensor) -> None:
+        # Recycled full pages may still map somewhere (sglang PR 25805).
+        self.clear_full_to_swa_mapping(full_slots)
+
+    def set_full_to_swa_mapping(self, full_indices: torch.Tensor, swa_indices: torch.Tensor) -> None:
+        """``mapping[full_indices[i]] = swa_indices[i]`` (also HiCache's
+        load-back and tombstone recovery, with freshly allocated SWA slots)."""
+        self.full_to_swa_index_mapping[full_indices.to(torch.int64)] = swa_indices.to(torch.int64)
+
+    def clear_full_to_swa_mapping(self, full_indices: torch.Tensor) -> None:
+        self.full_to_swa_index_mapping[full_indices.to(torch.int64)] = 0
 
     # -- freeing --
 
@@ -103,9 +163,9 @@ class SWAAllocator:
         if free_index.numel() == 0:
             return
         if self.free_group is not None:
-            self.free_group.append(self._take_mapping(self._expand(free_index)))
+            self.free_group.append(self._take_mapping(free_index))
             return
-        self._release_swa(self._take_mapping(self._expand(free_index)))
+        self._release_swa(self._take_mapping(free_index))
 
     def free_swa_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
         """free_swa() of a kv-row segment: one representative per page."""
@@ -114,7 +174,7 @@ class SWAAllocator:
         if start_pos % self.page_size:
             raise ValueError(f"segment start {start_pos} is not page-aligned (page size {self.page_size})")
         reps = free_index[:: self.page_size]
-        swa_reps = self._take_mapping(self._expand(reps))[:: self.page_size]
+        swa_reps = self._take_mapping(reps)[:: self.page_size]
         pages = swa_reps[swa_reps > 0] // self.page_size
         if self.free_group is not None:
             self.swa_page_ids_group.append(pages)
@@ -130,13 +190,16 @@ class SWAAllocator:
         return (base[:, None] + offsets).reshape(-1)
 
     def _take_mapping(self, full_slots: torch.Tensor) -> torch.Tensor:
-        """The SWA slots these full slots map to (a new tensor); unmaps them."""
-        swa = self.full_to_swa_index_mapping[full_slots]
-        self._unmap(full_slots)
+        """The SWA slots every slot of these full slots' pages maps to (a new
+        tensor, ``page_size`` per slot given); unmaps those pages."""
+        pages = self._expand(full_slots)
+        swa = self.full_to_swa_index_mapping[pages]
+        self._unmap(full_slots, pages)
         return swa
 
-    def _unmap(self, full_slots: torch.Tensor) -> None:
-        self.full_to_swa_index_mapping[full_slots] = 0
+    def _unmap(self, full_slots: torch.Tensor, pages: torch.Tensor) -> None:
+        # Per page: the SWA pool releases whole pages (sglang PR 27779).
+        self.clear_full_to_swa_mapping(pages)
 
     def _release_swa(self, swa_slots: torch.Tensor) -> None:
         # Slots whose window already slid read as 0; the padding slot is never freed.
@@ -182,20 +245,36 @@ class AliasSWASideSWAAllocator(SWAAllocator):
 
     def free_swa(self, free_index: torch.Tensor) -> None:
         if free_index.numel() and self.free_group is not None:
-            # The view itself: expanding to whole pages here would copy it.
-            self.free_group.append(free_index)
+            # The full slots themselves; their mapping is read at end.
+            self.free_group.append(self._queued(free_index))
             return
         super().free_swa(free_index)
 
     def free_swa_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
         if free_index.numel() and self.free_group is not None:
             # A strided view of the row, like free_segment's representatives.
-            self.free_group.append(free_index[:: self.page_size])
+            self.free_group.append(self._queued(free_index[:: self.page_size]))
             return
         super().free_swa_segment(free_index, start_pos=start_pos)
 
+    @staticmethod
+    def _queued(full_slots: torch.Tensor) -> torch.Tensor:
+        # The view itself: expanding to whole pages here would copy it.
+        return full_slots
+
     def _resolve_queued(self, pending: list[torch.Tensor]) -> torch.Tensor:
-        return self._take_mapping(self._expand(torch.cat(pending)))
+        return self._take_mapping(torch.cat(pending))
+
+
+class EndResolvesSWAAllocator(AliasSWASideSWAAllocator):
+    """Mutant: a queued free_swa keeps a copy of the full slots (no alias)
+    but still reads their mapping at ``free_group_end()``: a full slot
+    re-pointed in between (HiCache load-back, tombstone recovery) frees its
+    replacement SWA slot, and the original leaks."""
+
+    @staticmethod
+    def _queued(full_slots: torch.Tensor) -> torch.Tensor:
+        return full_slots.clone()
 
 
 class KeepsMappingSWAAllocator(SWAAllocator):
@@ -212,12 +291,40 @@ class KeepsMappingSWAAllocator(SWAAllocator):
             self._release_swa(swa)
 
 
+class PerTokenUnmapSWAAllocator(SWAAllocator):
+    """Mutant: a free of the SWA side unmaps only the slots it was passed,
+    not their whole pages, though the SWA pool releases whole pages: the
+    page's other slots still map to a freed SWA page (sglang 0.5.12's
+    free_swa, fixed by PR 27779)."""
+
+    def _unmap(self, full_slots: torch.Tensor, pages: torch.Tensor) -> None:
+        self.clear_full_to_swa_mapping(full_slots)
+
+
+class TailKeepsStaleSWAAllocator(PerTokenUnmapSWAAllocator):
+    """Mutant: sglang 0.5.12's pair.  Frees unmap per token (above), so a
+    recycled full page can keep a stale mapping, and
+    ``alloc_extend_swa_tail`` leaves the slots before the tail mapped as
+    they were (fixed by PR 25805); a later free releases an SWA page that
+    another request holds."""
+
+    def _clear_before_tail(self, full_slots: torch.Tensor) -> None:
+        return
+
+
 SWA_MUTANTS = {
     m.name: m
     for m in (
         Mutant("alias-full", AliasFullSWAAllocator, "the full pool's group queue keeps the caller's row view"),
         Mutant("alias-swa", AliasSWASideSWAAllocator, "the SWA queue keeps the row view and translates it at end"),
         Mutant("swa-keeps-mapping", KeepsMappingSWAAllocator, "free_swa releases SWA slots but leaves them mapped"),
+        Mutant("end-resolves-swa", EndResolvesSWAAllocator,
+               "a queued free_swa reads the mapping at end: a slot re-pointed in the group frees its replacement"),
+        Mutant("unmap-per-token", PerTokenUnmapSWAAllocator, "frees unmap only the slots passed, not their whole pages",
+               needs={"min_page_size": 2}),
+        Mutant("swa-tail-stale", TailKeepsStaleSWAAllocator,
+               "per-token unmapping, and alloc_extend_swa_tail keeps the pre-tail slots' stale mapping",
+               needs={"min_page_size": 2}),
     )
 }
 

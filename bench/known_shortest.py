@@ -148,6 +148,29 @@ KNOWN: tuple[KnownShortest, ...] = (
         "swa_mapping_consistent",
         "an alloc maps a page, then its window slides: free_swa releases the SWA page and leaves it mapped",
     ),
+    _mutant(
+        _SWA,
+        "end-resolves-swa",
+        [_s("alloc", "req_0", n=4), _s("begin"), _s("slide", req="req_0", pages=1, segment=False),
+         _s("rematch", "cache_0", req="req_0", dup=0), _s("remap", entry="cache_0"), _s("end")],
+        "swa_free_sets_agree",
+        "a page, a group, its window slides (queued), the cache takes the page and loads its SWA side back"
+        " onto a fresh page, then end: the release must be queued, slid and remapped in between",
+    ),
+    _mutant(
+        _SWA,
+        "unmap-per-token",
+        [_s("alloc", "req_0", n=4), _s("slide", req="req_0", pages=1, segment=True)],
+        "swa_mapping_consistent",
+        "an alloc maps a page, then free_swa_segment of it unmaps only its representative slot",
+    ),
+    _mutant(
+        _SWA,
+        "swa-tail-stale",
+        [_s("alloc", "req_0", n=4), _s("slide", req="req_0", pages=1, segment=True)],
+        "swa_mapping_consistent",
+        "its per-token unmapping shows as soon as a mapped page slides by segment",
+    ),
     _mutant(_PURE_SWA, "alias", _ALIAS_TOKEN, "free_sets_agree", _WHY_ALIAS),
     _mutant(
         _PURE_SWA,
@@ -322,6 +345,26 @@ KNOWN: tuple[KnownShortest, ...] = (
         "free_sets_agree",
         _WHY_ALIAS,
         (_PURE_SWA, Config(target="sglang:pure-swa", sglang_path=".sglang/0.5.23")),
+    ),
+    # sglang 0.5.18's free_swa in a group queues the full slots and reads
+    # their mapping at free_group_end() (allocator/swa.py:353, 375).
+    KnownShortest(
+        Config(target="sglang:swa", sglang_path=".sglang/0.5.18", page_size=4),
+        (_s("alloc", "req_0", n=4), _s("rematch", "cache_0", req="req_0", dup=0), _s("finish", req="req_0"),
+         _s("begin"), _s("evict_swa", entry="cache_0"), _s("remap", entry="cache_0"), _s("end")),
+        "swa_free_sets_agree",
+        "a cached page (alloc, rematch, finish: unlocked), then in a group its SWA side is dropped and loaded"
+        " back onto a fresh page before end",
+        (_SWA, Config(target="sglang:swa", sglang_path=".sglang/0.5.23", page_size=4)),
+    ),
+    # sglang 0.5.12's free_swa unmaps only the slots it is passed
+    # (swa_memory_pool.py:614-618): a free ending mid-page leaves the rest mapped.
+    KnownShortest(
+        Config(target="sglang:swa", sglang_path=".sglang/0.5.12", page_size=4),
+        (_s("alloc", "req_0", n=4), _s("free_segment", req="req_0", start=0, n=3)),
+        "swa_mapping_consistent",
+        "an alloc maps a page, then a free of three of its four slots",
+        (_SWA, Config(target="sglang:swa", sglang_path=".sglang/0.5.23", page_size=4)),
     ),
 )
 

@@ -201,14 +201,25 @@ def extend_takes_whole_new_pages(
 # -- hybrid (full + SWA) pools --
 
 
-def swa_alloc_maps_whole_pages(n: int, full_slots: list[int], swa_slots: list[int], page_size: int) -> str | None:
-    """Each new full page maps, slot by slot, onto one whole SWA page, never
-    onto the padding slot 0."""
+def _page_map(swa_page: int, filled: int, page_size: int) -> list[int]:
+    """A full page's mapping: its first ``filled`` slots onto ``swa_page``
+    slot by slot, the rest onto nothing (0)."""
+    return [swa_page * page_size + k if k < filled else 0 for k in range(page_size)]
+
+
+def swa_new_pages_mapped(what: str, full_pages: list[int], got: list[list[int]], filled: list[int], page_size: int) -> str | None:
+    """Each full page a step handed out maps its first ``filled[i]`` slots,
+    slot by slot, onto one SWA page (never the padding page 0) and the rest
+    onto nothing; a page with ``filled[i] == 0`` (before an
+    ``alloc_extend_swa_tail``'s tail) maps onto nothing at all.  ``got[i]``
+    is the allocator's mapping of page ``full_pages[i]``'s slots."""
     ps = page_size
-    whole = all(swa_slots[i] % ps == i % ps and swa_slots[i] // ps == swa_slots[i - i % ps] // ps for i in range(len(swa_slots)))
-    if whole and 0 not in swa_slots:
-        return None
-    return f"alloc({n}) mapped full slots {full_slots[:16]} to SWA slots {swa_slots[:16]} / whole SWA pages"
+    for page, slots, fill in zip(full_pages, got, filled):
+        swa_page = slots[0] // ps if fill else 0
+        if slots != _page_map(swa_page, fill, ps) or (fill and swa_page == 0):
+            want = f"{fill} slots onto one SWA page, the rest onto nothing" if fill else "nothing"
+            return f"{what} mapped full page {page}'s slots to SWA slots {slots} / {want}"
+    return None
 
 
 def hybrid_available_size_agrees(available: int, full_available: int, swa_available: int) -> str | None:
@@ -219,14 +230,15 @@ def hybrid_available_size_agrees(available: int, full_available: int, swa_availa
 
 def swa_mapping_consistent(mapping: list[int], page_size: int, full, swa, swa_free: set[int]) -> str | None:
     """Every live full page with a live window maps, slot by slot, to its SWA
-    page, which is not free; a page whose release (or whose SWA peer's) is
+    page, which is not free (a partly used page only the slots its tokens
+    use, the rest to nothing); a page whose release (or whose SWA peer's) is
     queued in the open group maps to that queued SWA page or to nothing;
     every other full page maps to nothing.  ``full`` is the full pool's
     ``OwnershipModel``, ``swa`` its ``SWASide``."""
     ps = page_size
 
     def maps_to(page: int, got: list[int], swa_page: int, alternative: str) -> str | None:
-        want = [swa_page * ps + k for k in range(ps)]
+        want = _page_map(swa_page, swa.filled_slots(page, ps), ps)
         if got != want:
             return f"full page {page} ({full.owner[page]}) maps to SWA slots {got} / {alternative}its SWA page {swa_page}: {want}"
         if swa_page in swa_free:

@@ -32,6 +32,11 @@ class SWASide:
     # Full page -> the SWA page its queued release will free.  Until the group
     # ends an allocator may still read that mapping (sglang <= 0.5.18 do).
     pending_map: dict[int, int] = field(factory=dict)
+    # Full page -> how many of its leading slots are mapped, where fewer than
+    # a page: a partly used last page (page size > 1) maps only the slots its
+    # tokens use, and the rest must map to nothing until a decode or an
+    # extend fills them.
+    filled: dict[int, int] = field(factory=dict)
 
     @classmethod
     def from_census(cls, full: OwnershipModel, free_pages: list[int]) -> SWASide:
@@ -67,13 +72,27 @@ class SWASide:
     def live(self, full_page: int) -> bool:
         return full_page in self.mapping
 
+    def filled_slots(self, full_page: int, page_size: int) -> int:
+        """How many leading slots of a live or queued full page are mapped."""
+        return self.filled.get(full_page, page_size)
+
     # -- steps --
 
-    def take(self, full_pages: list[int], swa_pages: list[int]) -> None:
-        for full_page, swa_page in zip(full_pages, swa_pages, strict=True):
+    def take(self, full_pages: list[int], swa_pages: list[int], filled: list[int] | None = None) -> None:
+        """Each of ``full_pages`` now maps to its fresh SWA page; ``filled``
+        says how many leading slots of each are mapped (None: all)."""
+        for i, (full_page, swa_page) in enumerate(zip(full_pages, swa_pages, strict=True)):
             self.mapping[full_page] = swa_page
             self.free.discard(swa_page)
+            self.filled.pop(full_page, None)
+            if filled is not None:
+                self.filled[full_page] = filled[i]
         self.ledger.allocated += len(swa_pages)
+
+    def fill(self, full_page: int, slots: int, page_size: int) -> None:
+        """``slots`` more slots of a live, partly used full page are mapped."""
+        if full_page in self.mapping:
+            self.filled[full_page] = self.filled_slots(full_page, page_size) + slots
 
     def release(self, full_pages, source: str, *, defer: bool = True) -> list[int]:
         """The SWA peers of ``full_pages`` that are still live go (or queue,
@@ -84,15 +103,21 @@ class SWASide:
         if not pages:
             return pages
         if defer and self.ledger.queue(pages, source):
+            # The fill stays: until end() the queued peer may still be read.
             self.pending_map.update(pairs)
         else:
             self._to_free(pages, source)
+            for p, _ in pairs:
+                self.filled.pop(p, None)
         return pages
 
     def begin(self) -> None:
         self.ledger.begin()
 
     def end(self) -> None:
+        for p in self.pending_map:
+            if p not in self.mapping:
+                self.filled.pop(p, None)
         self.pending_map.clear()
         for queued in self.ledger.end():
             self._to_free(queued.pages, queued.source)

@@ -350,7 +350,7 @@ def _describe(config: Config) -> list[str]:
     lines += [f"  disabled: {name}: {why}" for name in steps if (why := state.why_not(name)) is not None]
     lines += [f"  not checked: {name}: {why}" for name, why in sorted(getattr(state, "skipped_checks", {}).items())]
     # What a target is built over where sglang's class needs pools it cannot have here.
-    lines += [f"  over: {what}" for what in getattr(state, "stand_ins", list)()]
+    lines += [f"  stand-in: {what}" for what in getattr(state, "stand_ins", ())]
     return lines
 
 
@@ -372,8 +372,10 @@ def _describe_release(args) -> int:
     where = ("one file, sglang/srt/mem_cache/allocator.py" if info.layout == sglang.SINGLE_FILE
              else "a package, sglang/srt/mem_cache/allocator/")
     print(f"sglang {info.version} at {info.path}: allocators in {where}")
-    # A kind gated at several page sizes is shown once, at the last of them.
-    for kind, gate_page_size in dict(sglang.gate_kinds()).items():
+    gated: dict[str, list[int]] = {}
+    for kind, gate_page_size in sglang.gate_kinds():
+        gated.setdefault(kind, []).append(gate_page_size)
+    for kind, gate_page_sizes in gated.items():
         spec = f"sglang:{kind}"
         try:
             target = resolve(spec, None, args.sglang_path)
@@ -382,19 +384,24 @@ def _describe_release(args) -> int:
             continue
         cls = sglang.class_of(kind)
         takes = target.page_sizes
-        page_size = args.page_size if args.page_size and (takes is None or args.page_size in takes) else gate_page_size
+        if args.page_size and (takes is None or args.page_size in takes):
+            gate_page_sizes = [args.page_size]
         pages = (f"page size {', '.join(map(str, takes))} only" if takes
                  else f"page size {target.min_page_size} or more" if target.min_page_size > 1 else "any page size")
         print(f"  {spec}: {cls.__name__} ({cls.__module__}), {pages}")
-        config = Config(target=spec, page_size=page_size, need_sort=args.need_sort, sglang_path=args.sglang_path)
-        try:
-            lines = _describe(config)
-        except InvariantViolation as exc:
-            print(f"    at page size {page_size}: fails before any step: {exc.invariant}: {exc.detail.splitlines()[0]}")
-            continue
-        harness = lines[0].rpartition(", ")[2]
-        print(f"    at page size {page_size}: {harness}")
-        print("\n".join("  " + line for line in lines[1:]))
+        for page_size in gate_page_sizes:
+            config = Config(target=spec, page_size=page_size, need_sort=args.need_sort, sglang_path=args.sglang_path)
+            try:
+                lines = _describe(config)
+            except InvariantViolation as exc:
+                print(f"    at page size {page_size}: fails before any step: {exc.invariant}: {exc.detail.splitlines()[0]}")
+                continue
+            except TargetError as exc:
+                print(f"    at page size {page_size}: unavailable: {exc}")
+                continue
+            harness = lines[0].rpartition(", ")[2]
+            print(f"    at page size {page_size}: {harness}")
+            print("\n".join("  " + line for line in lines[1:]))
     return 0
 
 

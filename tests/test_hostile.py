@@ -90,6 +90,9 @@ def subprocess_cli(*args, cwd):
 
 NPU = hostile(("config.target", "builtin:npu"))
 SWA = hostile(("config.target", "builtin:swa"))
+# Mamba's harness has no decode rule; HiSparse's declares extend and does not model it.
+MAMBA = hostile(("config.target", "builtin:mamba"))
+HISPARSE = hostile(("config.target", "builtin:hisparse"))
 
 HOSTILE = {
     "not an object": ([1, 2], "not a JSON object"),
@@ -210,9 +213,9 @@ NOT_APPLICABLE = {
     "alloc past the row": (hostile(("steps.1", {"rule": "alloc", "args": {"n": 12, "req": "req_0"}})), "has room for 10 more pages"),
     "decode without alloc_decode": (hostile(("config.target", "builtin:paged"), ("config.page_size", 4), ("steps.0.args.n", 4), ("steps.2.args.n", 4),
                                             ("steps.1", {"rule": "decode", "args": {"reqs": ["req_0"]}})), "has no alloc_decode"),
-    "decode off its harness": (hostile(("steps.1", {"rule": "decode", "args": {"reqs": ["req_0"]}}), base=SWA),
-                               "harness does not model decode"),
-    "extend off its harness": (hostile(("steps.1", {"rule": "extend", "args": {"reqs": ["req_0"], "tokens": [1]}}), base=SWA),
+    "decode off its harness": (hostile(("steps.1", {"rule": "decode", "args": {"reqs": ["req_0"]}}), base=MAMBA),
+                               "rule 'decode' does not exist for builtin:mamba"),
+    "extend off its harness": (hostile(("steps.1", {"rule": "extend", "args": {"reqs": ["req_0"], "tokens": [1]}}), base=HISPARSE),
                                "harness does not model extend"),
     "extend past the row": (hostile(("steps.1", {"rule": "extend", "args": {"reqs": ["req_0"], "tokens": [11]}})),
                             "11 more do not fit in a row of 12"),

@@ -43,7 +43,14 @@ def gate(version: str, trace_dir: Path, kinds: str = "token,paged") -> dict[str,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(run.stdout.strip().splitlines()[-1])
-    return {row["target"].split()[0].split(":")[1]: row for row in rows}
+    # By kind (its first page size) and by kind@page_size: swa is gated at 1 and 4.
+    out = {}
+    for row in rows:
+        kind, _, rest = row["target"].partition(" ")
+        kind = kind.partition(":")[2] or kind
+        out.setdefault(kind, row)
+        out[f"{kind}@{rest.removeprefix('page_size=')}"] = row
+    return out
 
 
 def is_aliasing_story(rules: list[str]) -> bool:
@@ -129,7 +136,7 @@ def test_0_5_12_loads_its_single_file_as_token_paged_swa_and_npu():
     assert kinds == [
         "  sglang:token: TokenToKVPoolAllocator (sglang.srt.mem_cache.allocator), page size 1 only",
         "  sglang:paged: PagedTokenToKVPoolAllocator (sglang.srt.mem_cache.allocator), any page size",
-        "  sglang:swa: SWATokenToKVPoolAllocator (sglang.srt.mem_cache.swa_memory_pool), page size 1 only",
+        "  sglang:swa: SWATokenToKVPoolAllocator (sglang.srt.mem_cache.swa_memory_pool), any page size",
         "  sglang:npu: NPUPagedTokenToKVPoolAllocator (sglang.srt.hardware_backend.npu.allocator_npu), any page size",
     ] + [
         f"  sglang:{kind}: unavailable: sglang 0.5.12: {kind} allocator unavailable: this release keeps its allocators"
@@ -163,7 +170,11 @@ def test_targets_lists_every_kind_of_a_release_with_its_steps():
         "    at page size 4: harness Lockstep",
         "    steps: admit, alloc, begin, decode, end, evict, extend, finish, free, free_segment, overwrite_row, rematch",
     ]
-    assert "  sglang:swa: SWATokenToKVPoolAllocator (sglang.srt.mem_cache.allocator.swa), page size 1 only" in lines
+    at = lines.index("  sglang:swa: SWATokenToKVPoolAllocator (sglang.srt.mem_cache.allocator.swa), any page size")
+    assert [line for line in lines[at + 1 :] if line.startswith("    at page size")][:2] == [
+        "    at page size 1: harness SWALockstep",
+        "    at page size 4: harness SWALockstep",
+    ]
     assert ("  sglang:npu: NPUPagedTokenToKVPoolAllocator (sglang.srt.hardware_backend.npu.allocator_npu), any page size"
             in lines)
 
@@ -178,3 +189,16 @@ def test_targets_lists_page_interleave_from_page_size_2_with_decode_disabled():
         "    steps: admit, alloc, begin, end, evict, extend, finish, free, free_segment, load_back, overwrite_row, rematch",
         "    disabled: decode: alloc_decode: not provided (NotImplementedError)",
     ]
+
+
+def test_0_5_23_swa_at_page_size_4_runs_clean(tmp_path):
+    """0.5.23's SWA allocator through alloc_extend, alloc_decode and alloc_extend_swa_tail raises no alarm."""
+    row = gate("0.5.23", tmp_path, kinds="swa")["swa@4"]
+    assert row["result"] == "pass", row
+
+
+def test_0_5_17_swa_at_page_size_4_fails_on_aliasing(tmp_path):
+    """0.5.17's SWA free() queues the caller's row view in a group; paged, through the CPU stand-ins, it still does."""
+    row = gate("0.5.17", tmp_path, kinds="swa")["swa@4"]
+    assert row["result"] == "FAIL", row
+    assert any(is_aliasing_story(f["rules"]) for f in row["failures"]), row["failures"]

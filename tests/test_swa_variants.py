@@ -34,11 +34,11 @@ class OlderSWA(SWAAllocator):
 
     def _free_now(self, free_index: torch.Tensor) -> None:
         self.full_attn_allocator.free(free_index)
-        self._release_swa(self._take_mapping(self._expand(free_index)))
+        self._release_swa(self._take_mapping(free_index))
 
     def free_swa(self, free_index: torch.Tensor) -> None:
         if free_index.numel():
-            self._release_swa(self._take_mapping(self._expand(free_index)))
+            self._release_swa(self._take_mapping(free_index))
 
     def free_group_begin(self) -> None:
         self.free_group = []

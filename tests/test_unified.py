@@ -182,7 +182,7 @@ def test_targets_lists_multi_ended_once_with_its_steps():
     head = "  sglang:multi-ended: MultiEndedAllocator (sglang.srt.mem_cache.allocator.unified_sub_pool), any page size"
     assert lines.count(head) == 1, run.stdout
     assert lines[lines.index(head) + 1] == "    at page size 4: harness UnifiedLockstep"
-    assert "    over: KV pool stand-in: a stamp per physical page, carried by move_physical_pages / move_kv_cache" in lines
+    assert "    stand-in: KV pool stand-in: a stamp per physical page, carried by move_physical_pages / move_kv_cache" in lines
 
 
 def test_replay_refuses_a_free_physical_of_a_loan_not_out():

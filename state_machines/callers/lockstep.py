@@ -37,7 +37,6 @@ from state_machines.callers.release import (
     VOCAB_SIZE,
     Release,
     cache_class,
-    cpu_kernels,
     make_cache,
     open_release,
     sliding_window,
@@ -47,6 +46,7 @@ from state_machines.harness.lockstep import InvariantViolation, Lockstep, census
 from state_machines.harness.steps import ReqRef, Step, step, steps_of
 from state_machines.harness.swa import is_hybrid
 from state_machines.targets.base import TargetError
+from state_machines.targets.cpu_paths import cpu_kernels
 
 # Prompts: each decimal digit (1..ALPHABET) is a page of that token.
 ALPHABET = 3

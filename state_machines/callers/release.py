@@ -10,14 +10,10 @@ the allocator (the ``--target``), a ``ReqToTokenPool`` and the prefix cache
 
 from __future__ import annotations
 
-import copy
 import importlib
 import os
-import sys
-import types
 from typing import Any
 
-import torch
 from attrs import frozen
 
 from state_machines.callers import placement as placement_mod
@@ -199,91 +195,3 @@ def make_cache(release: Release, cls: type, pool, allocator, page_size: int, swa
         return cls(params)
     except Exception as exc:  # noqa: BLE001 - a cache the release cannot build here is bad input
         raise TargetError(f"cannot build {cls.__name__} on CPU: {one_line(exc)}") from None
-
-
-# --------------------------------------------------------------------------- #
-# Device kernels a release has no CPU path for.
-
-
-def _probe_extend(allocator, page_size: int) -> None:
-    i64 = dict(dtype=torch.int64)
-    allocator.alloc_extend(
-        torch.tensor([0], **i64), torch.tensor([0], **i64), torch.tensor([page_size], **i64),
-        torch.tensor([page_size], **i64), torch.tensor([-1], **i64), page_size,
-    )
-
-
-def _probe_decode(allocator, page_size: int) -> None:
-    i64 = dict(dtype=torch.int64)
-    allocator.alloc_decode(torch.tensor([page_size + 1], **i64), torch.tensor([page_size + 1], **i64),
-                           torch.tensor([page_size - 1], **i64))
-
-
-def _alloc_extend_on_cpu(naive, new_pages):
-    """``alloc_extend`` with the contract of the release's own: the release's
-    ``alloc_extend_naive`` fills the slots, ``get_num_new_pages`` counts."""
-
-    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens,
-                     num_new_pages=None, **_):
-        if num_new_pages is None:
-            num_new_pages = new_pages(seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu)
-        if self.need_sort and num_new_pages > len(self.free_pages):
-            self.merge_and_sort_free()
-        if num_new_pages > len(self.free_pages):
-            return None
-        out = torch.empty((extend_num_tokens,), dtype=torch.int64, device=self.device)
-        naive(prefix_lens, seq_lens, last_loc, self.free_pages, out, self.page_size, self.device)
-        self.free_pages = self.free_pages[num_new_pages:]
-        return out
-
-    return alloc_extend
-
-
-def _alloc_decode_on_cpu(new_pages):
-    """``alloc_decode`` with the contract of the release's Triton kernel: a
-    request whose new length is ``k * page_size + 1`` takes the next free
-    page, any other gets the slot after ``last_loc``."""
-
-    def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc, **_):
-        if self.need_sort and len(seq_lens) > len(self.free_pages):
-            self.merge_and_sort_free()
-        num_new_pages = new_pages(seq_lens=seq_lens_cpu, page_size=self.page_size, decode=True)
-        if num_new_pages > len(self.free_pages):
-            return None
-        out, taken = [], 0
-        for n, last in zip(seq_lens_cpu.tolist(), last_loc.tolist()):
-            if n % self.page_size == 1:
-                out.append(int(self.free_pages[taken]) * self.page_size)
-                taken += 1
-            else:
-                out.append(last + 1)
-        self.free_pages = self.free_pages[num_new_pages:]
-        return torch.tensor(out, dtype=torch.int64, device=self.device)
-
-    return alloc_decode
-
-
-def cpu_kernels(allocator, page_size: int) -> list[str]:
-    """Give a paged allocator whose ``alloc_extend`` / ``alloc_decode`` cannot
-    run here (Triton, no CPU path) a CPU stand-in with the same contract, on
-    this instance only; returns what it replaced, with why."""
-    if page_size == 1 or not callable(getattr(allocator, "alloc_extend", None)):
-        return []
-    module = sys.modules[type(allocator).__module__]
-    naive, new_pages = getattr(module, "alloc_extend_naive", None), getattr(module, "get_num_new_pages", None)
-    replaced = []
-    for name, probe in (("alloc_extend", _probe_extend), ("alloc_decode", _probe_decode)):
-        try:
-            with quiet():
-                probe(copy.deepcopy(allocator), page_size)
-            continue
-        except Exception as exc:  # noqa: BLE001 - whatever stops it here needs the stand-in
-            why = one_line(exc)
-        if new_pages is None or (name == "alloc_extend" and naive is None):
-            raise TargetError(f"{type(allocator).__name__}.{name} cannot run on CPU ({why}) and the release has no"
-                              " alloc_extend_naive / get_num_new_pages to build a stand-in from")
-        stand_in = _alloc_extend_on_cpu(naive, new_pages) if name == "alloc_extend" else _alloc_decode_on_cpu(new_pages)
-        setattr(allocator, name, types.MethodType(stand_in, allocator))
-        source = "the release's alloc_extend_naive" if name == "alloc_extend" else "kv-lockstep's loop over the kernel's contract"
-        replaced.append(f"{type(allocator).__name__}.{name}: a CPU stand-in ({source}); the release's fails here: {why}")
-    return replaced

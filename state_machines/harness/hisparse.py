@@ -41,7 +41,7 @@ class HiSparseLockstep(Lockstep):
     device: DeviceSide | None = None
 
     # Decode is modelled (a page-size-1 decode maps device pages); a batched
-    # extend is not, for two reasons (kv-lockstep h9 looked, on 0.5.23):
+    # extend is not, for two reasons (read on 0.5.23):
     # - it maps token by token (hisparse.py:254): an extend ending mid-page
     #   leaves the page's tail slots unmapped until a later extend fills
     #   them, and ``DeviceSide`` maps whole pages (``hisparse_mapping_consistent``
@@ -53,6 +53,7 @@ class HiSparseLockstep(Lockstep):
     #   before those, an ordering this machine does not keep.  Driving it
     #   without both would raise false alarms.
     caller_steps = ("decode",)
+    alloc_extends = True
     # Set while a call takes logical pages only (alloc_decode).
     logical_only: bool = False
 
@@ -108,19 +109,6 @@ class HiSparseLockstep(Lockstep):
         new = [p for r in reqs for p in self.model.requests[r.rid].own[before[r.rid]:]]
         if new and not logical_only:
             self._map_new(f"alloc({len(reqs)})", new)
-
-    def _alloc_call(self, n: int, req: ReqRef | None, prefix: EntryRef | None):
-        """``alloc_extend`` of one request at a page size above 1, where the
-        allocator has it; else ``alloc``."""
-        if self.page_size == 1 or not callable(getattr(self.allocator, "alloc_extend", None)):
-            return super()._alloc_call(n, req, prefix)
-        before, last = self._alloc_start(req, prefix)
-        i64 = dict(dtype=torch.int64, device=self.rows.device)
-        cpu = dict(dtype=torch.int64)
-        args = (torch.tensor([before], **i64), torch.tensor([before], **cpu), torch.tensor([before + n], **i64),
-                torch.tensor([before + n], **cpu), torch.tensor([last], **i64), n)
-        what = f"alloc_extend(prefix_lens=[{before}], seq_lens=[{before + n}], last_loc=[{last}], extend_num_tokens={n})"
-        return what, self._call(what, self.allocator.alloc_extend, *args)
 
     @step
     def alloc(self, n: int, req: ReqRef | None = None, prefix: EntryRef | None = None) -> ReqRef | None:

@@ -269,6 +269,9 @@ class Lockstep:
     # The batched steps sglang's scheduler drives (decode, extend) that this
     # harness models; a family whose other pools they would not update sets ().
     caller_steps = ("decode", "extend")
+    # Whether ``alloc`` goes to ``alloc_extend`` above page size 1: a family
+    # whose allocators' alloc() is page-size-1 only (sglang's SWA, HiSparse).
+    alloc_extends = False
 
     @classmethod
     def create(cls, config: Config, allocator, *, defers_frees: bool, disabled: dict[str, str]) -> Lockstep:
@@ -353,6 +356,11 @@ class Lockstep:
             if any(slots[used:]):
                 stale.append(row)
         return stale
+
+    def decode_fits(self, reqs: list[ReqRef]) -> bool:
+        """Whether the caller would send this decode batch (a family whose
+        caller retracts requests first, rather than meet a short pool, says no)."""
+        return True
 
     def room(self, req: ReqRef) -> int:
         """Pages the request's row can still take."""
@@ -460,11 +468,7 @@ class Lockstep:
         last = [int(self.rows[row, p - 1]) if p else -1 for row, p in zip(rows, prefix_lens)]
         new_counts = [model.extend_new_pages(r.rid, k, ps) for r, k in zip(reqs, tokens)]
         total = sum(tokens)
-        if probe.caller_sends("extend", ps, self.config.latent) is None:
-            what = f"alloc({total})"
-            out = self._call(what, self.allocator.alloc, total)
-        else:
-            what, out = self._extend_call(prefix_lens, seq_lens, last)
+        what, out = self._extend_call(prefix_lens, seq_lens, last, total)
         slots = self._index_tensor(what, out, total, sum(new_counts))
         if slots is None:
             return
@@ -568,23 +572,28 @@ class Lockstep:
 
     # -- the hooks every alloc goes through --
 
-    def _extend_call(self, prefix_lens: list[int], seq_lens: list[int], last: list[int]):
-        """The ``alloc_extend`` call behind ``extend``, as sglang's caller
-        makes it: (what it is called, what it returned).  A family may add
-        what its allocator's callers pass (rotation bases)."""
+    def _extend_call(self, prefix_lens: list[int], seq_lens: list[int], last: list[int], total: int):
+        """The allocator call behind ``extend``: (what it is called, what it
+        returned).  A family may route it elsewhere (``alloc_extend_swa_tail``)."""
+        if probe.caller_sends("extend", self.page_size, self.config.latent) is None:
+            return f"alloc({total})", self._call(f"alloc({total})", self.allocator.alloc, total)
         device = self.rows.device
 
         def host(values):
             return torch.tensor(values, dtype=torch.int64)
 
-        total = sum(seq_lens) - sum(prefix_lens)
         what = f"alloc_extend(prefix_lens={prefix_lens}, seq_lens={seq_lens}, last_loc={last}, extend_num_tokens={total})"
-        args = (host(prefix_lens).to(device), host(prefix_lens), host(seq_lens).to(device), host(seq_lens), host(last).to(device), total)
-        return what, self._call(what, self.allocator.alloc_extend, *args)
+        return what, self._call(
+            what, self.allocator.alloc_extend, host(prefix_lens).to(device), host(prefix_lens),
+            host(seq_lens).to(device), host(seq_lens), host(last).to(device), total,
+        )
 
     def _alloc_call(self, n: int, req: ReqRef | None, prefix: EntryRef | None):
         """The allocator call behind ``alloc``: (what it is called, what it
-        returned).  A family may route it elsewhere (``alloc_extend``)."""
+        returned).  Above page size 1 a family with ``alloc_extends`` sends
+        it to ``alloc_extend`` of one request, where the allocator has one."""
+        if self.alloc_extends and self.page_size > 1 and callable(getattr(self.allocator, "alloc_extend", None)):
+            return self._alloc_extend_call(n, req, prefix)
         return f"alloc({n})", self._call(f"alloc({n})", self.allocator.alloc, n)
 
     def _alloc_start(self, req: ReqRef | None, prefix: EntryRef | None) -> tuple[int, int]:
@@ -598,6 +607,16 @@ class Lockstep:
             before = len(self.model.cache[prefix.eid].pages) * self.page_size
             return before, int(self.entry_slots[prefix.eid][-1]) if before else -1
         return 0, -1
+
+    def _alloc_extend_call(self, n: int, req: ReqRef | None, prefix: EntryRef | None):
+        """``alloc_extend`` of one request by ``n`` slots from its
+        page-aligned end (a new request's from its ``prefix``'s)."""
+        before, last = self._alloc_start(req, prefix)
+        device = self.rows.device
+        lens = [torch.tensor([v], dtype=torch.int64) for v in (before, before + n, last)]
+        what = f"alloc_extend(prefix_lens=[{before}], seq_lens=[{before + n}], last_loc=[{last}], extend_num_tokens={n})"
+        return what, self._call(what, self.allocator.alloc_extend, lens[0].to(device), lens[0], lens[1].to(device),
+                                lens[1], lens[2].to(device), n)
 
     def _judge_handout(self, pages: list[int]) -> None:
         """Judge the pages an alloc handed out, before the model takes them."""

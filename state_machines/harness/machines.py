@@ -213,7 +213,7 @@ class DecodeRules:
             r for i, r in enumerate(live)
             if mask >> (i % 4) & 1 and (s.room(r) > 0 or not s.model.decode_needs_page(r.rid, s.page_size))
         ]
-        if not batch:
+        if not batch or not s.decode_fits(batch):
             return
         if order == 0:
             # Requests taking a page first: the batch's tail then takes none,

@@ -134,9 +134,9 @@ class PageInterleaveLockstep(Lockstep):
     def _alloc_call(self, n: int, req: ReqRef | None, prefix: EntryRef | None):
         """``alloc`` of ``n`` slots is an ``alloc_extend`` of one request."""
         before, last = self._alloc_start(req, prefix)
-        return self._extend_call([before], [before + n], [last])
+        return self._extend_call([before], [before + n], [last], n)
 
-    def _extend_call(self, prefix_lens: list[int], seq_lens: list[int], last: list[int]):
+    def _extend_call(self, prefix_lens: list[int], seq_lens: list[int], last: list[int], total: int):
         """``alloc_extend(..., rotation_bases=...)``: ``None`` for a request
         with no prefix, else its chain's base; then the bases, the classes
         of the new pages and whether ``None`` was due are judged."""
@@ -149,7 +149,6 @@ class PageInterleaveLockstep(Lockstep):
         def host(values):
             return torch.tensor(values, dtype=torch.int64)
 
-        total = sum(seq_lens) - sum(prefix_lens)
         what = (f"alloc_extend(prefix_lens={prefix_lens}, seq_lens={seq_lens}, last_loc={last},"
                 f" extend_num_tokens={total}, rotation_bases={given})")
         out = self._call(what, lambda: self.allocator.alloc_extend(

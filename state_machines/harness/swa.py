@@ -11,7 +11,17 @@ The target must offer sglang's SWA names: ``full_attn_allocator`` and
 ``free_swa`` and ``free``; ``free_full``, ``free_segment``,
 ``free_swa_segment`` and ``free_full_segment`` are used where it has them
 (older sglang has only ``free`` and ``free_swa``: its ``free()`` skips slots
-whose window slid, so it stands in for ``free_full``).  An adapter for
+whose window slid, so it stands in for ``free_full``).
+
+Allocation follows sglang's callers: ``alloc()`` at page size 1; above it
+(where sglang's ``alloc()`` asserts page size 1) ``alloc_extend`` for
+``alloc`` and ``extend``, ``alloc_decode`` for ``decode`` and
+``alloc_extend_swa_tail`` for ``extend_swa_tail`` (PD decode's
+preallocation).  A partly used last page maps only the slots its tokens
+use, and a window never slides past it (the window holds the newest
+token).  ``remap`` re-points an unlocked cache entry's slid pages at fresh
+SWA pages (``set_full_to_swa_mapping``, as HiCache load-back and tombstone
+recovery do), inside a free group too.  An adapter for
 sglang's own SWA classes (``sglang:swa``), or any target whose factory
 says ``family = "swa"`` or whose allocator has those two pools, runs here
 (``family.py``).
@@ -27,8 +37,13 @@ from attrs import define, field
 from reference_model import SWASide, invariants
 from reference_model.census import Census
 from state_machines.harness.lockstep import Lockstep, Pool, census_of, ids
-from state_machines.harness.machines import PICKS, FreeGroupMachine, _pick, draws
+from state_machines.harness.machines import EXTEND_TOKENS_PAGES, PICKS, FreeGroupMachine, _pick, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
+from state_machines.targets.base import one_line, quiet
+
+# Why a step does not run at page size 1 (disaggregation/decode.py sends a
+# preallocation there to alloc()).
+TAIL_AT_PAGE_SIZE_ONE = "at page size 1 PD decode's preallocation calls alloc(), not alloc_extend_swa_tail"
 
 
 @define
@@ -41,14 +56,23 @@ class SWALockstep(Lockstep):
     # available_size() raises NotImplementedError by design (its callers ask
     # each pool), so the joint size is not checked; each pool's still is.
     skipped_checks: dict[str, str] = field(factory=dict)
-    # Decode and extend would take SWA slots this harness does not model.
-    caller_steps = ()
+    # CPU stand-ins the target installed for device-kernel paths, each named.
+    stand_ins: list[str] = field(factory=list)
+    # SWA pages the current allocator call needs, where not one per full page
+    # (alloc_extend_swa_tail's tail); None otherwise.
+    swa_need: int | None = None
+    # The swa_tail_len of the current extend, when it is an extend_swa_tail.
+    tail: int | None = None
+    # sglang's SWA alloc() asserts page size 1.
+    alloc_extends = True
 
     def start_models(self, defers_frees: bool) -> None:
         super().start_models(defers_frees)
         initial = self._call("SWA census", census_of, self.allocator.swa_attn_allocator)
         self.swa = SWASide.from_census(self.model, sorted(set(initial)))
         self.swa_defers = free_swa_defers(self.allocator)
+        self.stand_ins = list(getattr(self.allocator, "kv_lockstep_stand_ins", ()))
+        self.disabled_rules.update(swa_steps_disabled(self.allocator, self.page_size))
         try:
             self.allocator.available_size()
         except NotImplementedError as exc:
@@ -84,23 +108,136 @@ class SWALockstep(Lockstep):
     # -- steps --
 
     def _short(self, pages: int) -> bool:
-        return self.model.num_free < pages or self.swa.num_free < pages
+        swa_pages = pages if self.swa_need is None else self.swa_need
+        return self.model.num_free < pages or self.swa.num_free < swa_pages
 
     @step
     def alloc(self, n: int, req: ReqRef | None = None, prefix: EntryRef | None = None) -> ReqRef | None:
-        pool_short = self._short(n // self.page_size)
+        before = self._lengths([req] if req is not None else [])
         made = super().alloc(n, req, prefix)
-        if pool_short:
-            return None
-        ps = self.page_size
-        full_pages = self.model.requests[(made or req).rid].own[-(n // ps):]
-        full_slots = [p * ps + k for p in full_pages for k in range(ps)]
-        swa_slots = ids(self.allocator.full_to_swa_index_mapping.to("cpu")[torch.tensor(full_slots, dtype=torch.int64)])
-        self._judge(invariants.swa_alloc_maps_whole_pages, n, full_slots, swa_slots, ps)
-        swa_pages = [swa_slots[i] // ps for i in range(0, len(swa_slots), ps)]
-        self._judge(invariants.no_slot_handed_out_twice, swa_pages, self.swa, name="swa_no_slot_handed_out_twice", label="SWA pool: ")
-        self.swa.take(full_pages, swa_pages)
+        if made is not None:
+            before[made.rid] = (len(self.model.requests[made.rid].prefix), -1)
+        self._map_growth("alloc", before, {})
         return made
+
+    @step
+    def decode(self, reqs: list[ReqRef]) -> None:
+        """Each request grows by one token on both pools (``alloc_decode``
+        above page size 1, continuing at the SWA peer of ``last_loc``)."""
+        ps = self.page_size
+        before = self._lengths(reqs)
+        continued = {r.rid: 1 for r in reqs if not self.model.decode_needs_page(r.rid, ps)}
+        super().decode(reqs)
+        self._map_growth("decode", before, continued)
+
+    @step
+    def extend(self, reqs: list[ReqRef], tokens: list[int]) -> None:
+        """One prefill batch on both pools: each new full page maps to a new
+        SWA page, and a continued page's new slots to its SWA page's."""
+        before = self._lengths(reqs)
+        continued = {r.rid: min(k, self.model.requests[r.rid].spare) for r, k in zip(reqs, tokens)}
+        super().extend(reqs, tokens)
+        self._map_growth("extend", before, continued)
+
+    @step
+    def extend_swa_tail(self, req: ReqRef, tokens: int, tail: int) -> None:
+        """PD decode's preallocation, ``alloc_extend_swa_tail`` of one request
+        whose length is page-aligned, by ``tokens`` tokens: full slots for
+        all of them, fresh SWA pages only for the last ``tail`` (which start
+        on a page boundary).  The full pages before the tail map to nothing:
+        their window slid at once.  ``None`` exactly when the full pool has
+        fewer free pages than the extend takes, or the SWA pool than
+        ``ceil(tail / page_size)``."""
+        ps = self.page_size
+        before = self._lengths([req])
+        new_pages = self.model.extend_new_pages(req.rid, tokens, ps)
+        self.tail, self.swa_need = tail, -(-tail // ps)
+        try:
+            # The core extend, routed to alloc_extend_swa_tail (_extend_call).
+            Lockstep.extend(self, [req], [tokens])
+        finally:
+            self.tail = self.swa_need = None
+        self._map_growth("extend_swa_tail", before, {}, dead={req.rid: new_pages - -(-tail // ps)})
+
+    @step
+    def remap(self, entry: EntryRef) -> None:
+        """HiCache load-back / tombstone recovery: a cache entry whose
+        window slid gets fresh SWA pages (``swa_attn_allocator.alloc``)
+        for its slid pages, and ``set_full_to_swa_mapping`` re-points those
+        full slots at them; inside a group too, after their old SWA pages
+        were queued."""
+        ps = self.page_size
+        pages = list(self.model.cache[entry.eid].pages)
+        dead = self._slid(pages)
+        n = dead * ps
+        what = f"swa_attn_allocator.alloc({n})"
+        got = self._call(what, self.allocator.swa_attn_allocator.alloc, n)
+        short = self.swa.num_free < dead
+        if got is None:
+            self._judge(invariants.alloc_none_iff_short, what, True, 0, short, self.swa.num_free, dead)
+            return
+        slots = ids(got)
+        self._judge(invariants.alloc_none_iff_short, what, False, len(slots), short, self.swa.num_free, dead)
+        self._judge(invariants.alloc_returns_whole_pages, n, slots, ps)
+        swa_pages = [slots[i] // ps for i in range(0, n, ps)]
+        self._judge(invariants.no_slot_handed_out_twice, swa_pages, self.swa, name="swa_no_slot_handed_out_twice", label="SWA pool: ")
+        full = self.entry_slots[entry.eid][:n]
+        self._call(f"set_full_to_swa_mapping({entry!r} slots[:{n}], swa_slots)", self.allocator.set_full_to_swa_mapping,
+                   full, got)
+        self.swa.take(pages[:dead], swa_pages)
+
+    def _extend_call(self, prefix_lens: list[int], seq_lens: list[int], last: list[int], total: int):
+        if self.tail is None:
+            return super()._extend_call(prefix_lens, seq_lens, last, total)
+        device = self.rows.device
+
+        def host(values):
+            return torch.tensor(values, dtype=torch.int64)
+
+        what = (f"alloc_extend_swa_tail(prefix_lens={prefix_lens}, seq_lens={seq_lens}, last_loc={last},"
+                f" extend_num_tokens={total}, swa_tail_len={self.tail})")
+        return what, self._call(
+            what, lambda: self.allocator.alloc_extend_swa_tail(
+                host(prefix_lens).to(device), host(prefix_lens), host(seq_lens).to(device), host(seq_lens),
+                host(last).to(device), total, swa_tail_len=self.tail,
+            ),
+        )
+
+    def _lengths(self, reqs) -> dict[int, tuple[int, int]]:
+        """Each request's (pages, tokens), to tell what a step grew."""
+        return {r.rid: (len(self.model.requests[r.rid].pages), self.model.tokens(r.rid, self.page_size)) for r in reqs}
+
+    def _map_growth(self, what: str, before: dict[int, tuple[int, int]], continued: dict[int, int],
+                    dead: dict[int, int] | None = None) -> None:
+        """After a step that may have grown requests (``before``: each one's
+        pages and tokens before it; an allocation that returned None grew
+        none), judge and record the SWA side: each new full page maps to
+        a fresh SWA page (its first ``dead[rid]`` pages to nothing), its
+        first slots as many as its tokens use; ``continued[rid]`` more slots
+        of the page a request's tokens ended in are mapped."""
+        ps = self.page_size
+        new_full, fills = [], []
+        for rid, (old, tokens) in before.items():
+            request = self.model.requests.get(rid)
+            if request is None or self.model.tokens(rid, ps) == tokens:
+                continue
+            if continued.get(rid):
+                self.swa.fill(request.pages[old - 1], continued[rid], ps)
+            fresh = request.pages[old:]
+            skip = (dead or {}).get(rid, 0)
+            for i, page in enumerate(fresh):
+                new_full.append(page)
+                fills.append(0 if i < skip else ps - request.spare if i == len(fresh) - 1 else ps)
+        if not new_full:
+            return
+        slots = torch.tensor([p * ps + k for p in new_full for k in range(ps)], dtype=torch.int64)
+        mapping = ids(self.allocator.full_to_swa_index_mapping.to("cpu")[slots])
+        got = [mapping[i * ps : (i + 1) * ps] for i in range(len(new_full))]
+        self._judge(invariants.swa_new_pages_mapped, what, new_full, got, fills, ps)
+        live = [(page, g[0] // ps, f) for page, g, f in zip(new_full, got, fills) if f]
+        swa_pages = [swa for _, swa, _ in live]
+        self._judge(invariants.no_slot_handed_out_twice, swa_pages, self.swa, name="swa_no_slot_handed_out_twice", label="SWA pool: ")
+        self.swa.take([p for p, _, _ in live], swa_pages, [f for _, _, f in live])
 
     @step
     def begin(self) -> None:
@@ -169,11 +306,55 @@ class SWALockstep(Lockstep):
         return [ReqRef(r.rid) for r in self.model.requests.values() if self.live_own(ReqRef(r.rid))]
 
     def live_own(self, req: ReqRef) -> int:
-        own = self.model.requests[req.rid].own
-        return len(own) - self._slid(own)
+        """Own pages the window may still slide past: those with an SWA
+        side, but never a partly used last page (it holds the newest token)."""
+        request = self.model.requests[req.rid]
+        own = request.own
+        return len(own) - self._slid(own) - (1 if request.spare and self.swa.live(own[-1]) else 0)
+
+    def decode_fits(self, reqs: list[ReqRef]) -> bool:
+        """Above page size 1, a decode batch only where both pools have its
+        new pages: sglang's scheduler retracts requests first
+        (``check_decode_mem``), and a ``None`` from ``alloc_decode`` is a
+        fatal "Decode out of memory" (``mem_cache/allocation.py``), so no
+        caller meets the pool short.  (sglang's SWA ``alloc_decode`` then
+        keeps the page the other pool gave: a latent leak.)"""
+        if self.page_size == 1:
+            return True
+        pages = sum(self.model.decode_needs_page(r.rid, self.page_size) for r in reqs)
+        return not self._short(pages)
+
+    def tail_ready(self) -> list[ReqRef]:
+        """Requests ``extend_swa_tail`` may take: page-aligned, no own page
+        with an SWA side (so slid pages stay the oldest)."""
+        return [ReqRef(r.rid) for r in self.model.requests.values()
+                if not r.spare and not any(self.swa.live(p) for p in r.own) and self.room(ReqRef(r.rid)) > 0]
+
+    def remappable(self) -> list[EntryRef]:
+        """Cache entries whose window slid past their oldest pages (locked
+        too: a request matching a prefix is what loads it back)."""
+        return [e for e in self.entries() if self._slid(self.model.cache[e.eid].pages)]
 
     def swa_evictable(self) -> list[EntryRef]:
         return [e for e in self.evictable() if any(self.swa.live(p) for p in self.model.cache[e.eid].pages)]
+
+    def step_not_applicable(self, rule: str, args: dict) -> str | None:
+        """Why a replayed SWA step is one this family's rules never draw."""
+        ps = self.page_size
+        if rule == "decode" and not self.decode_fits(args["reqs"]):
+            return "a pool is short of the batch's new pages: the scheduler retracts requests before such a decode"
+        if rule == "remap":
+            entry = args["entry"]
+            return None if entry in self.remappable() else f"{entry!r} was evicted or has no slid page"
+        if rule == "extend_swa_tail":
+            req, tokens, tail = args["req"], args["tokens"], args["tail"]
+            if req not in self.tail_ready():
+                return f"{req!r} ends mid-page, has a page in the window or a full row"
+            if self.model.tokens(req.rid, ps) + tokens > self.config.row_pages * ps:
+                return f"{req!r}: {tokens} more tokens do not fit in its row"
+            if tail > tokens or (tokens - tail) % ps:
+                return f"a tail of {tail} of {tokens} tokens does not start on a page boundary"
+        return None
 
     # -- helpers --
 
@@ -204,6 +385,16 @@ class SWALockstep(Lockstep):
         return self._method(*names, *(["free_segment"] if segment and self.has_free_segment else []), "free")
 
 
+def _one_page(allocator):
+    """One fresh page's slots from ``allocator`` as its callers allocate:
+    ``alloc`` at page size 1, ``alloc_extend`` of one request above it."""
+    ps = allocator.page_size
+    if ps == 1:
+        return allocator.alloc(1)
+    zero, page, none = (torch.tensor([v], dtype=torch.int64) for v in (0, ps, -1))
+    return allocator.alloc_extend(zero, zero, page, page, none, ps)
+
+
 def free_swa_defers(allocator) -> bool:
     """Whether ``free_swa()`` inside an open free group queues the SWA
     release (True) or releases the slots at once (False), probed on a
@@ -212,7 +403,7 @@ def free_swa_defers(allocator) -> bool:
     run reads as queuing, the stricter model."""
     try:
         probe = copy.deepcopy(allocator)
-        slots = probe.alloc(probe.page_size)
+        slots = _one_page(probe)
         if slots is None:
             return True
         before = int(probe.swa_attn_allocator.available_size())
@@ -221,6 +412,29 @@ def free_swa_defers(allocator) -> bool:
         return int(probe.swa_attn_allocator.available_size()) == before
     except Exception:  # noqa: BLE001 - the run itself reports what raises
         return True
+
+
+def swa_steps_disabled(allocator, page_size: int) -> dict[str, str]:
+    """The SWA steps this allocator cannot run here, each with the reason:
+    ``extend_swa_tail`` (above page size 1 only; probed on a throwaway copy)
+    and ``remap`` (``set_full_to_swa_mapping``)."""
+    out = {}
+    if not callable(getattr(allocator, "set_full_to_swa_mapping", None)):
+        out["remap"] = f"{type(allocator).__name__} has no set_full_to_swa_mapping"
+    if page_size == 1:
+        out["extend_swa_tail"] = TAIL_AT_PAGE_SIZE_ONE
+    elif not callable(getattr(allocator, "alloc_extend_swa_tail", None)):
+        out["extend_swa_tail"] = f"{type(allocator).__name__} has no alloc_extend_swa_tail"
+    else:
+        # One request of a page and one token, its tail the last token.
+        i64 = dict(dtype=torch.int64)
+        zero, seq, none = torch.tensor([0], **i64), torch.tensor([page_size + 1], **i64), torch.tensor([-1], **i64)
+        try:
+            with quiet():
+                copy.deepcopy(allocator).alloc_extend_swa_tail(zero, zero, seq, seq, none, page_size + 1, swa_tail_len=1)
+        except Exception as exc:  # noqa: BLE001 - whatever stops it here disables the step
+            out["extend_swa_tail"] = f"alloc_extend_swa_tail: {one_line(exc)}"
+    return out
 
 
 class SWAMachine(FreeGroupMachine):
@@ -235,6 +449,41 @@ class SWAMachine(FreeGroupMachine):
     @draws(guard=lambda s: s.swa_evictable(), which=PICKS)
     def evict_swa(self, which):
         self._do("evict_swa", _pick(self.state.swa_evictable(), which))
+
+    @draws(guard=lambda s: s.runs("remap") and s.entries(), which=PICKS)
+    def remap(self, which):
+        # An unlocked entry whose window has not slid yet is tombstoned first
+        # (its SWA side dropped, queued in an open group), then loaded back.
+        s = self.state
+        entry = _pick(s.entries(), which)
+        if entry not in s.remappable():
+            if entry not in s.swa_evictable():
+                return
+            self._do("evict_swa", entry)
+        self._do("remap", entry)
+
+    @draws(guard=lambda s: s.runs("extend_swa_tail") and (s.free_rows() or s.tail_ready()),
+           fresh=(0, 2), which=PICKS, tokens=(1, 64), tail=(0, 4))
+    def extend_swa_tail(self, which, fresh, tokens, tail):
+        # fresh: 0 takes a ready request, 1 admits one, 2 admits one on a
+        # cached prefix; tail: the tail's whole pages past the last partial one.
+        s = self.state
+        ps = s.page_size
+        ready = s.tail_ready()
+        if fresh or not ready:
+            if not s.free_rows():
+                return
+            entries = s.entries()
+            ready = [self._do("admit", prefix=_pick(entries, which) if fresh == 2 and entries else None)]
+        req = _pick(ready, which)
+        room = s.room(req) * ps
+        k = min(1 + (tokens - 1) % (EXTEND_TOKENS_PAGES * ps), room)
+        if k <= 0:
+            return
+        # The tail starts on a page boundary: it ends the last (partial) page.
+        part = k % ps
+        t = min(part + tail * ps, k)
+        self._do("extend_swa_tail", req, k, t)
 
 
 def is_hybrid(allocator) -> bool:

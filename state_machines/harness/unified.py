@@ -162,6 +162,7 @@ class UnifiedLockstep(Lockstep):
             stamps[mapped[v]] = v
             self.written.add(v)
 
+    @property
     def stand_ins(self) -> list[str]:
         """The stand-ins the allocator was built over (sglang's class), as their reprs say."""
         parts = (getattr(self.allocator, "unified_buffer", None), getattr(self.allocator, "_kvcache", None))

@@ -58,6 +58,7 @@ class TraceError(Exception):
 
 SLOTS = "slots"    # slots, a whole number of pages: page_size .. row_pages * page_size
 SPAN = "span"      # slots, may end mid-page: 1 .. row_pages * page_size
+SPAN0 = "span0"    # the same, possibly none: 0 .. row_pages * page_size
 OFFSET = "offset"  # a page-aligned offset in a row: 0 .. row_pages * page_size - 1
 ROW = "row"        # a row of req_to_token: 0 .. rows - 1
 PAGES = "pages"    # pages: 1 .. row_pages
@@ -82,6 +83,8 @@ _UNITS = {
     ("arrive", "out"): SPAN,
     ("evict_tokens", "n"): SPAN,
     ("chunked_prefill", "pages"): PAGES,
+    ("extend_swa_tail", "tokens"): SPAN,
+    ("extend_swa_tail", "tail"): SPAN0,
     ("device_buffer", "n"): SLOTS,
     ("alloc_group_begin", "n"): PAGES0,
     ("alloc_physical", "n"): SLOTS,
@@ -131,11 +134,12 @@ def arg_kinds(rule: str) -> dict[str, str]:
 def _int_bounds(kind: str, config: Config) -> tuple[int, int, int]:
     """(lowest, highest, multiple of) for an integer argument of ``kind``."""
     ps, row_slots = config.page_size, config.row_pages * config.page_size
-    if kind not in (SLOTS, SPAN, OFFSET, ROW, PAGES, PAGES0, PROMPT):
+    if kind not in (SLOTS, SPAN, SPAN0, OFFSET, ROW, PAGES, PAGES0, PROMPT):
         raise TraceError(f"an integer argument of kind {kind!r} has no bounds in state_machines/runs/trace.py")
     return {
         SLOTS: (ps, row_slots, ps),
         SPAN: (1, row_slots, 1),
+        SPAN0: (0, row_slots, 1),
         OFFSET: (0, row_slots - 1, ps),
         ROW: (0, config.rows - 1, 1),
         PAGES: (1, config.row_pages, 1),

@@ -34,16 +34,16 @@ MODULES = {
     "paged": "sglang.srt.mem_cache.allocator.paged",
     "swa": "sglang.srt.mem_cache.allocator.swa",
     "npu": "sglang.srt.hardware_backend.npu.allocator_npu",
-    # kv-lockstep h6: one pool of SWA pages, HiSparse pairs, Mamba state slots.
+    # one pool of SWA pages, HiSparse pairs, Mamba state slots.
     "pure-swa": "sglang.srt.mem_cache.allocator.swa",
     "hisparse": "sglang.srt.mem_cache.allocator.hisparse",
     "mamba": "sglang.srt.mem_cache.allocator.mamba",
-    # kv-lockstep h9: owner-classed pages (logical-page KV sharding), from 0.5.20.
+    # owner-classed pages (logical-page KV sharding), from 0.5.20.
     "page-interleave": "sglang.srt.mem_cache.allocator.page_interleave",
-    # kv-lockstep h11: one sub-pool of the unified byte arena (0.5.20 on).
+    # one sub-pool of the unified byte arena (0.5.20 on).
     "multi-ended": "sglang.srt.mem_cache.allocator.unified_sub_pool",
     "multi-ended-eager": "sglang.srt.mem_cache.allocator.unified_sub_pool",
-    # kv-lockstep h12: the unified hybrid pools (sub-pools in one byte arena).
+    # the unified hybrid pools (sub-pools in one byte arena).
     "unified-swa": "sglang.srt.mem_cache.allocator.unified_hybrid_swa",
     "unified-mamba-swa": "sglang.srt.mem_cache.allocator.unified_hybrid_swa",
     "unified-mamba": "sglang.srt.mem_cache.allocator.unified_mamba",
@@ -62,14 +62,15 @@ LAYOUTS = {PACKAGE: MODULES, SINGLE_FILE: SINGLE_FILE_MODULES}
 # Allocator code outside mem_cache/ that a kind runs (``release_files``).
 NPU_FILE = ("srt", "hardware_backend", "npu", "allocator_npu.py")
 REQUIRED = ("token", "paged")
-# Kinds that work at page size 1 only: the token allocator, and SWA's alloc().
-PAGE_SIZE_ONE = ("token", "swa", "pure-swa", "mamba")
+# Kinds that work at page size 1 only.
+PAGE_SIZE_ONE = ("token", "pure-swa", "mamba")
 # The page size a kind that takes any is gated and described at (``gate_kinds``).
 GATE_PAGE_SIZE = 4
-# Kinds gated at more than one page size: at 1 the unified sub-pool takes
-# decode and extend through alloc(), above it its frees go by page
-# representatives (free_segment's own path).
-GATE_PAGE_SIZES = {"multi-ended": (1, 4)}
+# Kinds gated at more than one page size, each with its reason: the SWA
+# allocator allocates through alloc() at 1 and through alloc_extend /
+# alloc_decode above it; the unified sub-pool takes decode and extend through
+# alloc() at 1 and frees by page representatives above it.
+GATE_PAGE_SIZES = {"swa": (1, 4), "multi-ended": (1, 4)}
 CLASSES = {
     "token": "TokenToKVPoolAllocator",
     "paged": "PagedTokenToKVPoolAllocator",
@@ -88,6 +89,7 @@ CLASSES = {
 
 
 from state_machines.targets.base import Target, TargetError, construct, one_line, quiet
+from state_machines.targets.cpu_paths import cpu_kernels
 
 
 @dataclasses.dataclass
@@ -402,11 +404,19 @@ def make_swa(size: int, page_size: int, device: str, need_sort: bool, size_swa: 
         raise TargetError(f"sglang {_info().version}: {mod.__name__} exposes neither BaseSWAKVPool nor SWAKVPool")
     args = _common(size, page_size, device, need_sort)
     args.update(size_swa=size if size_swa is None else size_swa, kvcache=_swa_standin(base))
-    return _construct(cls, **args)
+    allocator = _construct(cls, **args)
+    # Above page size 1 both pools are paged allocators whose alloc_extend /
+    # alloc_decode may be Triton-only (to 0.5.20): CPU stand-ins, named.
+    replaced = []
+    if page_size > 1:
+        for pool in ("full_attn_allocator", "swa_attn_allocator"):
+            replaced += [f"{pool}: {line}" for line in cpu_kernels(getattr(allocator, pool), page_size)]
+    allocator.kv_lockstep_stand_ins = replaced
+    return allocator
 
 
 # --------------------------------------------------------------------------- #
-# pure-SWA, HiSparse and Mamba (kv-lockstep h6): each its own family.
+# pure-SWA, HiSparse and Mamba: each its own family.
 
 
 def make_pure_swa(size: int, page_size: int, device: str, need_sort: bool):
@@ -466,7 +476,7 @@ def make_page_interleave(size: int, page_size: int, device: str, need_sort: bool
     args.update(physical_page_size=page_size, shard_size=SHARD_SIZE)
     return _construct(_cls("page-interleave"), **args)
 # --------------------------------------------------------------------------- #
-# The unified sub-pool (kv-lockstep h11): MultiEndedAllocator over stand-ins
+# The unified sub-pool: MultiEndedAllocator over stand-ins
 # for the UnifiedKVPool (the byte arena) and the KV pool it moves pages in.
 
 
@@ -485,7 +495,7 @@ class _SubPoolSpecStandIn:
 
         return torch.float16
 # --------------------------------------------------------------------------- #
-# Unified hybrid pools (kv-lockstep h12): sub-pools of one byte arena.
+# Unified hybrid pools: sub-pools of one byte arena.
 
 # Bytes one slot of each sub-pool takes in the stand-in arena: full and SWA
 # differ, so that a byte a slide frees is worth a different count to each.

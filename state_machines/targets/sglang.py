@@ -546,7 +546,7 @@ class _UnifiedBufferStandIn:
                 f" {self.spec_.entry_bytes()} byte, the first {self.floor} reserved")
 
 
-class _UnifiedKVStandIn:
+class _StampedKVStandIn:
     """The KV pool a compaction moves pages in, reduced to who wrote each
     physical page (``stamps``, written by the harness as a forward would):
     ``move_physical_pages(dst, src, page_size)`` by page id (0.5.23),
@@ -576,7 +576,7 @@ def make_multi_ended(size: int, page_size: int, device: str, need_sort: bool, la
     kind = "multi-ended" if lazy_compaction else "multi-ended-eager"
     args = _common(size, page_size, device, need_sort)
     args.update(
-        kvcache=_UnifiedKVStandIn(page_size),
+        kvcache=_StampedKVStandIn(page_size),
         unified_buffer=_UnifiedBufferStandIn(size + page_size, page_size),
         sub_pool_name="full",
         is_id_owner=True,

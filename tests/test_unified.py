@@ -173,7 +173,7 @@ def test_0_5_23_multi_ended_frees_an_overwritten_int64_row_view():
 
 @pytest.mark.sglang
 def test_targets_lists_multi_ended_once_with_its_steps():
-    """`targets` on 0.5.23 shows sglang:multi-ended once, on the unified harness, with the stand-ins it is built over."""
+    """`targets` on 0.5.23 shows sglang:multi-ended once, on the unified harness at each gate page size, with its stand-ins."""
     run = subprocess.run(
         [sys.executable, "-m", "state_machines.cli", "targets", "--sglang-path", str(release_dir("0.5.23"))],
         cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)),
@@ -181,7 +181,8 @@ def test_targets_lists_multi_ended_once_with_its_steps():
     lines = run.stdout.splitlines()
     head = "  sglang:multi-ended: MultiEndedAllocator (sglang.srt.mem_cache.allocator.unified_sub_pool), any page size"
     assert lines.count(head) == 1, run.stdout
-    assert lines[lines.index(head) + 1] == "    at page size 4: harness UnifiedLockstep"
+    sizes = [line for line in lines[lines.index(head) + 1 :] if line.startswith("    at page size")][:2]
+    assert sizes == ["    at page size 1: harness UnifiedLockstep", "    at page size 4: harness UnifiedLockstep"]
     assert "    stand-in: KV pool stand-in: a stamp per physical page, carried by move_physical_pages / move_kv_cache" in lines
 
 

@@ -90,10 +90,9 @@ class UnifiedSWALockstep(SWALockstep):
         # free_swa() and free_swa_segment() release at once, inside a group too.
         self.swa_defers = False
 
-    # The SWA family's decode and extend (its SWA side now mapped page by page), PD
-    # decode's tail and HiCache's remap are not modelled over virtual page
-    # tables yet: driven as the SWA family drives them they raise false alarms.
-    not_modelled = ("decode", "extend", "extend_swa_tail", "remap")
+    # PD decode's tail and HiCache's remap are not modelled over virtual
+    # page tables yet.
+    not_modelled = ("extend_swa_tail", "remap")
     # Its alloc_extend is a Triton kernel (no CPU path): an alloc stays alloc().
     alloc_extends = False
 
@@ -194,6 +193,26 @@ class UnifiedSWALockstep(SWALockstep):
         self.swa.take(pages, pages)
         return made
 
+
+    @step
+    def decode(self, reqs: list[ReqRef]) -> None:
+        """As the core's ``decode``: a new full virtual page binds its SWA side (the same id)."""
+        self._grow_both(Lockstep.decode, reqs)
+
+    @step
+    def extend(self, reqs: list[ReqRef], tokens: list[int]) -> None:
+        """As the core's ``extend``: each new full virtual page binds its SWA side (the same id)."""
+        self._grow_both(Lockstep.extend, reqs, tokens)
+
+    def _grow_both(self, core, reqs: list[ReqRef], *args) -> None:
+        """Run the core step ``core``; the virtual pages it gave each request
+        are now live on the SWA side too (the SWA family's page-by-page
+        mapping reads ``full_to_swa_index_mapping``, which these pools do not
+        keep: the SWA side of a virtual page is its own binding)."""
+        before = {r.rid: len(self.model.requests[r.rid].own) for r in reqs}
+        core(self, reqs, *args)
+        grown = [p for rid, n in before.items() if rid in self.model.requests for p in self.model.requests[rid].own[n:]]
+        self.swa.take(grown, grown)
 
     def _give_back(self, row: int, start: int, end: int, pages: list[int], *, segment: bool) -> None:
         """A segment splits as the SWA family's does (``free_segment``

@@ -364,7 +364,8 @@ def _describe_target(args) -> int:
 def _describe_release(args) -> int:
     """``targets --sglang-path P``: every sglang kind of that release, with
     its class, the page sizes it takes, and what it runs here (at
-    ``--page-size`` where it takes that, else 1 or the gate's page size)."""
+    ``--page-size`` where it takes that, else at each page size the gate
+    runs it at, ``gate_kinds()``)."""
     from state_machines.harness import InvariantViolation
     from state_machines.targets import TargetError, resolve, sglang
 
@@ -384,7 +385,7 @@ def _describe_release(args) -> int:
             continue
         cls = sglang.class_of(kind)
         takes = target.page_sizes
-        if args.page_size and (takes is None or args.page_size in takes):
+        if args.page_size and (takes is None or args.page_size in takes) and args.page_size >= target.min_page_size:
             gate_page_sizes = [args.page_size]
         pages = (f"page size {', '.join(map(str, takes))} only" if takes
                  else f"page size {target.min_page_size} or more" if target.min_page_size > 1 else "any page size")

@@ -10,9 +10,12 @@ physical pages of one shared byte arena through ``virtual_to_physical`` /
 ``physical_to_virtual``.  A window slide tombstones the SWA side
 (``v2p == -1``) and returns its bytes to the shared gap.
 
-``UnifiedSWALockstep`` runs the SWA family's steps as they are (a slide, an
-SWA eviction, ``free_full`` for slid spans), with the SWA model keyed by
-virtual page (``reference_model/unified_hybrid.py``).  What it checks
+``UnifiedSWALockstep`` runs the SWA family's free-side steps as they are (a
+slide, an SWA eviction, ``free_full`` for slid spans); ``alloc``, ``decode``
+and ``extend`` are the core's, each new virtual page binding its SWA side
+(the same id); PD decode's ``extend_swa_tail`` and HiCache's ``remap`` are
+not modelled yet (disabled, saying so).  The SWA model is keyed by virtual
+page (``reference_model/unified_hybrid.py``).  What it checks
 instead of a free list per pool:
 
 - the full pool: the core checks over ``free_virtual_ids`` (the census);
@@ -89,6 +92,7 @@ class UnifiedSWALockstep(SWALockstep):
         self.swa = SWASide.from_census(self.model, free)
         # free_swa() and free_swa_segment() release at once, inside a group too.
         self.swa_defers = False
+        self.stand_ins = list(getattr(a, "kv_lockstep_stand_ins", ()))
 
     # PD decode's tail and HiCache's remap are not modelled over virtual
     # page tables yet.
@@ -192,7 +196,6 @@ class UnifiedSWALockstep(SWALockstep):
         pages = self.model.requests[(made or req).rid].own[-(n // ps):]
         self.swa.take(pages, pages)
         return made
-
 
     @step
     def decode(self, reqs: list[ReqRef]) -> None:

@@ -69,8 +69,9 @@ GATE_PAGE_SIZE = 4
 # Kinds gated at more than one page size, each with its reason: the SWA
 # allocator allocates through alloc() at 1 and through alloc_extend /
 # alloc_decode above it; the unified sub-pool takes decode and extend through
-# alloc() at 1 and frees by page representatives above it.
-GATE_PAGE_SIZES = {"swa": (1, 4), "multi-ended": (1, 4)}
+# alloc() at 1 and frees by page representatives above it, and so do the
+# unified SWA pool's sub-pools.
+GATE_PAGE_SIZES = {"swa": (1, 4), "multi-ended": (1, 4), "unified-swa": (1, 4)}
 CLASSES = {
     "token": "TokenToKVPoolAllocator",
     "paged": "PagedTokenToKVPoolAllocator",
@@ -475,6 +476,8 @@ def make_page_interleave(size: int, page_size: int, device: str, need_sort: bool
     args = _common(size, page_size, device, need_sort)
     args.update(physical_page_size=page_size, shard_size=SHARD_SIZE)
     return _construct(_cls("page-interleave"), **args)
+
+
 # --------------------------------------------------------------------------- #
 # The unified sub-pool: MultiEndedAllocator over stand-ins
 # for the UnifiedKVPool (the byte arena) and the KV pool it moves pages in.
@@ -494,6 +497,11 @@ class _SubPoolSpecStandIn:
         import torch
 
         return torch.float16
+
+    def blocks_per_page(self) -> int:
+        return 1
+
+
 # --------------------------------------------------------------------------- #
 # Unified hybrid pools: sub-pools of one byte arena.
 
@@ -589,6 +597,8 @@ def make_multi_ended_eager(size: int, page_size: int, device: str, need_sort: bo
     """The same with eager compaction (``SGLANG_DISABLE_LAZY_COMPACTION=1``):
     every free compacts at once."""
     return make_multi_ended(size, page_size, device, need_sort, lazy_compaction=False)
+
+
 class _UnifiedArenaStandIn:
     """Smallest ``UnifiedKVPool`` the unified allocators accept: no bytes
     at all, only its geometry (``total_bytes``, each sub-pool's spec,
@@ -672,7 +682,10 @@ def _make_unified(kind: str, directions: dict[str, str], size: int, page_size: i
     for name in ("full", "swa"):
         if _required(cls, f"{name}_max_total_num_tokens"):
             args[f"{name}_max_total_num_tokens"] = arena.max_slots(name) - page_size
-    return _construct(cls, **args)
+    allocator = _construct(cls, **args)
+    # Named in `targets` and the run header (the SWA harness reads this).
+    allocator.kv_lockstep_stand_ins = [repr(arena), repr(kvcache)]
+    return allocator
 
 
 def make_unified_swa(size: int, page_size: int, device: str, need_sort: bool):

@@ -479,31 +479,8 @@ def make_page_interleave(size: int, page_size: int, device: str, need_sort: bool
 
 
 # --------------------------------------------------------------------------- #
-# The unified sub-pool: MultiEndedAllocator over stand-ins
-# for the UnifiedKVPool (the byte arena) and the KV pool it moves pages in.
-
-
-class _SubPoolSpecStandIn:
-    """What ``MultiEndedAllocator`` reads of a ``SubPoolSpec``: where the
-    sub-pool grows, one slot's bytes, its dtype; ``blocks_per_page`` (read
-    by 0.5.20 for kernel-facing ids) is 1, kernel ids = physical ids."""
-
-    grow_direction = "up"
-
-    def entry_bytes(self) -> int:
-        return 1
-
-    def get_dtype(self):
-        import torch
-
-        return torch.float16
-
-    def blocks_per_page(self) -> int:
-        return 1
-
-
-# --------------------------------------------------------------------------- #
-# Unified hybrid pools: sub-pools of one byte arena.
+# Unified pools: sub-pools of one byte arena (UnifiedKVPool stand-ins), the
+# single sub-pool (MultiEndedAllocator) and the hybrid composites.
 
 # Bytes one slot of each sub-pool takes in the stand-in arena: full and SWA
 # differ, so that a byte a slide frees is worth a different count to each.
@@ -528,30 +505,6 @@ class _UnifiedSpecStandIn:
 
     def blocks_per_page(self) -> int:
         return 1
-
-
-class _UnifiedBufferStandIn:
-    """A ``UnifiedKVPool`` of one sub-pool: ``max_slots`` slots of one byte,
-    the first page (``min_slot_index``) the reserved padding floor."""
-
-    def __init__(self, max_slots: int, page_size: int):
-        self.spec_ = _SubPoolSpecStandIn()
-        self.slots = max_slots
-        self.floor = page_size
-        self.total_bytes = max_slots * self.spec_.entry_bytes()
-
-    def spec(self, name: str) -> _SubPoolSpecStandIn:
-        return self.spec_
-
-    def max_slots(self, name: str) -> int:
-        return self.slots
-
-    def min_slot_index(self, name: str) -> int:
-        return self.floor
-
-    def __repr__(self) -> str:
-        return (f"UnifiedKVPool stand-in: one sub-pool growing {self.spec_.grow_direction}, {self.slots} slots of"
-                f" {self.spec_.entry_bytes()} byte, the first {self.floor} reserved")
 
 
 class _StampedKVStandIn:
@@ -585,7 +538,8 @@ def make_multi_ended(size: int, page_size: int, device: str, need_sort: bool, la
     args = _common(size, page_size, device, need_sort)
     args.update(
         kvcache=_StampedKVStandIn(page_size),
-        unified_buffer=_UnifiedBufferStandIn(size + page_size, page_size),
+        # One grow-up sub-pool of one-byte slots; its first page is the reserved padding floor.
+        unified_buffer=_UnifiedArenaStandIn(size + page_size, [_UnifiedSpecStandIn("full", 1, "up")], page_size),
         sub_pool_name="full",
         is_id_owner=True,
         lazy_compaction=lazy_compaction,

@@ -71,7 +71,7 @@ GATE_PAGE_SIZE = 4
 # alloc_decode above it; the unified sub-pool takes decode and extend through
 # alloc() at 1 and frees by page representatives above it, and so do the
 # unified SWA pool's sub-pools.
-GATE_PAGE_SIZES = {"swa": (1, 4), "multi-ended": (1, 4), "unified-swa": (1, 4)}
+GATE_PAGE_SIZES = {"paged": (1, 4), "swa": (1, 4), "multi-ended": (1, 4), "unified-swa": (1, 4)}
 CLASSES = {
     "token": "TokenToKVPoolAllocator",
     "paged": "PagedTokenToKVPoolAllocator",

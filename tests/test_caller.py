@@ -374,6 +374,34 @@ def test_a_window_slide_that_frees_the_trees_swa_is_caught():
         assert failure["invariant"] == "swa_tree_sizes_balance", failure
 
 
+SWA_RADIX_RUNS = ("swa-radix:release:1", "swa-radix:all:4")
+SWA_RADIX_MUTANT = "tests.sglang_caller_swa_mutants:FreesTheTreesWindow"
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.18"])
+def test_swa_radix_runs_clean_and_slides_windows(version):
+    """The release's SWARadixCache over the hybrid SWA allocator runs clean at
+    page sizes 1 and 4, with window slides."""
+    rows = gate(version, SWA_RADIX_RUNS, max_examples=60)
+    for run in SWA_RADIX_RUNS:
+        assert rows[run]["result"] == "pass", rows[run]
+        assert {"arrive", "prefill", "decode", "slide_windows"} <= set(rows[run]["rules"]), rows[run]["rules"]
+
+
+@pytest.mark.sglang
+def test_an_swa_radix_subclass_that_frees_the_trees_window_is_caught_as_reachable():
+    """An SWARadixCache subclass that frees the SWA of the tree's first page
+    when it publishes a prefill fails swa_tree_sizes_balance at page sizes 1
+    and 4, reachable under 0.5.17's own placement."""
+    runs = tuple(f"{SWA_RADIX_MUTANT}:release:{ps}@sglang:swa" for ps in (1, 4))
+    rows = gate("0.5.17", runs, max_examples=100)
+    for ps in (1, 4):
+        row = rows[f"{SWA_RADIX_MUTANT}:release:{ps}"]
+        assert row["result"] == "FAIL", row
+        assert (row["failures"][0]["invariant"], row["failures"][0]["label"]) == ("swa_tree_sizes_balance", "reachable")
+
+
 @pytest.mark.sglang
 def test_an_swa_cache_names_its_window_and_swa_stand_ins():
     """The header of --caller unified-swa says the window and the SWA pool's stand-in."""

@@ -172,10 +172,18 @@ class PrefixIndicesGeneration(Generation):
         return req.last_node
 
     def lock(self, req, cache):
-        cache.inc_lock_ref(req.last_node)
+        result = cache.inc_lock_ref(req.last_node)
+        # PrefillAdder._req_inc_lock_ref: an SWA tree says where the request's SWA lock ends.
+        req.swa_uuid_for_lock = getattr(result, "swa_uuid_for_lock", None)
+        if hasattr(req, "skip_lock_node_ids"):
+            req.skip_lock_node_ids = {}
 
     def unlock(self, req, cache):
-        cache.dec_lock_ref(req.last_node)
+        if req.swa_uuid_for_lock is None:
+            cache.dec_lock_ref(req.last_node)
+            return
+        cache.dec_lock_ref(req.last_node, self.m.DecLockRefParams(swa_uuid_for_lock=req.swa_uuid_for_lock))
+        req.swa_uuid_for_lock = None
 
     def set_extend(self, req, end):
         req.set_extend_range(len(req.prefix_indices), end)
@@ -281,13 +289,24 @@ def generation_of(m) -> Generation:
 # Readers: what a cache and an allocator hold, as plain lists.
 
 
+def tree_sizes(cache) -> tuple[int, int]:
+    """``(evictable, protected)`` tokens of the tree's full KV: the cache's
+    ``evictable_size()`` / ``protected_size()``, or ``full_evictable_size()``
+    / ``full_protected_size()`` where those raise ``NotImplementedError``
+    (``SWARadixCache`` keeps two of each)."""
+    try:
+        return int(cache.evictable_size()), int(cache.protected_size())
+    except NotImplementedError:
+        return int(cache.full_evictable_size()), int(cache.full_protected_size())
+
+
 def tree_slots(cache) -> list[int]:
     """Every slot the tree's nodes hold (``all_values_flatten()``); an empty
     tree may raise there (``torch.cat`` of nothing), which reads as empty."""
     try:
         return ids(cache.all_values_flatten())
     except (ValueError, RuntimeError):
-        if cache.evictable_size() + cache.protected_size() == 0:
+        if sum(tree_sizes(cache)) == 0:
             return []
         raise
 
@@ -355,6 +374,7 @@ __all__ = [
     "open_group_pages",
     "path_reader",
     "path_slots",
+    "tree_sizes",
     "tree_slots",
 ]
 

@@ -59,6 +59,7 @@ class Modules:
     ReqToTokenPool: Any
     CacheInitParams: Any
     EvictParams: Any
+    DecLockRefParams: Any
     BasePrefixCache: Any
     RadixCache: Any
     UnifiedRadixCache: Any  # None where the release has none
@@ -122,6 +123,7 @@ def open_release(sglang_path: str | None) -> Release:
         ReqToTokenPool=mods["mem_cache.memory_pool"].ReqToTokenPool,
         CacheInitParams=mods["mem_cache.cache_init_params"].CacheInitParams,
         EvictParams=mods["mem_cache.base_prefix_cache"].EvictParams,
+        DecLockRefParams=mods["mem_cache.base_prefix_cache"].DecLockRefParams,
         BasePrefixCache=mods["mem_cache.base_prefix_cache"].BasePrefixCache,
         RadixCache=mods["mem_cache.radix_cache"].RadixCache,
         UnifiedRadixCache=unified,

@@ -182,6 +182,21 @@ def test_a_release_with_cache_unfinished_req_gets_the_prefix_indices_adapter():
     assert adapters.generation_of(m).name == "prefix_indices"
 
 
+def test_a_release_keeping_request_state_under_kv_gets_the_prefix_indices_kv_adapter():
+    """The older generation's helpers with ReqKvInfo.req_pool_idx: state under req.kv (0.5.19, 0.5.20)."""
+    m = _modules(maybe_cache_unfinished_req=object(), release_kv_cache=_release_kv_cache_with("is_insert"))
+    m.Req.set_extend_range = lambda self, start, end: None
+    m.ReqKvInfo = type("ReqKvInfo", (), {"req_pool_idx": None})
+    assert adapters.generation_of(m).name == "prefix_indices_kv"
+
+
+def test_a_release_with_set_extend_input_len_only_gets_the_extend_input_len_adapter():
+    """The older generation's helpers without set_extend_range: 0.5.13's extend_input_len."""
+    m = _modules(maybe_cache_unfinished_req=object(), release_kv_cache=_release_kv_cache_with("is_insert"))
+    m.Req.set_extend_input_len = lambda self, n: None
+    assert adapters.generation_of(m).name == "extend_input_len"
+
+
 def test_a_release_of_neither_generation_says_what_each_lacks():
     """A mix of both generations is bad input, naming what is missing."""
     m = _modules(checkpoint_kv_cache=object(), release_kv_cache=_release_kv_cache_with("is_insert"))
@@ -306,6 +321,21 @@ def test_chunked_prefill_runs_on_the_checkpoint_generation_only(version, chunks)
     rows = gate(version, FIXED_RUNS, max_examples=60)
     for run in FIXED_RUNS:
         assert ("chunked_prefill" in rows[run]["rules"]) == chunks, rows[run]["rules"]
+
+
+@pytest.mark.sglang
+def test_0_5_13_runs_through_its_own_generation_and_a_global_server_args_stand_in():
+    """0.5.13 (no runtime_context, no set_extend_range, alloc_for_extend in
+    common.py) runs clean under radix at page sizes 1 and 4, naming the
+    generation and the server-args stand-in."""
+    runs = ("radix:release:1", "radix:release:4")
+    rows = gate("0.5.13", runs, max_examples=40)
+    for run in runs:
+        assert rows[run]["result"] == "pass", rows[run]
+        assert {"prefill", "decode", "retract"} <= set(rows[run]["rules"]), rows[run]["rules"]
+    (header,) = _headers("0.5.13", "radix")
+    assert "API generation extend_input_len" in header[0]
+    assert any(line.startswith("stand-in: runtime config: a ServerArgs of the dataclass defaults") for line in header)
 
 
 @pytest.mark.sglang

@@ -153,17 +153,21 @@ class PrefixIndicesGeneration(Generation):
         ("Req.set_extend_range", lambda m: hasattr(m.Req, "set_extend_range")),
     )
 
+    def state(self, req):
+        """The object holding the request's row and lengths: the ``Req`` itself here."""
+        return req
+
     def row(self, req):
-        return req.req_pool_idx
+        return self.state(req).req_pool_idx
 
     def protected_len(self, req):
-        return req.cache_protected_len
+        return self.state(req).cache_protected_len
 
     def allocated_len(self, req):
         return req.kv.kv_allocated_len if req.kv is not None else 0
 
     def committed_len(self, req):
-        return req.kv_committed_len
+        return self.state(req).kv_committed_len
 
     def prefix_len(self, req):
         return len(req.prefix_indices)
@@ -192,18 +196,72 @@ class PrefixIndicesGeneration(Generation):
         return req.extend_range.length
 
     def after_extend(self, req, seq_len):
-        req.kv_committed_len = seq_len
+        self.state(req).kv_committed_len = seq_len
         req.is_retracted = False
 
     def after_decode(self, req):
         super().after_decode(req)
-        req.kv_committed_len += 1
+        self.state(req).kv_committed_len += 1
 
     def cache_unfinished(self, req, cache):
         self.m.common.maybe_cache_unfinished_req(req, cache)
 
     def release(self, req, cache, *, insert):
         self.m.common.release_kv_cache(req, cache, is_insert=insert)
+
+
+class PrefixIndicesKvGeneration(PrefixIndicesGeneration):
+    """``prefix_indices`` as above, with the request's row and lengths moved
+    under ``req.kv`` (``ReqKvInfo``) and kept by the allocation helpers
+    (0.5.19, 0.5.20)."""
+
+    name = "prefix_indices_kv"
+    needs = PrefixIndicesGeneration.needs + (
+        ("ReqKvInfo.req_pool_idx (request state under req.kv)",
+         lambda m: hasattr(getattr(m, "ReqKvInfo", None), "req_pool_idx")),
+    )
+
+    def state(self, req):
+        return req.kv
+
+    # alloc_for_extend / alloc_for_decode keep kv_committed_len themselves here.
+    def after_extend(self, req, seq_len):
+        req.is_retracted = False
+
+    def after_decode(self, req):
+        Generation.after_decode(self, req)
+
+
+class ExtendInputLenGeneration(PrefixIndicesGeneration):
+    """``prefix_indices`` before the extend range: admission sets
+    ``extend_input_len`` (``set_extend_input_len``) and ``fill_len``, the request keeps
+    ``kv_allocated_len`` itself and ``prepare_for_extend`` / ``_decode`` set
+    it (0.5.13)."""
+
+    name = "extend_input_len"
+    needs = (
+        PrefixIndicesGeneration.needs[:2]
+        + (("Req.set_extend_input_len", lambda m: hasattr(m.Req, "set_extend_input_len")),)
+    )
+
+    def allocated_len(self, req):
+        return req.kv_allocated_len
+
+    def set_extend(self, req, end):
+        # PrefillAdder sets both; cache_unfinished_req keys the tree on get_fill_ids(), [:fill_len].
+        req.set_extend_input_len(end - len(req.prefix_indices))
+        req.fill_len = end
+
+    def extend_len(self, req):
+        return req.extend_input_len
+
+    def after_extend(self, req, seq_len):
+        super().after_extend(req, seq_len)
+        req.kv_allocated_len = seq_len
+
+    def after_decode(self, req):
+        super().after_decode(req)
+        req.kv_allocated_len += 1
 
 
 class KvRecordGeneration(Generation):
@@ -270,7 +328,10 @@ class KvRecordGeneration(Generation):
         self.m.common.release_kv_cache(req, cache, checkpoint=insert)
 
 
-GENERATIONS: tuple[type[Generation], ...] = (KvRecordGeneration, PrefixIndicesGeneration)
+# Tried in order: the first whose every need a release meets is its generation.
+GENERATIONS: tuple[type[Generation], ...] = (
+    KvRecordGeneration, PrefixIndicesKvGeneration, PrefixIndicesGeneration, ExtendInputLenGeneration,
+)
 
 
 def generation_of(m) -> Generation:
@@ -366,9 +427,11 @@ def open_group_pages(allocator, page_size: int) -> list[int]:
 
 __all__ = [
     "GENERATIONS",
+    "ExtendInputLenGeneration",
     "Generation",
     "KvRecordGeneration",
     "PrefixIndicesGeneration",
+    "PrefixIndicesKvGeneration",
     "generation_of",
     "ids",
     "open_group_pages",

@@ -172,6 +172,7 @@ class CallerLockstep:
                               f" allocator (--target sglang:swa), not {target.spec}")
         kernels = cpu_kernels(allocator, ps)
         m = release.modules
+        release.configure(ps)
         pool = m.ReqToTokenPool(size=config.rows, max_context_len=config.row_pages * ps, device="cpu",
                                 enable_memory_saver=False)
         cache = make_cache(release, cache_class(release, config.caller), pool, allocator, ps, swa=swa)
@@ -180,7 +181,7 @@ class CallerLockstep:
         state = cls(
             config=config, release=release, gen=release.generation, allocator=allocator, pool=pool, cache=cache,
             placement=placement_mod.chosen(config.groups, release.placement), path_how=how,
-            stand_ins=STAND_INS + (SWA_STAND_INS if swa else ()) + tuple(kernels), unchecked=unchecked, swa=swa,
+            stand_ins=(release.runtime, *STAND_INS) + (SWA_STAND_INS if swa else ()) + tuple(kernels), unchecked=unchecked, swa=swa,
         )
         state.pool_pages = frozenset(state._call("census", census_of, state._full()))
         if swa:

@@ -338,6 +338,60 @@ def test_0_5_13_runs_through_its_own_generation_and_a_global_server_args_stand_i
     assert any(line.startswith("stand-in: runtime config: a ServerArgs of the dataclass defaults") for line in header)
 
 
+def _latent_trace(folder: Path) -> Path:
+    """0.5.17's shrunk latent failure (radix, --groups all): two requests of one prompt and a prefill."""
+    trace = {
+        "format": "kv-lockstep-trace/1",
+        "config": {"target": "sglang:token", "mutant": None, "page_size": 1, "need_sort": False, "device": "cpu",
+                   "size": None, "rows": 4, "row_pages": 12, "sglang_path": str(release_dir("0.5.17")),
+                   "call_timeout_s": 10.0, "row_dtype": "int32", "latent": False, "caller": "radix", "groups": "all"},
+        "steps": [{"rule": "arrive", "args": {"prompt": 1, "out": 1}, "returns": "req_0"},
+                  {"rule": "arrive", "args": {"prompt": 1, "out": 2}, "returns": "req_1"},
+                  {"rule": "prefill", "args": {}, "returns": None}],
+        "failure": {"step": 2, "invariant": "census_covers_pool", "detail": "recorded"},
+    }
+    path = folder / "latent.json"
+    path.write_text(json.dumps(trace))
+    return path
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize(("groups", "fails"), [("all", True), ("release", False)])
+def test_an_emitted_pytest_of_a_caller_trace_fails_under_its_placement_only(tmp_path, groups, fails):
+    """replay --emit-pytest writes a caller trace as a test that builds the
+    real caller: it fails with --groups all and passes with 0.5.17's own placement."""
+    emitted = tmp_path / f"test_emitted_{groups}.py"
+    run = subprocess.run(
+        [sys.executable, "-m", "state_machines.cli", "replay", str(_latent_trace(tmp_path)), "--groups", groups,
+         "--sglang-path", str(release_dir("0.5.17")), "--emit-pytest", str(emitted)],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=_env(),
+    )
+    assert run.returncode == (1 if fails else 0), run.stdout + run.stderr
+    assert "import state_machines.callers" in emitted.read_text()
+    test = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(emitted)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600, env=_env())
+    assert test.returncode == (1 if fails else 0), test.stdout[-3000:]
+    if fails:
+        assert "census_covers_pool at step 2" in test.stdout
+
+
+@pytest.mark.sglang
+def test_a_duration_run_under_caller_finds_and_shrinks_the_latent_failure(tmp_path):
+    """fuzz --duration takes --caller: its workers build the real caller, the
+    run stops at 0.5.17's latent failure, labelled, shrunk and written; the
+    simulated caller's interleavings are shown as not applicable."""
+    run = subprocess.run(
+        [sys.executable, "-m", "state_machines.cli", "fuzz", "--caller", "radix", "--groups", "all", "--page-size", "4",
+         "--sglang-path", str(release_dir("0.5.17")), "--duration", "5m", "-j", "1", "--trace-dir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=_env(),
+    )
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "stopped at a failure" in run.stdout
+    assert "FAILED: census_covers_pool\n    latent: only with --groups all" in run.stdout
+    assert "n/a  (needs --caller harness: an order of its steps)" in run.stdout
+    assert list(tmp_path.glob("*census_covers_pool*.json"))
+
+
 @pytest.mark.sglang
 def test_a_cache_subclass_that_frees_one_past_a_duplicate_is_caught_as_reachable():
     """--caller MODULE:ATTR: a 0.5.23 RadixCache subclass that frees the

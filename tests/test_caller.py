@@ -204,6 +204,42 @@ def test_a_release_of_neither_generation_says_what_each_lacks():
         adapters.generation_of(m)
 
 
+# -- the matrix's reachability column --
+
+
+def _matrix_rows():
+    kind = {"release": "0.5.17", "target": "sglang:token page_size=1", "result": "FAIL",
+            "failures": [{"invariant": "free_sets_agree", "length": 5, "rules": []}]}
+    forced = {"release": "0.5.17", "target": "--caller radix --groups all page_size=1", "result": "FAIL",
+              "failures": [{"invariant": "census_covers_pool", "length": 3, "rules": [], "label": "latent"}]}
+    own = {"release": "0.5.17", "target": "--caller radix --groups release page_size=1", "result": "pass"}
+    return kind, forced, own
+
+
+def test_a_kinds_failure_is_latent_and_a_forced_placements_keeps_its_label():
+    """Only the simulated caller (a kind's row) or only --groups all: latent; a pass shows no label."""
+    from state_machines.runs import matrix
+
+    kind, forced, own = rows = _matrix_rows()
+    assert matrix.reachability(kind, list(rows)) == "latent (simulated caller only)"
+    assert matrix.reachability(forced, list(rows)) == "latent"
+    assert matrix.reachability(own, list(rows)) == "-"
+    assert "| latent (simulated caller only) |" in matrix.table(list(rows))
+
+
+def test_a_kinds_failure_names_a_reachable_caller_failure_of_its_release():
+    """A release whose own-placement caller run fails: the kind's row points at it."""
+    from state_machines.runs import matrix
+
+    kind, forced, own = _matrix_rows()
+    own = {**own, "result": "FAIL", "failures": [{"invariant": "census_covers_pool", "length": 3, "rules": [],
+                                                  "label": "reachable"}]}
+    assert matrix.reachability(kind, [kind, forced, own]) == (
+        "latent (simulated caller only); reachable failure under --caller radix --groups release page_size=1"
+    )
+    assert matrix.reachability(own, [kind, forced, own]) == "reachable"
+
+
 # -- configuration and command line --
 
 
@@ -314,13 +350,16 @@ def test_fixed_releases_pass_under_both_caches(version):
 
 
 @pytest.mark.sglang
-@pytest.mark.parametrize(("version", "chunks"), [("0.5.18", False), ("0.5.23", True)])
-def test_chunked_prefill_runs_on_the_checkpoint_generation_only(version, chunks):
-    """Chunked prefill (stash with checkpoint_kv_cache, resume at prefix_len)
-    is drawn, and passes, where the release has the kv_record generation."""
-    rows = gate(version, FIXED_RUNS, max_examples=60)
-    for run in FIXED_RUNS:
-        assert ("chunked_prefill" in rows[run]["rules"]) == chunks, rows[run]["rules"]
+@pytest.mark.parametrize("version", ["0.5.13", "0.5.18", "0.5.23"])
+def test_chunked_prefill_runs_on_every_generation(version):
+    """Chunked prefill (stash the last chunk: cache_unfinished_req(chunked=True)
+    or checkpoint_kv_cache; resume at the request's own prefix) is drawn, and
+    passes, on 0.5.13's, 0.5.18's and 0.5.23's generations."""
+    runs = ("radix:release:1", "radix:release:4")
+    rows = gate(version, runs, max_examples=60)
+    for run in runs:
+        assert rows[run]["result"] == "pass", rows[run]
+        assert "chunked_prefill" in rows[run]["rules"], rows[run]["rules"]
 
 
 @pytest.mark.sglang
@@ -329,7 +368,7 @@ def test_0_5_13_runs_through_its_own_generation_and_a_global_server_args_stand_i
     common.py) runs clean under radix at page sizes 1 and 4, naming the
     generation and the server-args stand-in."""
     runs = ("radix:release:1", "radix:release:4")
-    rows = gate("0.5.13", runs, max_examples=40)
+    rows = gate("0.5.13", runs, max_examples=60)
     for run in runs:
         assert rows[run]["result"] == "pass", rows[run]
         assert {"prefill", "decode", "retract"} <= set(rows[run]["rules"]), rows[run]["rules"]

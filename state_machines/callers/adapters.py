@@ -111,8 +111,8 @@ class Generation:
         """A prefill result of a request that goes on decoding."""
         raise NotImplementedError
 
-    # Why this generation drives no chunked prefill, or None when it does.
-    chunking: str | None = "chunked prefill is driven on the kv_record generation only (0.5.22 on)"
+    # Why this generation drives no chunked prefill, or None when it does (every one here does).
+    chunking: str | None = "this API generation has no chunked prefill adapter"
 
     def next_chunk(self, req) -> None:
         """A chunked request's next round (``init_next_round_input()``, no
@@ -205,6 +205,17 @@ class PrefixIndicesGeneration(Generation):
 
     def cache_unfinished(self, req, cache):
         self.m.common.maybe_cache_unfinished_req(req, cache)
+
+    chunking = None
+
+    def next_chunk(self, req):
+        # Without a cache: prefix_indices (the tree's part and the chunk's own tail) stay.
+        req.init_next_round_input()
+
+    def stash_chunk(self, req, cache):
+        # The scheduler's stash_chunked_request; a parked chunk computed nothing to publish.
+        if self.extend_len(req) > 0:
+            self.m.common.maybe_cache_unfinished_req(req, cache, chunked=True)
 
     def release(self, req, cache, *, insert):
         self.m.common.release_kv_cache(req, cache, is_insert=insert)

@@ -2,9 +2,16 @@
 
 ``python -m state_machines.runs.matrix 0.5.8 0.5.17 0.5.23`` runs each release
 in a fresh process (one process can import only one sglang), fuzzes every
-sglang kind it has (``sglang.gate_kinds()``), and prints the table.  A
-release that is not installed, or cannot be imported, is one row saying
-why.  ``--json FILE`` keeps the rows.
+sglang kind it has (``sglang.gate_kinds()``), then the real caller
+(``--callers``: each cache at both placements and the gate's page sizes),
+and prints the table.  A release that is not installed, or cannot be
+imported, is one row saying why.  ``--json FILE`` keeps the rows.
+
+The ``reachability`` column labels each failure: *reachable* when a
+``--caller`` run with the release's own free-group placement fails (the
+caller run re-runs a forced placement's failure under it to tell), *latent*
+when only ``--groups all`` shows it, or only the simulated caller (a kind's
+row, ``--caller harness``) does.
 """
 
 from __future__ import annotations
@@ -20,12 +27,19 @@ from state_machines.config import Config
 from state_machines.targets import TargetError
 
 SGLANG_ROOT = Path(".sglang")
-COLUMNS = ("release", "target", "result", "examples", "seconds", "s to first failure", "shrunk length", "failing invariant", "disabled")
+COLUMNS = ("release", "target", "result", "examples", "seconds", "s to first failure", "shrunk length", "failing invariant",
+           "reachability", "disabled")
+# The caches a matrix drives as the release's own caller, by default.
+CALLERS = ("radix",)
+# What a kind's failure is: the simulated caller's steps, not the release's scheduler.
+HARNESS_LATENT = "latent (simulated caller only)"
 
 
-def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str | None, kinds=None) -> list[dict]:
-    """Fuzz every kind of one release (or those in ``kinds``), in this
-    process; a release that cannot be imported is one row saying why."""
+def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str | None, kinds=None,
+                callers=()) -> list[dict]:
+    """Fuzz every kind of one release (or those in ``kinds``), then each
+    cache of ``callers`` as the release's own caller, in this process; a
+    release that cannot be imported is one row saying why."""
     from state_machines.harness import build
     from state_machines.runs.runner import fuzz
     from state_machines.runs.trace import write
@@ -68,7 +82,39 @@ def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str |
                 ],
             )
         rows.append(row)
+    return rows + caller_rows(release_dir, callers, max_examples, seed, trace_dir)
+
+
+def caller_rows(release_dir: str, callers, max_examples: int, seed: int, trace_dir: str | None) -> list[dict]:
+    """The real caller's rows (``state_machines.callers.gate``): each cache
+    at the release's placement and ``--groups all``, page sizes 1 and 4,
+    each failure with its reachability label."""
+    from state_machines.callers import gate
+
+    runs = [f"{c}:{g}:{ps}" for c in callers for g in ("release", "all") for ps in (1, 4)]
+    rows = []
+    for r in gate.run_release(release_dir, runs, max_examples, seed, True, trace_dir) if runs else []:
+        row = {"release": r["release"], "target": f"--caller {r['caller']} --groups {r['groups']} page_size={r['page_size']}",
+               **{k: r[k] for k in ("result", "examples", "seconds", "first_failure_s") if k in r}}
+        if "failures" in r:
+            row["failures"] = [{"invariant": f["invariant"], "length": len(f["rules"]), "rules": f["rules"],
+                                "trace": f["trace"], "label": f["label"]} for f in r["failures"]]
+        rows.append(row)
     return rows
+
+
+def reachability(row: dict, rows: list[dict]) -> str:
+    """How reachable a row's failures are: a caller row's own label; a
+    kind's failure is latent (only the simulated caller shows it), noting a
+    reachable caller failure on the same release."""
+    failures = row.get("failures", [])
+    if not failures:
+        return "-"
+    if any("label" in f for f in failures):
+        return ", ".join(f.get("label", "?") for f in failures)
+    reached = [r["target"] for r in rows if r["release"] == row["release"]
+               and any(f.get("label") == "reachable" for f in r.get("failures", []))]
+    return HARNESS_LATENT + (f"; reachable failure under {reached[0]}" if reached else "")
 
 
 def _disabled(build, config) -> dict[str, str]:
@@ -84,8 +130,10 @@ def _disabled(build, config) -> dict[str, str]:
     return {**state.disabled_rules, **skipped}
 
 
-def _cell(row: dict, column: str) -> str:
+def _cell(row: dict, column: str, rows: list[dict] = ()) -> str:
     failures = row.get("failures", [])
+    if column == "reachability":
+        return reachability(row, list(rows))
     if column == "release":
         return row["release"]
     if column == "target":
@@ -115,7 +163,7 @@ def _short(reason: str, width: int = 60) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_cell(r, c) for c in COLUMNS) + " |" for r in rows]
+    lines += ["| " + " | ".join(_cell(r, c, rows) for c in COLUMNS) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -149,18 +197,22 @@ def main(argv=None) -> int:
     parser.add_argument("--trace-dir", default=".kv-lockstep/traces/matrix")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--kinds", help="comma-separated subset of the sglang kinds (token,paged,swa,npu,...)")
+    parser.add_argument("--callers", default=None,
+                        help=f"comma-separated caches to drive as the release's own caller (default {','.join(CALLERS)};"
+                             " '' for none)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.one:  # the child: one release, rows as JSON on the last line
         kinds = args.kinds.split(",") if args.kinds else None
-        print(json.dumps(run_release(args.releases[0], args.max_examples, args.seed, args.trace_dir, kinds)))
+        callers = [c for c in (args.callers or "").split(",") if c]  # the child drives only what it is told
+        print(json.dumps(run_release(args.releases[0], args.max_examples, args.seed, args.trace_dir, kinds, callers)))
         return 0
 
     rows = rows_of_children(
         "state_machines.runs.matrix", args.releases,
         ["--max-examples", str(args.max_examples), "--seed", str(args.seed), "--trace-dir", args.trace_dir,
-         *(["--kinds", args.kinds] if args.kinds else [])],
+         *(["--kinds", args.kinds] if args.kinds else []), "--callers", ",".join(CALLERS) if args.callers is None else args.callers],
         blank={"target": "all"},
     )
     print(table(rows))

@@ -159,7 +159,7 @@ def open_release(sglang_path: str | None) -> Release:
             raise TargetError(f"sglang {info.version}: cannot import what --caller drives: {one_line(exc)}") from None
         try:
             unified = importlib.import_module("sglang.srt.mem_cache.unified_radix_cache").UnifiedRadixCache
-            component_type = importlib.import_module("sglang.srt.mem_cache.unified_cache.components").ComponentType
+            component_type = _component_type()
         except Exception:  # noqa: BLE001 - an older release without it: --caller unified says so
             unified = component_type = None
         try:
@@ -191,6 +191,15 @@ def open_release(sglang_path: str | None) -> Release:
     return _opened
 
 
+def _component_type():
+    """``ComponentType``: under ``unified_cache/components`` from 0.5.17,
+    ``unified_cache_components/tree_component.py`` before."""
+    try:
+        return importlib.import_module("sglang.srt.mem_cache.unified_cache.components").ComponentType
+    except ModuleNotFoundError:
+        return importlib.import_module("sglang.srt.mem_cache.unified_cache_components.tree_component").ComponentType
+
+
 def default_target(caller: str, page_size: int) -> str:
     """The allocator ``--caller`` drives when ``--target`` names none: the
     release's hybrid SWA allocator under an SWA cache, else the token
@@ -208,7 +217,7 @@ def cache_class(release: Release, caller: str) -> type:
         return m.RadixCache
     if caller in ("unified", "unified-swa"):
         if m.UnifiedRadixCache is None:
-            raise TargetError(f"sglang {m.version} has no UnifiedRadixCache: --caller {caller} needs 0.5.17 or later")
+            raise TargetError(f"sglang {m.version} has no UnifiedRadixCache: --caller {caller} needs a release that has it")
         return m.UnifiedRadixCache
     if caller == "swa-radix":
         if m.SWARadixCache is None:

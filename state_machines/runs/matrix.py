@@ -35,11 +35,9 @@ CALLERS = ("radix",)
 HARNESS_LATENT = "latent (simulated caller only)"
 
 
-def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str | None, kinds=None,
-                callers=()) -> list[dict]:
-    """Fuzz every kind of one release (or those in ``kinds``), then each
-    cache of ``callers`` as the release's own caller, in this process; a
-    release that cannot be imported is one row saying why."""
+def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str | None, kinds=None) -> list[dict]:
+    """Fuzz every kind of one release (or those in ``kinds``), in this
+    process; a release that cannot be imported is one row saying why."""
     from state_machines.harness import build
     from state_machines.runs.runner import fuzz
     from state_machines.runs.trace import write
@@ -82,25 +80,24 @@ def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str |
                 ],
             )
         rows.append(row)
-    return rows + caller_rows(release_dir, callers, max_examples, seed, trace_dir)
-
-
-def caller_rows(release_dir: str, callers, max_examples: int, seed: int, trace_dir: str | None) -> list[dict]:
-    """The real caller's rows (``state_machines.callers.gate``): each cache
-    at the release's placement and ``--groups all``, page sizes 1 and 4,
-    each failure with its reachability label."""
-    from state_machines.callers import gate
-
-    runs = [f"{c}:{g}:{ps}" for c in callers for g in ("release", "all") for ps in (1, 4)]
-    rows = []
-    for r in gate.run_release(release_dir, runs, max_examples, seed, True, trace_dir) if runs else []:
-        row = {"release": r["release"], "target": f"--caller {r['caller']} --groups {r['groups']} page_size={r['page_size']}",
-               **{k: r[k] for k in ("result", "examples", "seconds", "first_failure_s") if k in r}}
-        if "failures" in r:
-            row["failures"] = [{"invariant": f["invariant"], "length": len(f["rules"]), "rules": f["rules"],
-                                "trace": f["trace"], "label": f["label"]} for f in r["failures"]]
-        rows.append(row)
     return rows
+
+
+def caller_runs(callers) -> list[str]:
+    """The real caller's runs of a release (``state_machines.callers.gate``):
+    each cache at the release's placement and ``--groups all``, page sizes 1 and 4."""
+    return [f"{c}:{g}:{ps}" for c in callers for g in ("release", "all") for ps in (1, 4)]
+
+
+def caller_row(r: dict) -> dict:
+    """A row of ``state_machines.callers.gate`` as a matrix row; each failure keeps its reachability label."""
+    row = {"release": r["release"], **{k: r[k] for k in ("result", "examples", "seconds", "first_failure_s") if k in r}}
+    row["target"] = (f"--caller {r['caller']} --groups {r['groups']} page_size={r['page_size']}" if "caller" in r
+                     else "--caller")
+    if "failures" in r:
+        row["failures"] = [{"invariant": f["invariant"], "length": len(f["rules"]), "rules": f["rules"],
+                            "trace": f["trace"], "label": f["label"]} for f in r["failures"]]
+    return row
 
 
 def reachability(row: dict, rows: list[dict]) -> str:
@@ -198,23 +195,35 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--kinds", help="comma-separated subset of the sglang kinds (token,paged,swa,npu,...)")
     parser.add_argument("--callers", default=None,
-                        help=f"comma-separated caches to drive as the release's own caller (default {','.join(CALLERS)};"
+                        help=f"comma-separated caches to drive as each release's own caller (default {','.join(CALLERS)};"
                              " '' for none)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.one:  # the child: one release, rows as JSON on the last line
         kinds = args.kinds.split(",") if args.kinds else None
-        callers = [c for c in (args.callers or "").split(",") if c]  # the child drives only what it is told
-        print(json.dumps(run_release(args.releases[0], args.max_examples, args.seed, args.trace_dir, kinds, callers)))
+        print(json.dumps(run_release(args.releases[0], args.max_examples, args.seed, args.trace_dir, kinds)))
         return 0
 
     rows = rows_of_children(
         "state_machines.runs.matrix", args.releases,
         ["--max-examples", str(args.max_examples), "--seed", str(args.seed), "--trace-dir", args.trace_dir,
-         *(["--kinds", args.kinds] if args.kinds else []), "--callers", ",".join(CALLERS) if args.callers is None else args.callers],
+         *(["--kinds", args.kinds] if args.kinds else [])],
         blank={"target": "all"},
     )
+    callers = [c for c in (",".join(CALLERS) if args.callers is None else args.callers).split(",") if c]
+    # A release whose kinds did not run (not installed, cannot import) is one row already.
+    broken = {r["release"] for r in rows if r["target"] == "all"}
+    releases = [r for r in args.releases if r not in broken and Path(r).name not in broken]
+    if callers and releases:  # the real caller's rows, from its own gate's children (one sglang each)
+        rows += [caller_row(r) for r in rows_of_children(
+            "state_machines.callers.gate", releases,
+            ["--runs", ",".join(caller_runs(callers)), "--max-examples", str(args.max_examples), "--seed", str(args.seed),
+             "--trace-dir", args.trace_dir],
+            blank={},
+        )]
+        order = {release: i for i, release in enumerate(args.releases)}
+        rows.sort(key=lambda r: order.get(r["release"], len(order)))
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")

@@ -178,8 +178,6 @@ def cmd_fuzz(args) -> int:
     devices.require(config.device)
     open_database(args.db)
     if config.caller != "harness":
-        if duration_s is not None:
-            raise UsageError("--duration does not take --caller yet: run --max-examples")
         _print_caller_header(config)
     if duration_s is not None:
         return longrun.run(
@@ -315,8 +313,6 @@ def cmd_replay(args) -> int:
     _check_output_paths(emit_pytest=args.emit_pytest)
     trace = Trace.load(args.trace)  # checked throughout: nothing of it runs before this
     config = _replay_config(trace, args)
-    if args.emit_pytest and config.caller != "harness":
-        raise UsageError("--emit-pytest does not take a --caller trace yet: replay it with kv-lockstep replay")
     print(f"kv-lockstep replay: {len(trace.steps)} steps of {shown(args.trace)} on {config.label()}")
     failure = replay(trace, config)
     if args.emit_pytest:

@@ -182,11 +182,62 @@ def test_a_release_with_cache_unfinished_req_gets_the_prefix_indices_adapter():
     assert adapters.generation_of(m).name == "prefix_indices"
 
 
+def test_a_release_keeping_request_state_under_kv_gets_the_prefix_indices_kv_adapter():
+    """The older generation's helpers with ReqKvInfo.req_pool_idx: state under req.kv (0.5.19, 0.5.20)."""
+    m = _modules(maybe_cache_unfinished_req=object(), release_kv_cache=_release_kv_cache_with("is_insert"))
+    m.Req.set_extend_range = lambda self, start, end: None
+    m.ReqKvInfo = type("ReqKvInfo", (), {"req_pool_idx": None})
+    assert adapters.generation_of(m).name == "prefix_indices_kv"
+
+
+def test_a_release_with_set_extend_input_len_only_gets_the_extend_input_len_adapter():
+    """The older generation's helpers without set_extend_range: 0.5.13's extend_input_len."""
+    m = _modules(maybe_cache_unfinished_req=object(), release_kv_cache=_release_kv_cache_with("is_insert"))
+    m.Req.set_extend_input_len = lambda self, n: None
+    assert adapters.generation_of(m).name == "extend_input_len"
+
+
 def test_a_release_of_neither_generation_says_what_each_lacks():
     """A mix of both generations is bad input, naming what is missing."""
     m = _modules(checkpoint_kv_cache=object(), release_kv_cache=_release_kv_cache_with("is_insert"))
     with pytest.raises(TargetError, match=r"kv_record lacks release_kv_cache\(checkpoint=...\), BasePrefixCache.lock"):
         adapters.generation_of(m)
+
+
+# -- the matrix's reachability column --
+
+
+def _matrix_rows():
+    kind = {"release": "0.5.17", "target": "sglang:token page_size=1", "result": "FAIL",
+            "failures": [{"invariant": "free_sets_agree", "length": 5, "rules": []}]}
+    forced = {"release": "0.5.17", "target": "--caller radix --groups all page_size=1", "result": "FAIL",
+              "failures": [{"invariant": "census_covers_pool", "length": 3, "rules": [], "label": "latent"}]}
+    own = {"release": "0.5.17", "target": "--caller radix --groups release page_size=1", "result": "pass"}
+    return kind, forced, own
+
+
+def test_a_kinds_failure_is_latent_and_a_forced_placements_keeps_its_label():
+    """Only the simulated caller (a kind's row) or only --groups all: latent; a pass shows no label."""
+    from state_machines.runs import matrix
+
+    kind, forced, own = rows = _matrix_rows()
+    assert matrix.reachability(kind, list(rows)) == "latent (simulated caller only)"
+    assert matrix.reachability(forced, list(rows)) == "latent"
+    assert matrix.reachability(own, list(rows)) == "-"
+    assert "| latent (simulated caller only) |" in matrix.table(list(rows))
+
+
+def test_a_kinds_failure_names_a_reachable_caller_failure_of_its_release():
+    """A release whose own-placement caller run fails: the kind's row points at it."""
+    from state_machines.runs import matrix
+
+    kind, forced, own = _matrix_rows()
+    own = {**own, "result": "FAIL", "failures": [{"invariant": "census_covers_pool", "length": 3, "rules": [],
+                                                  "label": "reachable"}]}
+    assert matrix.reachability(kind, [kind, forced, own]) == (
+        "latent (simulated caller only); reachable failure under --caller radix --groups release page_size=1"
+    )
+    assert matrix.reachability(own, [kind, forced, own]) == "reachable"
 
 
 # -- configuration and command line --
@@ -299,13 +350,85 @@ def test_fixed_releases_pass_under_both_caches(version):
 
 
 @pytest.mark.sglang
-@pytest.mark.parametrize(("version", "chunks"), [("0.5.18", False), ("0.5.23", True)])
-def test_chunked_prefill_runs_on_the_checkpoint_generation_only(version, chunks):
-    """Chunked prefill (stash with checkpoint_kv_cache, resume at prefix_len)
-    is drawn, and passes, where the release has the kv_record generation."""
-    rows = gate(version, FIXED_RUNS, max_examples=60)
-    for run in FIXED_RUNS:
-        assert ("chunked_prefill" in rows[run]["rules"]) == chunks, rows[run]["rules"]
+@pytest.mark.parametrize("version", ["0.5.13", "0.5.18", "0.5.23"])
+def test_chunked_prefill_runs_on_every_generation(version):
+    """Chunked prefill (stash the last chunk: cache_unfinished_req(chunked=True)
+    or checkpoint_kv_cache; resume at the request's own prefix) is drawn, and
+    passes, on 0.5.13's, 0.5.18's and 0.5.23's generations."""
+    runs = ("radix:release:1", "radix:release:4")
+    rows = gate(version, runs, max_examples=60)
+    for run in runs:
+        assert rows[run]["result"] == "pass", rows[run]
+        assert "chunked_prefill" in rows[run]["rules"], rows[run]["rules"]
+
+
+@pytest.mark.sglang
+def test_0_5_13_runs_through_its_own_generation_and_a_global_server_args_stand_in():
+    """0.5.13 (no runtime_context, no set_extend_range, alloc_for_extend in
+    common.py) runs clean under radix at page sizes 1 and 4, naming the
+    generation and the server-args stand-in."""
+    runs = ("radix:release:1", "radix:release:4")
+    rows = gate("0.5.13", runs, max_examples=60)
+    for run in runs:
+        assert rows[run]["result"] == "pass", rows[run]
+        assert {"prefill", "decode", "retract"} <= set(rows[run]["rules"]), rows[run]["rules"]
+    (header,) = _headers("0.5.13", "radix")
+    assert "API generation extend_input_len" in header[0]
+    assert any(line.startswith("stand-in: runtime config: a ServerArgs of the dataclass defaults") for line in header)
+
+
+def _latent_trace(folder: Path) -> Path:
+    """0.5.17's shrunk latent failure (radix, --groups all): two requests of one prompt and a prefill."""
+    trace = {
+        "format": "kv-lockstep-trace/1",
+        "config": {"target": "sglang:token", "mutant": None, "page_size": 1, "need_sort": False, "device": "cpu",
+                   "size": None, "rows": 4, "row_pages": 12, "sglang_path": str(release_dir("0.5.17")),
+                   "call_timeout_s": 10.0, "row_dtype": "int32", "latent": False, "caller": "radix", "groups": "all"},
+        "steps": [{"rule": "arrive", "args": {"prompt": 1, "out": 1}, "returns": "req_0"},
+                  {"rule": "arrive", "args": {"prompt": 1, "out": 2}, "returns": "req_1"},
+                  {"rule": "prefill", "args": {}, "returns": None}],
+        "failure": {"step": 2, "invariant": "census_covers_pool", "detail": "recorded"},
+    }
+    path = folder / "latent.json"
+    path.write_text(json.dumps(trace))
+    return path
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize(("groups", "fails"), [("all", True), ("release", False)])
+def test_an_emitted_pytest_of_a_caller_trace_fails_under_its_placement_only(tmp_path, groups, fails):
+    """replay --emit-pytest writes a caller trace as a test that builds the
+    real caller: it fails with --groups all and passes with 0.5.17's own placement."""
+    emitted = tmp_path / f"test_emitted_{groups}.py"
+    run = subprocess.run(
+        [sys.executable, "-m", "state_machines.cli", "replay", str(_latent_trace(tmp_path)), "--groups", groups,
+         "--sglang-path", str(release_dir("0.5.17")), "--emit-pytest", str(emitted)],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=_env(),
+    )
+    assert run.returncode == (1 if fails else 0), run.stdout + run.stderr
+    assert "import state_machines.callers" in emitted.read_text()
+    test = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(emitted)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600, env=_env())
+    assert test.returncode == (1 if fails else 0), test.stdout[-3000:]
+    if fails:
+        assert "census_covers_pool at step 2" in test.stdout
+
+
+@pytest.mark.sglang
+def test_a_duration_run_under_caller_finds_and_shrinks_the_latent_failure(tmp_path):
+    """fuzz --duration takes --caller: its workers build the real caller, the
+    run stops at 0.5.17's latent failure, labelled, shrunk and written; the
+    simulated caller's interleavings are shown as not applicable."""
+    run = subprocess.run(
+        [sys.executable, "-m", "state_machines.cli", "fuzz", "--caller", "radix", "--groups", "all", "--page-size", "4",
+         "--sglang-path", str(release_dir("0.5.17")), "--duration", "5m", "-j", "1", "--trace-dir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=_env(),
+    )
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "stopped at a failure" in run.stdout
+    assert "FAILED: census_covers_pool\n    latent: only with --groups all" in run.stdout
+    assert "n/a  (needs --caller harness: an order of its steps)" in run.stdout
+    assert list(tmp_path.glob("*census_covers_pool*.json"))
 
 
 @pytest.mark.sglang
@@ -372,6 +495,34 @@ def test_a_window_slide_that_frees_the_trees_swa_is_caught():
     still counts that SWA live."""
     for failure in first_failures(SWA_MUTANT, max_examples=100, target="sglang:swa"):
         assert failure["invariant"] == "swa_tree_sizes_balance", failure
+
+
+SWA_RADIX_RUNS = ("swa-radix:release:1", "swa-radix:all:4")
+SWA_RADIX_MUTANT = "tests.sglang_caller_swa_mutants:FreesTheTreesWindow"
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.18"])
+def test_swa_radix_runs_clean_and_slides_windows(version):
+    """The release's SWARadixCache over the hybrid SWA allocator runs clean at
+    page sizes 1 and 4, with window slides."""
+    rows = gate(version, SWA_RADIX_RUNS, max_examples=60)
+    for run in SWA_RADIX_RUNS:
+        assert rows[run]["result"] == "pass", rows[run]
+        assert {"arrive", "prefill", "decode", "slide_windows"} <= set(rows[run]["rules"]), rows[run]["rules"]
+
+
+@pytest.mark.sglang
+def test_an_swa_radix_subclass_that_frees_the_trees_window_is_caught_as_reachable():
+    """An SWARadixCache subclass that frees the SWA of the tree's first page
+    when it publishes a prefill fails swa_tree_sizes_balance at page sizes 1
+    and 4, reachable under 0.5.17's own placement."""
+    runs = tuple(f"{SWA_RADIX_MUTANT}:release:{ps}@sglang:swa" for ps in (1, 4))
+    rows = gate("0.5.17", runs, max_examples=100)
+    for ps in (1, 4):
+        row = rows[f"{SWA_RADIX_MUTANT}:release:{ps}"]
+        assert row["result"] == "FAIL", row
+        assert (row["failures"][0]["invariant"], row["failures"][0]["label"]) == ("swa_tree_sizes_balance", "reachable")
 
 
 @pytest.mark.sglang

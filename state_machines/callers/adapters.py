@@ -111,8 +111,8 @@ class Generation:
         """A prefill result of a request that goes on decoding."""
         raise NotImplementedError
 
-    # Why this generation drives no chunked prefill, or None when it does.
-    chunking: str | None = "chunked prefill is driven on the kv_record generation only (0.5.22 on)"
+    # Why this generation drives no chunked prefill, or None when it does (every one here does).
+    chunking: str | None = "this API generation has no chunked prefill adapter"
 
     def next_chunk(self, req) -> None:
         """A chunked request's next round (``init_next_round_input()``, no
@@ -153,17 +153,21 @@ class PrefixIndicesGeneration(Generation):
         ("Req.set_extend_range", lambda m: hasattr(m.Req, "set_extend_range")),
     )
 
+    def state(self, req):
+        """The object holding the request's row and lengths: the ``Req`` itself here."""
+        return req
+
     def row(self, req):
-        return req.req_pool_idx
+        return self.state(req).req_pool_idx
 
     def protected_len(self, req):
-        return req.cache_protected_len
+        return self.state(req).cache_protected_len
 
     def allocated_len(self, req):
         return req.kv.kv_allocated_len if req.kv is not None else 0
 
     def committed_len(self, req):
-        return req.kv_committed_len
+        return self.state(req).kv_committed_len
 
     def prefix_len(self, req):
         return len(req.prefix_indices)
@@ -172,10 +176,18 @@ class PrefixIndicesGeneration(Generation):
         return req.last_node
 
     def lock(self, req, cache):
-        cache.inc_lock_ref(req.last_node)
+        result = cache.inc_lock_ref(req.last_node)
+        # PrefillAdder._req_inc_lock_ref: an SWA tree says where the request's SWA lock ends.
+        req.swa_uuid_for_lock = getattr(result, "swa_uuid_for_lock", None)
+        if hasattr(req, "skip_lock_node_ids"):
+            req.skip_lock_node_ids = {}
 
     def unlock(self, req, cache):
-        cache.dec_lock_ref(req.last_node)
+        if req.swa_uuid_for_lock is None:
+            cache.dec_lock_ref(req.last_node)
+            return
+        cache.dec_lock_ref(req.last_node, self.m.DecLockRefParams(swa_uuid_for_lock=req.swa_uuid_for_lock))
+        req.swa_uuid_for_lock = None
 
     def set_extend(self, req, end):
         req.set_extend_range(len(req.prefix_indices), end)
@@ -184,18 +196,83 @@ class PrefixIndicesGeneration(Generation):
         return req.extend_range.length
 
     def after_extend(self, req, seq_len):
-        req.kv_committed_len = seq_len
+        self.state(req).kv_committed_len = seq_len
         req.is_retracted = False
 
     def after_decode(self, req):
         super().after_decode(req)
-        req.kv_committed_len += 1
+        self.state(req).kv_committed_len += 1
 
     def cache_unfinished(self, req, cache):
         self.m.common.maybe_cache_unfinished_req(req, cache)
 
+    chunking = None
+
+    def next_chunk(self, req):
+        # Without a cache: prefix_indices (the tree's part and the chunk's own tail) stay.
+        req.init_next_round_input()
+
+    def stash_chunk(self, req, cache):
+        # The scheduler's stash_chunked_request; a parked chunk computed nothing to publish.
+        if self.extend_len(req) > 0:
+            self.m.common.maybe_cache_unfinished_req(req, cache, chunked=True)
+
     def release(self, req, cache, *, insert):
         self.m.common.release_kv_cache(req, cache, is_insert=insert)
+
+
+class PrefixIndicesKvGeneration(PrefixIndicesGeneration):
+    """``prefix_indices`` as above, with the request's row and lengths moved
+    under ``req.kv`` (``ReqKvInfo``) and kept by the allocation helpers
+    (0.5.19, 0.5.20)."""
+
+    name = "prefix_indices_kv"
+    needs = PrefixIndicesGeneration.needs + (
+        ("ReqKvInfo.req_pool_idx (request state under req.kv)",
+         lambda m: hasattr(getattr(m, "ReqKvInfo", None), "req_pool_idx")),
+    )
+
+    def state(self, req):
+        return req.kv
+
+    # alloc_for_extend / alloc_for_decode keep kv_committed_len themselves here.
+    def after_extend(self, req, seq_len):
+        req.is_retracted = False
+
+    def after_decode(self, req):
+        Generation.after_decode(self, req)
+
+
+class ExtendInputLenGeneration(PrefixIndicesGeneration):
+    """``prefix_indices`` before the extend range: admission sets
+    ``extend_input_len`` (``set_extend_input_len``) and ``fill_len``, the request keeps
+    ``kv_allocated_len`` itself and ``prepare_for_extend`` / ``_decode`` set
+    it (0.5.13)."""
+
+    name = "extend_input_len"
+    needs = (
+        PrefixIndicesGeneration.needs[:2]
+        + (("Req.set_extend_input_len", lambda m: hasattr(m.Req, "set_extend_input_len")),)
+    )
+
+    def allocated_len(self, req):
+        return req.kv_allocated_len
+
+    def set_extend(self, req, end):
+        # PrefillAdder sets both; cache_unfinished_req keys the tree on get_fill_ids(), [:fill_len].
+        req.set_extend_input_len(end - len(req.prefix_indices))
+        req.fill_len = end
+
+    def extend_len(self, req):
+        return req.extend_input_len
+
+    def after_extend(self, req, seq_len):
+        super().after_extend(req, seq_len)
+        req.kv_allocated_len = seq_len
+
+    def after_decode(self, req):
+        super().after_decode(req)
+        req.kv_allocated_len += 1
 
 
 class KvRecordGeneration(Generation):
@@ -262,7 +339,10 @@ class KvRecordGeneration(Generation):
         self.m.common.release_kv_cache(req, cache, checkpoint=insert)
 
 
-GENERATIONS: tuple[type[Generation], ...] = (KvRecordGeneration, PrefixIndicesGeneration)
+# Tried in order: the first whose every need a release meets is its generation.
+GENERATIONS: tuple[type[Generation], ...] = (
+    KvRecordGeneration, PrefixIndicesKvGeneration, PrefixIndicesGeneration, ExtendInputLenGeneration,
+)
 
 
 def generation_of(m) -> Generation:
@@ -281,13 +361,24 @@ def generation_of(m) -> Generation:
 # Readers: what a cache and an allocator hold, as plain lists.
 
 
+def tree_sizes(cache) -> tuple[int, int]:
+    """``(evictable, protected)`` tokens of the tree's full KV: the cache's
+    ``evictable_size()`` / ``protected_size()``, or ``full_evictable_size()``
+    / ``full_protected_size()`` where those raise ``NotImplementedError``
+    (``SWARadixCache`` keeps two of each)."""
+    try:
+        return int(cache.evictable_size()), int(cache.protected_size())
+    except NotImplementedError:
+        return int(cache.full_evictable_size()), int(cache.full_protected_size())
+
+
 def tree_slots(cache) -> list[int]:
     """Every slot the tree's nodes hold (``all_values_flatten()``); an empty
     tree may raise there (``torch.cat`` of nothing), which reads as empty."""
     try:
         return ids(cache.all_values_flatten())
     except (ValueError, RuntimeError):
-        if cache.evictable_size() + cache.protected_size() == 0:
+        if sum(tree_sizes(cache)) == 0:
             return []
         raise
 
@@ -347,14 +438,17 @@ def open_group_pages(allocator, page_size: int) -> list[int]:
 
 __all__ = [
     "GENERATIONS",
+    "ExtendInputLenGeneration",
     "Generation",
     "KvRecordGeneration",
     "PrefixIndicesGeneration",
+    "PrefixIndicesKvGeneration",
     "generation_of",
     "ids",
     "open_group_pages",
     "path_reader",
     "path_slots",
+    "tree_sizes",
     "tree_slots",
 ]
 

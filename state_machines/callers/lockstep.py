@@ -29,7 +29,15 @@ from attrs import define, field
 
 from reference_model import caller as census
 from state_machines.callers import placement as placement_mod
-from state_machines.callers.adapters import Generation, ids, open_group_pages, path_reader, path_slots, tree_slots
+from state_machines.callers.adapters import (
+    Generation,
+    ids,
+    open_group_pages,
+    path_reader,
+    path_slots,
+    tree_sizes,
+    tree_slots,
+)
 from state_machines.callers.release import (
     STAND_INS,
     SWA_KINDS,
@@ -164,6 +172,7 @@ class CallerLockstep:
                               f" allocator (--target sglang:swa), not {target.spec}")
         kernels = cpu_kernels(allocator, ps)
         m = release.modules
+        release.configure(ps)
         pool = m.ReqToTokenPool(size=config.rows, max_context_len=config.row_pages * ps, device="cpu",
                                 enable_memory_saver=False)
         cache = make_cache(release, cache_class(release, config.caller), pool, allocator, ps, swa=swa)
@@ -172,7 +181,7 @@ class CallerLockstep:
         state = cls(
             config=config, release=release, gen=release.generation, allocator=allocator, pool=pool, cache=cache,
             placement=placement_mod.chosen(config.groups, release.placement), path_how=how,
-            stand_ins=STAND_INS + (SWA_STAND_INS if swa else ()) + tuple(kernels), unchecked=unchecked, swa=swa,
+            stand_ins=(release.runtime, *STAND_INS) + (SWA_STAND_INS if swa else ()) + tuple(kernels), unchecked=unchecked, swa=swa,
         )
         state.pool_pages = frozenset(state._call("census", census_of, state._full()))
         if swa:
@@ -204,7 +213,7 @@ class CallerLockstep:
 
     def budget(self) -> int:
         """Tokens an allocation may take: free plus evictable."""
-        return int(self.allocator.available_size()) + int(self.cache.evictable_size())
+        return int(self.allocator.available_size()) + tree_sizes(self.cache)[0]
 
     def can_decode(self) -> bool:
         # Each request may need a new page (the helpers evict that much first).
@@ -398,8 +407,10 @@ class CallerLockstep:
         b = self._batch(live, forward_mode=self.release.modules.ForwardMode.DECODE, enable_overlap=False,
                         forward_iter=0, prefix_lens=[self.gen.prefix_len(r) for r in live])
         sb = self.release.modules.ScheduleBatch
+        # The release's own methods on the stand-in batch (0.5.17 has no _swa_eviction_trigger).
         for name in ("maybe_evict_swa", "_swa_eviction_trigger", "_evict_swa"):
-            setattr(b, name, getattr(sb, name).__get__(b))
+            if hasattr(sb, name):
+                setattr(b, name, getattr(sb, name).__get__(b))
         self.in_group = True  # maybe_evict_swa opens and closes its own group
         try:
             self._call(f"maybe_evict_swa(batch of {self.refs(self.running)})", b.maybe_evict_swa)
@@ -493,7 +504,7 @@ class CallerLockstep:
                 path = self._call(f"req_{rid}'s locked path", path_slots, self.cache, self.path_how, node)
                 self._judge(census.protected_prefix_is_locked_path, f"req_{rid}", ids(self.pool.req_to_token[row, :lo]),
                             path, action)
-        evictable, protected = int(self.cache.evictable_size()), int(self.cache.protected_size())
+        evictable, protected = self._call("tree sizes", tree_sizes, self.cache)
         self._judge(census.tree_sizes_balance, evictable, protected, len(tree), action)
         if self.swa:
             self._check_swa(free, tree, action)

@@ -12,6 +12,7 @@ from typing import Callable
 
 from hypothesis.stateful import RuleBasedStateMachine
 
+from state_machines.callers.adapters import tree_sizes
 from state_machines.callers.lockstep import ALPHABET, MAX_WAITING, CallerLockstep, max_new_tokens
 from state_machines.config import Config
 from state_machines.harness.machines import PICKS, FreeGroupMachine, RunRecord, _pick, draws
@@ -61,7 +62,7 @@ class CallerMachine(RuleBasedStateMachine):
     def decode(self):
         self._do("decode", self.state.refs(self.state.running))
 
-    @draws(guard=lambda s: s.cache.evictable_size() > 0, pages=(1, 4))
+    @draws(guard=lambda s: tree_sizes(s.cache)[0] > 0, pages=(1, 4))
     def evict_tokens(self, pages):
         self._do("evict_tokens", pages * self.state.page_size)
 

@@ -1,7 +1,7 @@
 """One sglang release, ready to be driven as its own scheduler drives it.
 
 ``open_release`` imports the release's request, cache and scheduler-helper
-modules, installs the runtime config through the release's own test hook,
+modules, installs a runtime config (``install_runtime_config``),
 reads where its scheduler opens free groups, and picks the adapter of its
 API generation.  ``build_parts`` then makes the real objects of one run:
 the allocator (the ``--target``), a ``ReqToTokenPool`` and the prefix cache
@@ -10,6 +10,7 @@ the allocator (the ``--target``), a ``ReqToTokenPool`` and the prefix cache
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 from typing import Any
@@ -28,10 +29,19 @@ SWA_KINDS = ("unified-swa", "swa-radix")
 # A token id past every id a run draws (the alphabet is 1..3).
 VOCAB_SIZE = 16
 
-# The stand-ins every run uses, as the header names them.
-STAND_INS = (
+# The runtime config's stand-in, as the header names it: the release's own
+# test hook where it has one (0.5.17 on), else the global server args.
+RUNTIME_HOOK = (
     "runtime config: a dummy ServerArgs through the release's own test hook,"
-    " get_context().override_server_args(attention_backend='torch_native').install()",
+    " get_context().override_server_args(attention_backend='torch_native').install()"
+)
+RUNTIME_GLOBAL = (
+    "runtime config: a ServerArgs of the dataclass defaults (no __post_init__: no model to load),"
+    " attention_backend='torch_native' and the run's page_size, through set_global_server_args_for_scheduler"
+)
+
+# The stand-ins every run uses besides the runtime config, as the header names them.
+STAND_INS = (
     "ScheduleBatch: a duck-typed batch holding only what alloc_for_extend / alloc_for_decode read"
     " (reqs, pools, tree_cache, prefix/extend/seq lens, req_pool_indices, device)",
     "scheduler bookkeeping by hand: admission lock, extend range, committed length (prepare_for_extend/decode)",
@@ -59,6 +69,7 @@ class Modules:
     ReqToTokenPool: Any
     CacheInitParams: Any
     EvictParams: Any
+    DecLockRefParams: Any
     BasePrefixCache: Any
     RadixCache: Any
     UnifiedRadixCache: Any  # None where the release has none
@@ -66,6 +77,7 @@ class Modules:
     SWARadixCache: Any  # None where the release has none (it has, until 0.5.20)
     ScheduleBatch: Any
     ForwardMode: Any
+    ReqKvInfo: Any  # None where the release has none
 
 
 @frozen
@@ -73,6 +85,45 @@ class Release:
     modules: Modules
     generation: Generation
     placement: placement_mod.ReleasePlacement
+    # The runtime config's stand-in line (RUNTIME_HOOK or RUNTIME_GLOBAL).
+    runtime: str = RUNTIME_HOOK
+    # The global ServerArgs stand-in, or None under the release's own hook.
+    server_args: Any = None
+
+    def configure(self, page_size: int) -> None:
+        """What a run's server args must say: the global stand-in's page size
+        (0.5.13's ``release_kv_cache`` reads it); the hook needs nothing."""
+        if self.server_args is not None:
+            self.server_args.page_size = page_size
+
+
+def _default_server_args(cls):
+    """A ``ServerArgs`` holding every field's default, without
+    ``__post_init__`` (which resolves a model)."""
+    args = object.__new__(cls)
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            setattr(args, f.name, f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            setattr(args, f.name, f.default_factory())
+    return args
+
+
+def install_runtime_config() -> tuple[str, Any]:
+    """Install the runtime config the helpers read: the release's own test
+    hook (``runtime_context``), else a default ``ServerArgs`` as the global
+    server args.  Returns the stand-in line and the installed global (None
+    under the hook)."""
+    try:
+        rc = importlib.import_module("sglang.srt.runtime_context")
+    except ModuleNotFoundError:
+        sa = importlib.import_module("sglang.srt.server_args")
+        args = _default_server_args(sa.ServerArgs)
+        args.attention_backend = "torch_native"
+        sa.set_global_server_args_for_scheduler(args)
+        return RUNTIME_GLOBAL, args
+    rc.get_context().override_server_args(attention_backend="torch_native").install()
+    return RUNTIME_HOOK, None
 
 
 _opened: Release | None = None
@@ -91,20 +142,24 @@ def open_release(sglang_path: str | None) -> Release:
     os.environ["SGLANG_SWA_EVICTION_INTERVAL"] = "1"
     with quiet():
         try:
-            rc = importlib.import_module("sglang.srt.runtime_context")
-            rc.get_context().override_server_args(attention_backend="torch_native").install()
+            runtime, server_args = install_runtime_config()
             sb = importlib.import_module("sglang.srt.managers.schedule_batch")
             mods = {
                 name: importlib.import_module(f"sglang.srt.{name}")
-                for name in ("mem_cache.common", "mem_cache.allocation", "mem_cache.memory_pool",
+                for name in ("mem_cache.common", "mem_cache.memory_pool",
                              "mem_cache.cache_init_params", "mem_cache.base_prefix_cache", "mem_cache.radix_cache",
                              "sampling.sampling_params")
             }
+            # alloc_for_extend / alloc_for_decode moved from common.py to allocation.py after 0.5.13.
+            try:
+                mods["mem_cache.allocation"] = importlib.import_module("sglang.srt.mem_cache.allocation")
+            except ModuleNotFoundError:
+                mods["mem_cache.allocation"] = mods["mem_cache.common"]
         except Exception as exc:  # noqa: BLE001 - any failure is the release's, shown in one line
             raise TargetError(f"sglang {info.version}: cannot import what --caller drives: {one_line(exc)}") from None
         try:
             unified = importlib.import_module("sglang.srt.mem_cache.unified_radix_cache").UnifiedRadixCache
-            component_type = importlib.import_module("sglang.srt.mem_cache.unified_cache.components").ComponentType
+            component_type = _component_type()
         except Exception:  # noqa: BLE001 - an older release without it: --caller unified says so
             unified = component_type = None
         try:
@@ -122,6 +177,7 @@ def open_release(sglang_path: str | None) -> Release:
         ReqToTokenPool=mods["mem_cache.memory_pool"].ReqToTokenPool,
         CacheInitParams=mods["mem_cache.cache_init_params"].CacheInitParams,
         EvictParams=mods["mem_cache.base_prefix_cache"].EvictParams,
+        DecLockRefParams=mods["mem_cache.base_prefix_cache"].DecLockRefParams,
         BasePrefixCache=mods["mem_cache.base_prefix_cache"].BasePrefixCache,
         RadixCache=mods["mem_cache.radix_cache"].RadixCache,
         UnifiedRadixCache=unified,
@@ -129,9 +185,19 @@ def open_release(sglang_path: str | None) -> Release:
         SWARadixCache=swa_radix,
         ScheduleBatch=sb.ScheduleBatch,
         ForwardMode=sb.ForwardMode,
+        ReqKvInfo=getattr(sb, "ReqKvInfo", None),
     )
-    _opened = Release(m, generation_of(m), placement_mod.read_release(info.path))
+    _opened = Release(m, generation_of(m), placement_mod.read_release(info.path), runtime, server_args)
     return _opened
+
+
+def _component_type():
+    """``ComponentType``: under ``unified_cache/components`` from 0.5.17,
+    ``unified_cache_components/tree_component.py`` before."""
+    try:
+        return importlib.import_module("sglang.srt.mem_cache.unified_cache.components").ComponentType
+    except ModuleNotFoundError:
+        return importlib.import_module("sglang.srt.mem_cache.unified_cache_components.tree_component").ComponentType
 
 
 def default_target(caller: str, page_size: int) -> str:
@@ -151,7 +217,7 @@ def cache_class(release: Release, caller: str) -> type:
         return m.RadixCache
     if caller in ("unified", "unified-swa"):
         if m.UnifiedRadixCache is None:
-            raise TargetError(f"sglang {m.version} has no UnifiedRadixCache: --caller {caller} needs 0.5.17 or later")
+            raise TargetError(f"sglang {m.version} has no UnifiedRadixCache: --caller {caller} needs a release that has it")
         return m.UnifiedRadixCache
     if caller == "swa-radix":
         if m.SWARadixCache is None:

@@ -75,6 +75,8 @@ def pytest_source(trace: Trace, config: Config, source: str | None = None) -> st
             line += "  # " + _comment(f"broke {invariant} when recorded")
         body.append("        " + line)
     body.append("        state.teardown()")
+    # A --caller trace builds the real caller: its family registers on import.
+    register = "\nimport state_machines.callers  # noqa: F401  (registers the --caller family)" if config.caller != "harness" else ""
     defaults = Config().to_dict()
     build_args = ", ".join(f"{k}={v!r}" for k, v in config.to_dict().items() if v != defaults[k] or k == "target")
     text = f'''"""Regression test written by `kv-lockstep replay --emit-pytest`.
@@ -87,7 +89,7 @@ with pytest where kv-lockstep is installed (`pip install kv-lockstep`).
 import pytest
 import torch  # noqa: F401  (the comments' tensor literals are valid Python)
 
-from state_machines.harness import InvariantViolation, build
+from state_machines.harness import InvariantViolation, build{register}
 
 # What the trace recorded, as data.
 RECORDED_FROM = {(Path(source).name if source else None)!r}

@@ -51,6 +51,8 @@ def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messag
     from state_machines.runs.trace import Trace, write
 
     config = Config.from_dict(config_dict)
+    if config.caller != "harness":  # a fresh worker registers the caller family itself
+        import state_machines.callers  # noqa: F401
 
     def on_failure(exc):
         # Keep the unshrunk trace at once, so Ctrl-C during shrinking loses nothing.

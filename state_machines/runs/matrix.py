@@ -2,9 +2,16 @@
 
 ``python -m state_machines.runs.matrix 0.5.8 0.5.17 0.5.23`` runs each release
 in a fresh process (one process can import only one sglang), fuzzes every
-sglang kind it has (``sglang.gate_kinds()``), and prints the table.  A
-release that is not installed, or cannot be imported, is one row saying
-why.  ``--json FILE`` keeps the rows.
+sglang kind it has (``sglang.gate_kinds()``), then the real caller
+(``--callers``: each cache at both placements and the gate's page sizes),
+and prints the table.  A release that is not installed, or cannot be
+imported, is one row saying why.  ``--json FILE`` keeps the rows.
+
+The ``reachability`` column labels each failure: *reachable* when a
+``--caller`` run with the release's own free-group placement fails (the
+caller run re-runs a forced placement's failure under it to tell), *latent*
+when only ``--groups all`` shows it, or only the simulated caller (a kind's
+row, ``--caller harness``) does.
 """
 
 from __future__ import annotations
@@ -20,7 +27,12 @@ from state_machines.config import Config
 from state_machines.targets import TargetError
 
 SGLANG_ROOT = Path(".sglang")
-COLUMNS = ("release", "target", "result", "examples", "seconds", "s to first failure", "shrunk length", "failing invariant", "disabled")
+COLUMNS = ("release", "target", "result", "examples", "seconds", "s to first failure", "shrunk length", "failing invariant",
+           "reachability", "disabled")
+# The caches a matrix drives as the release's own caller, by default.
+CALLERS = ("radix",)
+# What a kind's failure is: the simulated caller's steps, not the release's scheduler.
+HARNESS_LATENT = "latent (simulated caller only)"
 
 
 def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str | None, kinds=None) -> list[dict]:
@@ -71,6 +83,37 @@ def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str |
     return rows
 
 
+def caller_runs(callers) -> list[str]:
+    """The real caller's runs of a release (``state_machines.callers.gate``):
+    each cache at the release's placement and ``--groups all``, page sizes 1 and 4."""
+    return [f"{c}:{g}:{ps}" for c in callers for g in ("release", "all") for ps in (1, 4)]
+
+
+def caller_row(r: dict) -> dict:
+    """A row of ``state_machines.callers.gate`` as a matrix row; each failure keeps its reachability label."""
+    row = {"release": r["release"], **{k: r[k] for k in ("result", "examples", "seconds", "first_failure_s") if k in r}}
+    row["target"] = (f"--caller {r['caller']} --groups {r['groups']} page_size={r['page_size']}" if "caller" in r
+                     else "--caller")
+    if "failures" in r:
+        row["failures"] = [{"invariant": f["invariant"], "length": len(f["rules"]), "rules": f["rules"],
+                            "trace": f["trace"], "label": f["label"]} for f in r["failures"]]
+    return row
+
+
+def reachability(row: dict, rows: list[dict]) -> str:
+    """How reachable a row's failures are: a caller row's own label; a
+    kind's failure is latent (only the simulated caller shows it), noting a
+    reachable caller failure on the same release."""
+    failures = row.get("failures", [])
+    if not failures:
+        return "-"
+    if any("label" in f for f in failures):
+        return ", ".join(f.get("label", "?") for f in failures)
+    reached = [r["target"] for r in rows if r["release"] == row["release"]
+               and any(f.get("label") == "reachable" for f in r.get("failures", []))]
+    return HARNESS_LATENT + (f"; reachable failure under {reached[0]}" if reached else "")
+
+
 def _disabled(build, config) -> dict[str, str]:
     """Rules (and checks) the target cannot run here, with reasons; a fresh
     pool that already fails its checks is left for the run to report."""
@@ -84,8 +127,10 @@ def _disabled(build, config) -> dict[str, str]:
     return {**state.disabled_rules, **skipped}
 
 
-def _cell(row: dict, column: str) -> str:
+def _cell(row: dict, column: str, rows: list[dict] = ()) -> str:
     failures = row.get("failures", [])
+    if column == "reachability":
+        return reachability(row, list(rows))
     if column == "release":
         return row["release"]
     if column == "target":
@@ -115,7 +160,7 @@ def _short(reason: str, width: int = 60) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_cell(r, c) for c in COLUMNS) + " |" for r in rows]
+    lines += ["| " + " | ".join(_cell(r, c, rows) for c in COLUMNS) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -149,6 +194,9 @@ def main(argv=None) -> int:
     parser.add_argument("--trace-dir", default=".kv-lockstep/traces/matrix")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--kinds", help="comma-separated subset of the sglang kinds (token,paged,swa,npu,...)")
+    parser.add_argument("--callers", default=None,
+                        help=f"comma-separated caches to drive as each release's own caller (default {','.join(CALLERS)};"
+                             " '' for none)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
@@ -163,6 +211,19 @@ def main(argv=None) -> int:
          *(["--kinds", args.kinds] if args.kinds else [])],
         blank={"target": "all"},
     )
+    callers = [c for c in (",".join(CALLERS) if args.callers is None else args.callers).split(",") if c]
+    # A release whose kinds did not run (not installed, cannot import) is one row already.
+    broken = {r["release"] for r in rows if r["target"] == "all"}
+    releases = [r for r in args.releases if r not in broken and Path(r).name not in broken]
+    if callers and releases:  # the real caller's rows, from its own gate's children (one sglang each)
+        rows += [caller_row(r) for r in rows_of_children(
+            "state_machines.callers.gate", releases,
+            ["--runs", ",".join(caller_runs(callers)), "--max-examples", str(args.max_examples), "--seed", str(args.seed),
+             "--trace-dir", args.trace_dir],
+            blank={},
+        )]
+        order = {release: i for i, release in enumerate(args.releases)}
+        rows.sort(key=lambda r: order.get(r["release"], len(order)))
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")

@@ -61,6 +61,24 @@ def arena_bytes(allocator) -> tuple[int, int]:
 CORE_CHECKS = tuple(c for c in CHECKS if c is not core.available_size_agrees)
 
 
+def judge_reader_views(state: Lockstep, allocator, universe, live: set[int], pool=None) -> None:
+    """What a forward and the invariant checker read off a pool with page
+    tables, where it has the method: ``is_slot_allocated`` of each virtual
+    page's first token (live exactly) and ``translate_kv_loc`` of its first
+    and last token (through ``pool``'s v2p, ``allocator``'s own by default;
+    an unmapped page to the sink 0)."""
+    pool = allocator if pool is None else pool
+    ps = state.page_size
+    if callable(allocated := getattr(allocator, "is_slot_allocated", None)):
+        said = {v: bool(state._call(f"is_slot_allocated({v * ps})", allocated, v * ps)) for v in sorted(universe)}
+        state._judge(ru.slot_allocated_agrees, said, live)
+    if callable(translate := getattr(allocator, "translate_kv_loc", None)):
+        probes = [v * ps + o for v in sorted(universe) for o in sorted({0, ps - 1})]
+        got = ids(state._call("translate_kv_loc()", translate, torch.tensor(probes, dtype=torch.int64)))
+        v2p = tuple(ids(state._call("virtual_to_physical", lambda: pool.virtual_to_physical)))
+        state._judge(ru.translation_follows_tables, probes, got, v2p, ps)
+
+
 @define
 class UnifiedLockstep(Lockstep):
     # Physical pages lent out by alloc_physical, by handle.
@@ -149,6 +167,7 @@ class UnifiedLockstep(Lockstep):
         own = getattr(self.allocator, "_byte_accounting_violations", None)
         if callable(own):
             self._judge(ru.allocator_accounting_clean, self._call("_byte_accounting_violations()", own))
+        judge_reader_views(self, self.allocator, set(self.model.owner), live)
         self._write_kv(tables, live)
 
     def _write_kv(self, tables: ru.PageTables, live: set[int]) -> None:

@@ -47,6 +47,7 @@ MODULES = {
     "unified-swa": "sglang.srt.mem_cache.allocator.unified_hybrid_swa",
     "unified-mamba-swa": "sglang.srt.mem_cache.allocator.unified_hybrid_swa",
     "unified-mamba": "sglang.srt.mem_cache.allocator.unified_mamba",
+    "unified-mamba-lazy": "sglang.srt.mem_cache.allocator.unified_mamba",
 }
 # The same when mem_cache/allocator.py is one file (sglang up to 0.5.12);
 # a kind missing here is unavailable in that layout, with the reason shown.
@@ -86,6 +87,7 @@ CLASSES = {
     "unified-swa": "UnifiedSWATokenToKVPoolAllocator",
     "unified-mamba-swa": "UnifiedMambaSWATokenToKVPoolAllocator",
     "unified-mamba": "UnifiedMambaTokenToKVPoolAllocator",
+    "unified-mamba-lazy": "UnifiedMambaTokenToKVPoolAllocator",
 }
 
 
@@ -620,10 +622,12 @@ def _required(cls: type, name: str) -> bool:
     return param is not None and param.default is inspect.Parameter.empty
 
 
-def _make_unified(kind: str, directions: dict[str, str], size: int, page_size: int, device: str, need_sort: bool):
+def _make_unified(kind: str, directions: dict[str, str], size: int, page_size: int, device: str, need_sort: bool,
+                  lazy_compaction: bool = False):
     """A unified composite over the arena stand-in: its sub-pools (name ->
     grow direction) in ``(size + page_size) * 16`` bytes, so the full side
-    alone would hold ``size`` tokens; eager compaction (the default)."""
+    alone would hold ``size`` tokens; eager compaction unless
+    ``lazy_compaction`` (sglang's default, ``SGLANG_DISABLE_LAZY_COMPACTION`` unset)."""
     cls = _cls(kind)
     if device != "cpu" and not device.startswith("cpu"):
         raise TargetError(f"device {device!r}: sglang targets run on cpu only")
@@ -632,6 +636,8 @@ def _make_unified(kind: str, directions: dict[str, str], size: int, page_size: i
     kvcache = _UnifiedKVStandIn()
     args: dict[str, Any] = dict(unified_buffer=arena, kvcache=kvcache, mamba_kvcache=kvcache.mamba_pool,
                                 device=device, page_size=page_size, need_sort=need_sort)
+    if lazy_compaction:
+        args["lazy_compaction"] = True
     # Static caps where a release requires them (0.5.20's leak check); later releases derive them.
     for name in ("full", "swa"):
         if _required(cls, f"{name}_max_total_num_tokens"):
@@ -656,7 +662,7 @@ def make_unified_mamba_swa(size: int, page_size: int, device: str, need_sort: bo
                          size, page_size, device, need_sort)
 
 
-def make_unified_mamba(size: int, page_size: int, device: str, need_sort: bool):
+def make_unified_mamba(size: int, page_size: int, device: str, need_sort: bool, lazy_compaction: bool = False):
     """``UnifiedMambaTokenToKVPoolAllocator``: full (16-byte slots, up) and
     Mamba state slots (32 bytes, down, page size 1).  Two stand-ins beyond
     the arena: the parallel width ``attn_dcp_size`` set to 1 for the process
@@ -667,11 +673,19 @@ def make_unified_mamba(size: int, page_size: int, device: str, need_sort: bool):
     import importlib
 
     runtime = importlib.import_module("sglang.srt.runtime_context")
+    kind = "unified-mamba-lazy" if lazy_compaction else "unified-mamba"
+    directions = {"full": "up", "mamba": "down"}
     with contextlib.suppress(Exception):
         runtime.get_parallel().attn_dcp_size  # noqa: B018 - set only where nothing is published
-        return _with_mamba_slots(_make_unified("unified-mamba", {"full": "up", "mamba": "down"}, size, page_size, device, need_sort))
+        return _with_mamba_slots(_make_unified(kind, directions, size, page_size, device, need_sort, lazy_compaction))
     runtime.get_parallel().override_permanently(attn_dcp_size=1)
-    return _with_mamba_slots(_make_unified("unified-mamba", {"full": "up", "mamba": "down"}, size, page_size, device, need_sort))
+    return _with_mamba_slots(_make_unified(kind, directions, size, page_size, device, need_sort, lazy_compaction))
+
+
+def make_unified_mamba_lazy(size: int, page_size: int, device: str, need_sort: bool):
+    """The same with lazy compaction, sglang's default (``kv_cache_configurator.py``
+    ``_should_enable_lazy_compaction``): a free leaves a hole, a flush compacts."""
+    return make_unified_mamba(size, page_size, device, need_sort, lazy_compaction=True)
 
 
 def _with_mamba_slots(allocator):
@@ -699,6 +713,7 @@ KIND_TARGETS: dict[str, dict[str, Any]] = {
     "unified-swa": dict(family="unified_swa"),
     "unified-mamba-swa": dict(family="unified_swa"),
     "unified-mamba": dict(family="unified_mamba"),
+    "unified-mamba-lazy": dict(family="unified_mamba"),
 }
 
 
@@ -715,6 +730,7 @@ FACTORIES: dict[str, Callable[..., Any]] = {
     "multi-ended-eager": make_multi_ended_eager,
     "unified-swa": make_unified_swa,
     "unified-mamba": make_unified_mamba,
+    "unified-mamba-lazy": make_unified_mamba_lazy,
     "unified-mamba-swa": make_unified_mamba_swa,
 }
 
@@ -768,6 +784,7 @@ __all__ = [
     "make_swa",
     "make_token",
     "make_unified_mamba",
+    "make_unified_mamba_lazy",
     "make_unified_mamba_swa",
     "make_unified_swa",
     "release_files",

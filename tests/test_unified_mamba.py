@@ -104,6 +104,15 @@ def test_0_5_23_unified_mamba_with_lazy_compaction_passes():
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
 
+@pytest.mark.sglang
+@pytest.mark.parametrize("kind", ["multi-ended", "unified-mamba-lazy"])
+def test_0_5_23_unified_decode_and_extend_run_above_page_size_one(kind):
+    """With the kernel stand-ins, 0.5.23's own alloc_decode / alloc_extend run at page size 4: neither step is disabled."""
+    run = fuzz_release("0.5.23", "--page-size", "4", "--max-examples", "20", kind=kind)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "rule decode disabled" not in run.stdout + run.stderr and "rule extend disabled" not in run.stdout + run.stderr
+
+
 def hazard(name: str, kind: str) -> str:
     run = subprocess.run([sys.executable, "-m", "tests.unified_hazards", name, str(release_dir("0.5.23")), kind],
                          cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)))

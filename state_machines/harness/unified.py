@@ -185,7 +185,8 @@ class UnifiedLockstep(Lockstep):
     def stand_ins(self) -> list[str]:
         """The stand-ins the allocator was built over (sglang's class), as their reprs say."""
         parts = (getattr(self.allocator, "unified_buffer", None), getattr(self.allocator, "_kvcache", None))
-        return [repr(p) for p in parts if p is not None and "stand-in" in repr(p)]
+        return [repr(p) for p in parts if p is not None and "stand-in" in repr(p)] + list(
+            getattr(self.allocator, "kv_lockstep_kernels", ()))
 
     def teardown(self) -> None:
         """Close any open group and return every loan; the state must still check out."""

@@ -292,6 +292,11 @@ class UnifiedMambaLockstep(Lockstep):
         return ids(self.allocator.mamba_allocator.free_virtual_ids)
 
     @property
+    def stand_ins(self) -> list[str]:
+        """The stand-ins the composite was built over, and the kernels replaced on CPU."""
+        return list(getattr(self.allocator, "kv_lockstep_stand_ins", ()))
+
+    @property
     def in_alloc_group(self) -> bool:
         return self.mamba.reserved is not None
 
@@ -351,6 +356,13 @@ class UnifiedMambaLockstep(Lockstep):
                         int(self._call("mamba schedulable_available_size()", sched)), self._mamba_room(),
                         name="mamba_capacity_view_within_room")
         judge_reader_views(self, a, self.universe, full_live, pool=a.full_attn_allocator)
+        if callable(write := getattr(a, "translate_write_loc", None)):
+            # The forward writes out_cache_loc through it: one GPU, the same page tables as reads.
+            probes = [v * self.page_size for v in sorted(self.universe)]
+            got = ids(self._call("translate_write_loc()", write, torch.tensor(probes, dtype=torch.int64)))
+            self._judge(ru.translation_follows_tables, probes, got,
+                        tuple(ids(a.full_attn_allocator.virtual_to_physical)), self.page_size,
+                        name="write_translation_follows_tables")
 
     # -- what fits --
 

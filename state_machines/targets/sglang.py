@@ -92,7 +92,7 @@ CLASSES = {
 
 
 from state_machines.targets.base import Target, TargetError, construct, one_line, quiet
-from state_machines.targets.cpu_paths import cpu_kernels
+from state_machines.targets.cpu_paths import cpu_kernels, unified_cpu_kernels
 
 
 @dataclasses.dataclass
@@ -546,7 +546,12 @@ def make_multi_ended(size: int, page_size: int, device: str, need_sort: bool, la
         is_id_owner=True,
         lazy_compaction=lazy_compaction,
     )
-    return _construct(_cls(kind), **args)
+    allocator = _construct(_cls(kind), **args)
+    allocator.kv_lockstep_kernels = unified_cpu_kernels(allocator, page_size)
+    # As the scheduler does once its pools exist (scheduler.py, enable_unified_memory; 0.5.23 on).
+    if callable(prewarm := getattr(allocator, "prewarm_compaction", None)):
+        prewarm()
+    return allocator
 
 
 def make_multi_ended_eager(size: int, page_size: int, device: str, need_sort: bool):
@@ -666,20 +671,27 @@ def make_unified_mamba(size: int, page_size: int, device: str, need_sort: bool, 
     """``UnifiedMambaTokenToKVPoolAllocator``: full (16-byte slots, up) and
     Mamba state slots (32 bytes, down, page size 1).  Two stand-ins beyond
     the arena: the parallel width ``attn_dcp_size`` set to 1 for the process
-    (``get_parallel().override_permanently``, one GPU, as a server with no
-    decode context parallelism publishes), and the Mamba slots driven through
+    and its rank ``attn_dcp_rank`` to 0 (``get_parallel().override_permanently``,
+    where unpublished: one GPU, as a server with no decode context parallelism
+    publishes), and the Mamba slots driven through
     the release's ``UnifiedMambaSlotAllocator`` over ``mamba_allocator``
     (what ``UnifiedHybridReqToTokenPool`` builds), kept as ``mamba_slots``."""
     import importlib
 
     runtime = importlib.import_module("sglang.srt.runtime_context")
     kind = "unified-mamba-lazy" if lazy_compaction else "unified-mamba"
-    directions = {"full": "up", "mamba": "down"}
-    with contextlib.suppress(Exception):
-        runtime.get_parallel().attn_dcp_size  # noqa: B018 - set only where nothing is published
-        return _with_mamba_slots(_make_unified(kind, directions, size, page_size, device, need_sort, lazy_compaction))
-    runtime.get_parallel().override_permanently(attn_dcp_size=1)
-    return _with_mamba_slots(_make_unified(kind, directions, size, page_size, device, need_sort, lazy_compaction))
+    parallel = runtime.get_parallel()
+    for name, value in (("attn_dcp_size", 1), ("attn_dcp_rank", 0)):
+        try:
+            getattr(parallel, name)
+        except Exception:  # noqa: BLE001 - unpublished in this process: one GPU's values
+            parallel.override_permanently(**{name: value})
+    allocator = _with_mamba_slots(_make_unified(kind, {"full": "up", "mamba": "down"}, size, page_size, device,
+                                                need_sort, lazy_compaction))
+    # As the scheduler does once its pools exist (scheduler.py, enable_unified_memory; 0.5.23 on).
+    if callable(prewarm := getattr(allocator, "prewarm_compaction", None)):
+        prewarm()
+    return allocator
 
 
 def make_unified_mamba_lazy(size: int, page_size: int, device: str, need_sort: bool):
@@ -697,6 +709,8 @@ def _with_mamba_slots(allocator):
         raise TargetError(f"sglang {_info().version}: unified_memory_pool has no UnifiedMambaSlotAllocator")
     mea = allocator.mamba_allocator
     allocator.mamba_slots = wrapper(mea, mea.max_slots - 1, mea.device)
+    allocator.kv_lockstep_stand_ins = list(getattr(allocator, "kv_lockstep_stand_ins", ())) + unified_cpu_kernels(
+        allocator.full_attn_allocator, allocator.full_attn_allocator.page_size)
     return allocator
 
 

@@ -145,3 +145,14 @@ def test_0_5_23_a_mamba_slot_free_of_minus_one_joins_the_free_ids_when_lazy():
     """free(tensor([-1])) on the Mamba slots: lazy lists -1 as a free id, eager raises."""
     assert hazard("slot_free_of_minus_one", "unified-mamba-lazy") == "free ids now hold [-1]"
     assert hazard("slot_free_of_minus_one", "unified-mamba").startswith("raised AssertionError")
+
+
+@pytest.mark.parametrize("target", ["builtin:multi-ended", "builtin:unified-mamba"])
+def test_an_empty_free_changes_nothing(target):
+    """free_nothing (an empty free_segment, then an empty free) leaves the free ids as they were."""
+    state = build(target=target, page_size=4)
+    state.alloc(n=4)
+    before = sorted(state.model.free_pages)
+    state.free_nothing(segment=True)
+    state.free_nothing(segment=False)
+    assert sorted(state.model.free_pages) == before

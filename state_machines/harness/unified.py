@@ -61,6 +61,16 @@ def arena_bytes(allocator) -> tuple[int, int]:
 CORE_CHECKS = tuple(c for c in CHECKS if c is not core.available_size_agrees)
 
 
+def free_empty(state: Lockstep, segment: bool) -> None:
+    """Free an empty view of row 0 through the allocator's ``free_segment``
+    (at its page-aligned start 0) or ``free``."""
+    view = state.rows[0, :0]
+    if segment and state.has_free_segment:
+        state._call("free_segment(empty)", lambda: state.allocator.free_segment(view, start_pos=0))
+    else:
+        state._call("free(empty)", state.allocator.free, view)
+
+
 def judge_reader_views(state: Lockstep, allocator, universe, live: set[int], pool=None) -> None:
     """What a forward and the invariant checker read off a pool with page
     tables, where it has the method: ``is_slot_allocated`` of each virtual
@@ -148,6 +158,14 @@ class UnifiedLockstep(Lockstep):
         method = cancel if callable(cancel) else self.allocator.free_physical
         self._call(f"{method.__name__}(loan {loan})", method, slots)
 
+    @step
+    def free_nothing(self, segment: bool) -> None:
+        """``free_segment`` (or ``free``) of an empty view of a row, as the
+        radix cache sends when a request duplicated nothing
+        (``radix_cache.py`` ``cache_unfinished_req``: ``kv_indices[protected:prefix]``
+        with the two equal); nothing changes hands."""
+        free_empty(self, segment)
+
     # -- checks --
 
     def check(self) -> None:
@@ -212,6 +230,10 @@ class UnifiedMachine(FreeGroupMachine):
     @draws(guard=lambda s: s.runs("alloc_physical") and len(s.loans.loans) < s.config.row_pages, pages=(1, MAX_PAGES))
     def alloc_physical(self, pages):
         self._do("alloc_physical", pages * self.state.page_size)
+
+    @draws(segment=bool)
+    def free_nothing(self, segment):
+        self._do("free_nothing", segment)
 
     @draws(guard=lambda s: bool(s.loans.loans), pick=(0, 3))
     def free_physical(self, pick):

@@ -53,7 +53,7 @@ from state_machines.harness.lockstep import Lockstep, Pool, ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
 from state_machines.harness.swa import SWALockstep, SWAMachine
-from state_machines.harness.unified import judge_reader_views
+from state_machines.harness.unified import free_empty, judge_reader_views
 from state_machines.targets import probe
 
 # The census checks that hold on a unified pool (see the module docstring).
@@ -443,6 +443,12 @@ class UnifiedMambaLockstep(Lockstep):
         self.mamba.group_end()
 
     @step
+    def free_nothing(self, segment: bool) -> None:
+        """An empty ``free_segment`` (or ``free``), as the radix cache sends
+        when a request duplicated nothing; nothing changes hands."""
+        free_empty(self, segment)
+
+    @step
     def idle_flush(self) -> None:
         """``flush_opportunistic()``, as the scheduler calls it when idle
         (``scheduler.py``): a lazy pool compacts some holes; no id changes hands."""
@@ -497,6 +503,10 @@ class UnifiedMambaMachine(FreeGroupMachine):
     @draws()
     def mamba_group_end(self):
         self._do("mamba_group_end")
+
+    @draws(segment=bool)
+    def free_nothing(self, segment):
+        self._do("free_nothing", segment)
 
     @draws(guard=lambda s: s.runs("idle_flush"))
     def idle_flush(self):

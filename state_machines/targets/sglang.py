@@ -71,8 +71,8 @@ GATE_PAGE_SIZE = 4
 # allocator allocates through alloc() at 1 and through alloc_extend /
 # alloc_decode above it; the unified sub-pool takes decode and extend through
 # alloc() at 1 and frees by page representatives above it, and so do the
-# unified SWA pool's sub-pools.
-GATE_PAGE_SIZES = {"swa": (1, 4), "multi-ended": (1, 4), "unified-swa": (1, 4)}
+# unified SWA pool's sub-pools and the lazy unified Mamba pool (sglang's default mode).
+GATE_PAGE_SIZES = {"swa": (1, 4), "multi-ended": (1, 4), "unified-swa": (1, 4), "unified-mamba-lazy": (1, 4)}
 CLASSES = {
     "token": "TokenToKVPoolAllocator",
     "paged": "PagedTokenToKVPoolAllocator",

@@ -504,7 +504,7 @@ class UnifiedMambaMachine(FreeGroupMachine):
     def mamba_group_end(self):
         self._do("mamba_group_end")
 
-    @draws(segment=bool)
+    @draws(guard=lambda s: s.in_group, segment=bool)
     def free_nothing(self, segment):
         self._do("free_nothing", segment)
 

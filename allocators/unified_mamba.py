@@ -55,6 +55,13 @@ class MambaSlots:
         if free_index.numel():
             self.owner.mamba_allocator.recycle(free_index.to(torch.int64).clone())
 
+    def schedulable_available_size(self) -> int:
+        """Slots an ``alloc`` can take now: free ids the arena's bytes hold."""
+        pool, room = self.owner.mamba_allocator, 0
+        while room < len(pool.free_virtual_ids) and self.owner.arena.fits(0, room + 1):
+            room += 1
+        return room
+
     def alloc_group_begin(self, num_reqs: int) -> None:
         got = self.alloc(num_reqs) if num_reqs > 0 else None
         self.batch = list(got.split(1)) if got is not None else None
@@ -136,6 +143,27 @@ class UnifiedMambaAllocator:
         for r in reps:
             self.full_attn_allocator.recycle(r // self.page_size)
 
+    # -- what the radix cache and the scheduler call besides --
+
+    def flush_opportunistic(self) -> int:
+        """Eager compaction leaves no holes: nothing to do."""
+        return 0
+
+    def prepare_mamba_allocation(self, target_size: int) -> None:
+        """Apply the frees an open free group holds, and keep the group open."""
+        if self.free_group is not None and (self.free_group or self.free_page_reps_group):
+            self.free_group_end()
+            self.free_group_begin()
+
+    def full_tokens_before_mamba_recheck(self, target_size: int) -> int:
+        """Full tokens whose bytes must come free before ``target_size`` slots
+        can: 0 when they fit now; else the missing slots' bytes, less what
+        the last slot may already have, in full tokens (rounded up)."""
+        missing = max(0, target_size - self.mamba_slots.schedulable_available_size())
+        if not missing:
+            return 0
+        return -(-((missing - 1) * MAMBA_SLOT_BYTES + 1) // FULL_SLOT_BYTES)
+
 
 class RepsNotFlushedAllocator(UnifiedMambaAllocator):
     """Mutant: ``free_group_end`` flushes the whole frees but drops the
@@ -167,6 +195,31 @@ class GroupEndKeepsLeftoversAllocator(UnifiedMambaAllocator):
         self.mamba_slots = GroupEndKeepsLeftoversSlots(self)
 
 
+class PrepareClosesGroupAllocator(UnifiedMambaAllocator):
+    """Mutant: ``prepare_mamba_allocation`` applies the queued frees but
+    leaves the caller's free group closed: later frees the caller means to
+    defer free at once."""
+
+    def prepare_mamba_allocation(self, target_size: int) -> None:
+        if self.free_group is not None and (self.free_group or self.free_page_reps_group):
+            self.free_group_end()
+
+
+class SlotsIgnoreFullBytesSlots(MambaSlots):
+    def schedulable_available_size(self) -> int:
+        return len(self.owner.mamba_allocator.free_virtual_ids)
+
+
+class SchedulableOverpromisesAllocator(UnifiedMambaAllocator):
+    """Mutant: the Mamba slots' ``schedulable_available_size()`` counts free
+    ids and ignores the bytes the full side holds: the planner is promised
+    slots an alloc refuses."""
+
+    def __init__(self, size: int, page_size: int = 1, device: str = "cpu", need_sort: bool = False):
+        super().__init__(size, page_size, device, need_sort)
+        self.mamba_slots = SlotsIgnoreFullBytesSlots(self)
+
+
 UNIFIED_MAMBA_MUTANTS = {
     m.name: m
     for m in (
@@ -176,5 +229,9 @@ UNIFIED_MAMBA_MUTANTS = {
                "the full side's alloc ignores the bytes Mamba slots hold"),
         Mutant("group-end-keeps-leftovers", GroupEndKeepsLeftoversAllocator,
                "the Mamba slots' alloc_group_end() leaks the undrawn slots"),
+        Mutant("prepare-closes-group", PrepareClosesGroupAllocator,
+               "prepare_mamba_allocation() applies the queued frees and leaves the free group closed"),
+        Mutant("schedulable-overpromises", SchedulableOverpromisesAllocator,
+               "the Mamba slots' schedulable_available_size() ignores the full side's bytes"),
     )
 }

@@ -201,3 +201,65 @@ def available_counts_lent(available: int, free_virtual: int, lent: int, page_siz
 def allocator_accounting_clean(violations: list[str]) -> str | None:
     """The allocator's own byte-accounting diagnostic reports nothing."""
     return "; ".join(violations) if violations else None
+
+
+def translation_follows_tables(probes: list[int], got: list[int], v2p: tuple[int, ...], page_size: int) -> str | None:
+    """The reader's view: virtual token ``t`` translates to physical token
+    ``v2p[t // page_size] * page_size + t % page_size``, and a token of an
+    unmapped page to 0, the padding sink every kernel skips."""
+    def want(t: int) -> int:
+        p = v2p[t // page_size] if 0 <= t // page_size < len(v2p) - 1 else UNMAPPED
+        return p * page_size + t % page_size if p != UNMAPPED else 0
+
+    wrong = [(t, g, want(t)) for t, g in zip(probes, got) if g != want(t)]
+    if not wrong:
+        return None
+    shown = ", ".join(f"t{t}->{g} (tables say {w})" for t, g, w in wrong[:4])
+    return f"allocator translate_kv_loc / model's page tables: {len(wrong)} token(s) disagree: {shown}"
+
+
+def slot_allocated_agrees(said: dict[int, bool], live: set[int]) -> str | None:
+    """``is_slot_allocated`` of a page's first token is True exactly for the
+    live virtual pages (``said``: virtual page -> the allocator's answer)."""
+    wrong_live = sorted(v for v, yes in said.items() if not yes and v in live)
+    wrong_free = sorted(v for v, yes in said.items() if yes and v not in live)
+    if not wrong_live and not wrong_free:
+        return None
+    return (f"allocator is_slot_allocated / model: live pages said free {_show(wrong_live)};"
+            f" free pages said allocated {_show(wrong_free)}")
+
+
+def capacity_view_within_room(what: str, view: int, room: int) -> str | None:
+    """A capacity view the scheduler plans with (``available_size()``,
+    ``schedulable_available_size()``) never promises more than the arena,
+    compacted, can hold (``room``, from the model's live counts)."""
+    if view <= room:
+        return None
+    return f"allocator {what} = {view} / model room {room}: it promises more than fits"
+
+
+def schedulable_promise_kept(what: str, schedulable: int, need: int, refused: bool) -> str | None:
+    """``schedulable_available_size() >= need`` promises that ``alloc(need)``
+    succeeds (``UnifiedMambaSlotAllocator``'s contract: flushing the peer
+    first is the allocator's job)."""
+    if not (refused and schedulable >= need):
+        return None
+    return f"allocator {what} returned None / schedulable_available_size() {schedulable} >= {need} promised it"
+
+
+def size_balances(size: int, available: int, held_tokens: int) -> str | None:
+    """The leak check's identity: ``size - available_size()`` is the tokens
+    held (``size`` is defined from the same available view, so a leak shows)."""
+    if size - available == held_tokens:
+        return None
+    return f"allocator size {size} - available {available} = {size - available} / model held tokens {held_tokens}"
+
+
+def recheck_bound_zero_iff_room(bound: int, schedulable: int, target: int) -> str | None:
+    """``full_tokens_before_mamba_recheck(target)`` is 0 exactly when the
+    Mamba side's schedulable slots already reach ``target``, else positive:
+    the radix cache evicts that many full tokens before it looks again."""
+    if (bound == 0) == (schedulable >= target) and bound >= 0:
+        return None
+    return (f"allocator full_tokens_before_mamba_recheck({target}) = {bound}"
+            f" / model: 0 iff Mamba schedulable {schedulable} >= {target}, else > 0")

@@ -61,6 +61,34 @@ def arena_bytes(allocator) -> tuple[int, int]:
 CORE_CHECKS = tuple(c for c in CHECKS if c is not core.available_size_agrees)
 
 
+def free_empty(state: Lockstep, segment: bool) -> None:
+    """Free an empty view of row 0 through the allocator's ``free_segment``
+    (at its page-aligned start 0) or ``free``."""
+    view = state.rows[0, :0]
+    if segment and state.has_free_segment:
+        state._call("free_segment(empty)", lambda: state.allocator.free_segment(view, start_pos=0))
+    else:
+        state._call("free(empty)", state.allocator.free, view)
+
+
+def judge_reader_views(state: Lockstep, allocator, universe, live: set[int], pool=None) -> None:
+    """What a forward and the invariant checker read off a pool with page
+    tables, where it has the method: ``is_slot_allocated`` of each virtual
+    page's first token (live exactly) and ``translate_kv_loc`` of its first
+    and last token (through ``pool``'s v2p, ``allocator``'s own by default;
+    an unmapped page to the sink 0)."""
+    pool = allocator if pool is None else pool
+    ps = state.page_size
+    if callable(allocated := getattr(allocator, "is_slot_allocated", None)):
+        said = {v: bool(state._call(f"is_slot_allocated({v * ps})", allocated, v * ps)) for v in sorted(universe)}
+        state._judge(ru.slot_allocated_agrees, said, live)
+    if callable(translate := getattr(allocator, "translate_kv_loc", None)):
+        probes = [v * ps + o for v in sorted(universe) for o in sorted({0, ps - 1})]
+        got = ids(state._call("translate_kv_loc()", translate, torch.tensor(probes, dtype=torch.int64)))
+        v2p = tuple(ids(state._call("virtual_to_physical", lambda: pool.virtual_to_physical)))
+        state._judge(ru.translation_follows_tables, probes, got, v2p, ps)
+
+
 @define
 class UnifiedLockstep(Lockstep):
     # Physical pages lent out by alloc_physical, by handle.
@@ -130,6 +158,14 @@ class UnifiedLockstep(Lockstep):
         method = cancel if callable(cancel) else self.allocator.free_physical
         self._call(f"{method.__name__}(loan {loan})", method, slots)
 
+    @step
+    def free_nothing(self, segment: bool) -> None:
+        """``free_segment`` (or ``free``) of an empty view of a row, as the
+        radix cache sends when a request duplicated nothing
+        (``radix_cache.py`` ``cache_unfinished_req``: ``kv_indices[protected:prefix]``
+        with the two equal); nothing changes hands."""
+        free_empty(self, segment)
+
     # -- checks --
 
     def check(self) -> None:
@@ -149,6 +185,7 @@ class UnifiedLockstep(Lockstep):
         own = getattr(self.allocator, "_byte_accounting_violations", None)
         if callable(own):
             self._judge(ru.allocator_accounting_clean, self._call("_byte_accounting_violations()", own))
+        judge_reader_views(self, self.allocator, set(self.model.owner), live)
         self._write_kv(tables, live)
 
     def _write_kv(self, tables: ru.PageTables, live: set[int]) -> None:
@@ -166,7 +203,8 @@ class UnifiedLockstep(Lockstep):
     def stand_ins(self) -> list[str]:
         """The stand-ins the allocator was built over (sglang's class), as their reprs say."""
         parts = (getattr(self.allocator, "unified_buffer", None), getattr(self.allocator, "_kvcache", None))
-        return [repr(p) for p in parts if p is not None and "stand-in" in repr(p)]
+        return [repr(p) for p in parts if p is not None and "stand-in" in repr(p)] + list(
+            getattr(self.allocator, "kv_lockstep_kernels", ()))
 
     def teardown(self) -> None:
         """Close any open group and return every loan; the state must still check out."""
@@ -192,6 +230,12 @@ class UnifiedMachine(FreeGroupMachine):
     @draws(guard=lambda s: s.runs("alloc_physical") and len(s.loans.loans) < s.config.row_pages, pages=(1, MAX_PAGES))
     def alloc_physical(self, pages):
         self._do("alloc_physical", pages * self.state.page_size)
+
+    # Drawn inside a group only (where the radix cache frees), so it does
+    # not crowd out the steps a compaction bug needs.
+    @draws(guard=lambda s: s.in_group, segment=bool)
+    def free_nothing(self, segment):
+        self._do("free_nothing", segment)
 
     @draws(guard=lambda s: bool(s.loans.loans), pick=(0, 3))
     def free_physical(self, pick):

@@ -39,6 +39,7 @@ import torch
 from attrs import define, field
 
 from reference_model import CHECKS, OwnershipModel, SWASide, invariants
+from reference_model import unified as ru
 from reference_model.invariants import available_size_agrees
 from reference_model.mamba import MambaModel
 from reference_model.unified_hybrid import (
@@ -52,6 +53,7 @@ from state_machines.harness.lockstep import Lockstep, Pool, ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
 from state_machines.harness.swa import SWALockstep, SWAMachine
+from state_machines.harness.unified import free_empty, judge_reader_views
 from state_machines.targets import probe
 
 # The census checks that hold on a unified pool (see the module docstring).
@@ -273,12 +275,26 @@ class UnifiedMambaLockstep(Lockstep):
         slots = sorted(set(self._call("mamba free_virtual_ids", self._mamba_census)))
         self.mamba = MambaModel.from_census(slots)
         self.mamba_universe = frozenset(slots)
+        for rule, methods in self.STEP_METHODS.items():
+            if missing := [m for m in methods if not callable(getattr(a, m, None))]:
+                self.disabled_rules[rule] = f"{self.config.target} has no {', '.join(missing)}"
+
+    # The composite's methods a step calls (the radix cache's and the scheduler's).
+    STEP_METHODS = {
+        "idle_flush": ("flush_opportunistic",),
+        "prepare_mamba": ("prepare_mamba_allocation", "full_tokens_before_mamba_recheck"),
+    }
 
     def _full_census(self) -> list[int]:
         return ids(self.allocator.full_attn_allocator.free_virtual_ids)
 
     def _mamba_census(self) -> list[int]:
         return ids(self.allocator.mamba_allocator.free_virtual_ids)
+
+    @property
+    def stand_ins(self) -> list[str]:
+        """The stand-ins the composite was built over, and the kernels replaced on CPU."""
+        return list(getattr(self.allocator, "kv_lockstep_stand_ins", ()))
 
     @property
     def in_alloc_group(self) -> bool:
@@ -314,6 +330,39 @@ class UnifiedMambaLockstep(Lockstep):
                 self._judge(unified_compacted, pool, physical[pool.name], tokens, 1 if name == "mamba" else self.page_size,
                             name=f"{name}_compacted")
         self._judge(unified_bands_disjoint, self.arena, physical[self.arena.low.name], physical[self.arena.high.name])
+        self._check_views()
+
+    def _check_views(self) -> None:
+        """What sglang's callers read off the composite, where it has it:
+        its own byte diagnostic (``verify_byte_accounting``, the scheduler's
+        idle check), the leak check's ``size`` identity, the capacity views
+        the planners use (never more than fits), ``is_slot_allocated`` and
+        ``translate_kv_loc`` (the forward's reads) against the page tables."""
+        a, ps = self.allocator, self.page_size
+        if callable(verify := getattr(a, "verify_byte_accounting", None)):
+            self._judge(ru.allocator_accounting_clean, self._call("verify_byte_accounting()", verify),
+                        name="composite_accounting_clean")
+        full_live = set(self.universe) - self.model.free_pages
+        full_room = self._room(lambda k: self.model.num_free >= k and self._fits(k, 0))
+        if hasattr(a, "full_available_size"):
+            available = int(self._call("available_size()", a.available_size))
+            self._judge(ru.size_balances, int(self._call("size", lambda: a.size)), available, len(full_live) * ps)
+            self._judge(ru.capacity_view_within_room, "available_size()", available, full_room * ps)
+            full_view = int(self._call("full_available_size()", a.full_available_size))
+            self._judge(ru.capacity_view_within_room, "full_available_size()", full_view, full_room * ps)
+        slots = a.mamba_slots
+        if callable(sched := getattr(slots, "schedulable_available_size", None)):
+            self._judge(ru.capacity_view_within_room, "Mamba schedulable_available_size()",
+                        int(self._call("mamba schedulable_available_size()", sched)), self._mamba_room(),
+                        name="mamba_capacity_view_within_room")
+        judge_reader_views(self, a, self.universe, full_live, pool=a.full_attn_allocator)
+        if callable(write := getattr(a, "translate_write_loc", None)):
+            # The forward writes out_cache_loc through it: one GPU, the same page tables as reads.
+            probes = [v * self.page_size for v in sorted(self.universe)]
+            got = ids(self._call("translate_write_loc()", write, torch.tensor(probes, dtype=torch.int64)))
+            self._judge(ru.translation_follows_tables, probes, got,
+                        tuple(ids(a.full_attn_allocator.virtual_to_physical)), self.page_size,
+                        name="write_translation_follows_tables")
 
     # -- what fits --
 
@@ -329,11 +378,16 @@ class UnifiedMambaLockstep(Lockstep):
     def _short(self, pages: int) -> bool:
         return self.model.num_free < pages or not self._fits(pages, 0)
 
-    def _mamba_room(self) -> int:
+    @staticmethod
+    def _room(fits) -> int:
+        """The most ``k`` with ``fits(k)`` (fits is monotone)."""
         room = 0
-        while room < self.mamba.num_free and self._fits(0, room + 1):
+        while fits(room + 1):
             room += 1
         return room
+
+    def _mamba_room(self) -> int:
+        return self._room(lambda k: self.mamba.num_free >= k and self._fits(0, k))
 
     # -- Mamba steps --
 
@@ -346,8 +400,11 @@ class UnifiedMambaLockstep(Lockstep):
         from_group = n == 1 and bool(self.mamba.reserved)
         short = not from_group and n > self._mamba_room()
         what = f"mamba alloc({n})"
+        sched = getattr(slots, "schedulable_available_size", None)
+        promised = int(self._call("mamba schedulable_available_size()", sched)) if callable(sched) else 0
         out = self._call(what, slots.alloc, n)
         if out is None:
+            self._judge(ru.schedulable_promise_kept, what, promised, n, True, name="mamba_schedulable_promise_kept")
             self._judge(invariants.alloc_none_iff_short, what, True, 0, short, self._mamba_room(), n)
             return
         got = ids(out)
@@ -385,6 +442,36 @@ class UnifiedMambaLockstep(Lockstep):
         self._call("mamba alloc_group_end()", self.allocator.mamba_slots.alloc_group_end)
         self.mamba.group_end()
 
+    @step
+    def free_nothing(self, segment: bool) -> None:
+        """An empty ``free_segment`` (or ``free``), as the radix cache sends
+        when a request duplicated nothing; nothing changes hands."""
+        free_empty(self, segment)
+
+    @step
+    def idle_flush(self) -> None:
+        """``flush_opportunistic()``, as the scheduler calls it when idle
+        (``scheduler.py``): a lazy pool compacts some holes; no id changes hands."""
+        self._call("flush_opportunistic()", self.allocator.flush_opportunistic)
+
+    @step
+    def prepare_mamba(self, n: int) -> None:
+        """The radix cache's Mamba eviction (``unified_radix_cache.py``
+        ``evict`` / ``_target_met``): ``full_tokens_before_mamba_recheck(n)``
+        (0 exactly when ``n`` Mamba slots are schedulable), then
+        ``prepare_mamba_allocation(n)``, which applies the frees an open free
+        group holds (ends and reopens it) and, where the Mamba side needs
+        them, compacts the full side's holes.  Nothing changes owner."""
+        a = self.allocator
+        schedulable = int(self._call("mamba schedulable_available_size()", a.mamba_slots.schedulable_available_size))
+        bound = int(self._call(f"full_tokens_before_mamba_recheck({n})", a.full_tokens_before_mamba_recheck, n))
+        self._judge(ru.recheck_bound_zero_iff_room, bound, schedulable, n)
+        self._call(f"prepare_mamba_allocation({n})", a.prepare_mamba_allocation, n)
+        if self.in_group:
+            # The queued frees apply now; the group stays open.
+            self.model.end()
+            self.model.begin()
+
     def teardown(self) -> None:
         if self.in_alloc_group:
             self.mamba_group_end()
@@ -416,6 +503,18 @@ class UnifiedMambaMachine(FreeGroupMachine):
     @draws()
     def mamba_group_end(self):
         self._do("mamba_group_end")
+
+    @draws(guard=lambda s: s.in_group, segment=bool)
+    def free_nothing(self, segment):
+        self._do("free_nothing", segment)
+
+    @draws(guard=lambda s: s.runs("idle_flush"))
+    def idle_flush(self):
+        self._do("idle_flush")
+
+    @draws(guard=lambda s: s.runs("prepare_mamba"), n=(1, 3))
+    def prepare_mamba(self, n):
+        self._do("prepare_mamba", n)
 
 
 def is_unified_mamba(allocator) -> bool:

@@ -93,6 +93,7 @@ _UNITS = {
     ("mamba_alloc", "n"): PAGES,
     ("mamba_free", "state"): PAGES0,
     ("mamba_group_begin", "n"): PAGES0,
+    ("prepare_mamba", "n"): PAGES,
     ("load_back", "n"): SLOTS,
     ("load_back", "start"): PAGES0,  # a class, taken modulo the shard size as alloc_cyclic takes it
 }

@@ -102,3 +102,77 @@ def cpu_kernels(allocator, page_size: int) -> list[str]:
         source = "the release's alloc_extend_naive" if name == "alloc_extend" else "kv-lockstep's loop over the kernel's contract"
         replaced.append(f"{type(allocator).__name__}.{name}: a CPU stand-in ({source}); the release's fails here: {why}")
     return replaced
+
+
+class _CpuLaunch:
+    """A Triton kernel's launch shape, ``kernel[grid](*args)``, over a CPU
+    function of the same arguments."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        return self.fn
+
+
+def _extend_kernel_on_cpu(naive):
+    """``alloc_extend_kernel``'s contract through the release's own
+    ``alloc_extend_naive``: per request, the rest of its last page after
+    ``last_loc``, then whole pages of ``free_page_ptr`` in order, the last
+    perhaps partly used."""
+
+    def launch(prefix_lens, seq_lens, last_loc, free_page_ptr, out_indices, bs_upper, page_size):
+        naive(prefix_lens, seq_lens, last_loc, free_page_ptr, out_indices, page_size, out_indices.device)
+
+    return _CpuLaunch(launch)
+
+
+def _decode_kernel_on_cpu(seq_lens, last_loc, free_page_ptr, out_indices, bs_upper, page_size):
+    """``alloc_decode_kernel``'s contract: a request whose new length starts a
+    page takes the next page of ``free_page_ptr`` (its first token), any other
+    the token after ``last_loc``."""
+    taken = 0
+    for i, (n, last) in enumerate(zip(seq_lens.tolist(), last_loc.tolist())):
+        if (n - 1) % page_size == 0:
+            out_indices[i] = int(free_page_ptr[taken]) * page_size
+            taken += 1
+        else:
+            out_indices[i] = last + 1
+
+
+def unified_cpu_kernels(sub_pool, page_size: int) -> list[str]:
+    """Let a unified sub-pool's own ``alloc_extend`` / ``alloc_decode`` run on
+    CPU: each call, on this instance only, finds CPU stand-ins under the two
+    Triton kernel names its module launches (``alloc_extend_kernel``,
+    ``alloc_decode_kernel``); everything else (the virtual ids it takes, the
+    physical pages it binds, its shortfall ladder) is the release's.  Returns
+    what it replaced, with why; nothing at page size 1 (the caller sends
+    decode and extend to ``alloc()`` there)."""
+    if page_size == 1 or not callable(getattr(sub_pool, "alloc_extend", None)):
+        return []
+    module = sys.modules[type(sub_pool).__module__]
+    paged = sys.modules.get(module.__name__.rsplit(".", 1)[0] + ".paged")
+    naive = getattr(paged, "alloc_extend_naive", None)
+    if naive is None or not all(hasattr(module, k) for k in ("alloc_extend_kernel", "alloc_decode_kernel")):
+        return []
+    kernels = {"alloc_extend_kernel": _extend_kernel_on_cpu(naive), "alloc_decode_kernel": _CpuLaunch(_decode_kernel_on_cpu)}
+
+    def swapped(name):
+        def call(self, *args, **kwargs):
+            saved = {k: getattr(module, k) for k in kernels}
+            for k, v in kernels.items():
+                setattr(module, k, v)
+            try:
+                return getattr(type(self), name)(self, *args, **kwargs)
+            finally:
+                for k, v in saved.items():
+                    setattr(module, k, v)
+
+        return call
+
+    # Bound methods, so a deep copy (the capability probe's) calls its own copy.
+    for name in ("alloc_extend", "alloc_decode"):
+        setattr(sub_pool, name, types.MethodType(swapped(name), sub_pool))
+    return [f"{type(sub_pool).__name__}({sub_pool.sub_pool_name!r}).alloc_extend / alloc_decode: their Triton kernels"
+            " (no CPU path) replaced, during the call only, by CPU stand-ins (the release's alloc_extend_naive;"
+            " kv-lockstep's loop over alloc_decode_kernel's contract)"]

@@ -47,6 +47,7 @@ MODULES = {
     "unified-swa": "sglang.srt.mem_cache.allocator.unified_hybrid_swa",
     "unified-mamba-swa": "sglang.srt.mem_cache.allocator.unified_hybrid_swa",
     "unified-mamba": "sglang.srt.mem_cache.allocator.unified_mamba",
+    "unified-mamba-lazy": "sglang.srt.mem_cache.allocator.unified_mamba",
 }
 # The same when mem_cache/allocator.py is one file (sglang up to 0.5.12);
 # a kind missing here is unavailable in that layout, with the reason shown.
@@ -70,8 +71,10 @@ GATE_PAGE_SIZE = 4
 # allocator allocates through alloc() at 1 and through alloc_extend /
 # alloc_decode above it; the unified sub-pool takes decode and extend through
 # alloc() at 1 and frees by page representatives above it, and so do the
-# unified SWA pool's sub-pools.
-GATE_PAGE_SIZES = {"paged": (1, 4), "swa": (1, 4), "multi-ended": (1, 4), "unified-swa": (1, 4)}
+# unified SWA pool's sub-pools and the lazy unified Mamba pool (sglang's default mode).
+GATE_PAGE_SIZES = {
+    "paged": (1, 4), "swa": (1, 4), "multi-ended": (1, 4), "unified-swa": (1, 4), "unified-mamba-lazy": (1, 4),
+}
 CLASSES = {
     "token": "TokenToKVPoolAllocator",
     "paged": "PagedTokenToKVPoolAllocator",
@@ -86,11 +89,12 @@ CLASSES = {
     "unified-swa": "UnifiedSWATokenToKVPoolAllocator",
     "unified-mamba-swa": "UnifiedMambaSWATokenToKVPoolAllocator",
     "unified-mamba": "UnifiedMambaTokenToKVPoolAllocator",
+    "unified-mamba-lazy": "UnifiedMambaTokenToKVPoolAllocator",
 }
 
 
 from state_machines.targets.base import Target, TargetError, construct, one_line, quiet
-from state_machines.targets.cpu_paths import cpu_kernels
+from state_machines.targets.cpu_paths import cpu_kernels, unified_cpu_kernels
 
 
 @dataclasses.dataclass
@@ -544,7 +548,12 @@ def make_multi_ended(size: int, page_size: int, device: str, need_sort: bool, la
         is_id_owner=True,
         lazy_compaction=lazy_compaction,
     )
-    return _construct(_cls(kind), **args)
+    allocator = _construct(_cls(kind), **args)
+    allocator.kv_lockstep_kernels = unified_cpu_kernels(allocator, page_size)
+    # As the scheduler does once its pools exist (scheduler.py, enable_unified_memory; 0.5.23 on).
+    if callable(prewarm := getattr(allocator, "prewarm_compaction", None)):
+        prewarm()
+    return allocator
 
 
 def make_multi_ended_eager(size: int, page_size: int, device: str, need_sort: bool):
@@ -620,10 +629,12 @@ def _required(cls: type, name: str) -> bool:
     return param is not None and param.default is inspect.Parameter.empty
 
 
-def _make_unified(kind: str, directions: dict[str, str], size: int, page_size: int, device: str, need_sort: bool):
+def _make_unified(kind: str, directions: dict[str, str], size: int, page_size: int, device: str, need_sort: bool,
+                  lazy_compaction: bool = False):
     """A unified composite over the arena stand-in: its sub-pools (name ->
     grow direction) in ``(size + page_size) * 16`` bytes, so the full side
-    alone would hold ``size`` tokens; eager compaction (the default)."""
+    alone would hold ``size`` tokens; eager compaction unless
+    ``lazy_compaction`` (sglang's default, ``SGLANG_DISABLE_LAZY_COMPACTION`` unset)."""
     cls = _cls(kind)
     if device != "cpu" and not device.startswith("cpu"):
         raise TargetError(f"device {device!r}: sglang targets run on cpu only")
@@ -632,6 +643,8 @@ def _make_unified(kind: str, directions: dict[str, str], size: int, page_size: i
     kvcache = _UnifiedKVStandIn()
     args: dict[str, Any] = dict(unified_buffer=arena, kvcache=kvcache, mamba_kvcache=kvcache.mamba_pool,
                                 device=device, page_size=page_size, need_sort=need_sort)
+    if lazy_compaction:
+        args["lazy_compaction"] = True
     # Static caps where a release requires them (0.5.20's leak check); later releases derive them.
     for name in ("full", "swa"):
         if _required(cls, f"{name}_max_total_num_tokens"):
@@ -656,22 +669,37 @@ def make_unified_mamba_swa(size: int, page_size: int, device: str, need_sort: bo
                          size, page_size, device, need_sort)
 
 
-def make_unified_mamba(size: int, page_size: int, device: str, need_sort: bool):
+def make_unified_mamba(size: int, page_size: int, device: str, need_sort: bool, lazy_compaction: bool = False):
     """``UnifiedMambaTokenToKVPoolAllocator``: full (16-byte slots, up) and
     Mamba state slots (32 bytes, down, page size 1).  Two stand-ins beyond
     the arena: the parallel width ``attn_dcp_size`` set to 1 for the process
-    (``get_parallel().override_permanently``, one GPU, as a server with no
-    decode context parallelism publishes), and the Mamba slots driven through
+    and its rank ``attn_dcp_rank`` to 0 (``get_parallel().override_permanently``,
+    where unpublished: one GPU, as a server with no decode context parallelism
+    publishes), and the Mamba slots driven through
     the release's ``UnifiedMambaSlotAllocator`` over ``mamba_allocator``
     (what ``UnifiedHybridReqToTokenPool`` builds), kept as ``mamba_slots``."""
     import importlib
 
     runtime = importlib.import_module("sglang.srt.runtime_context")
-    with contextlib.suppress(Exception):
-        runtime.get_parallel().attn_dcp_size  # noqa: B018 - set only where nothing is published
-        return _with_mamba_slots(_make_unified("unified-mamba", {"full": "up", "mamba": "down"}, size, page_size, device, need_sort))
-    runtime.get_parallel().override_permanently(attn_dcp_size=1)
-    return _with_mamba_slots(_make_unified("unified-mamba", {"full": "up", "mamba": "down"}, size, page_size, device, need_sort))
+    kind = "unified-mamba-lazy" if lazy_compaction else "unified-mamba"
+    parallel = runtime.get_parallel()
+    for name, value in (("attn_dcp_size", 1), ("attn_dcp_rank", 0)):
+        try:
+            getattr(parallel, name)
+        except Exception:  # noqa: BLE001 - unpublished in this process: one GPU's values
+            parallel.override_permanently(**{name: value})
+    allocator = _with_mamba_slots(_make_unified(kind, {"full": "up", "mamba": "down"}, size, page_size, device,
+                                                need_sort, lazy_compaction))
+    # As the scheduler does once its pools exist (scheduler.py, enable_unified_memory; 0.5.23 on).
+    if callable(prewarm := getattr(allocator, "prewarm_compaction", None)):
+        prewarm()
+    return allocator
+
+
+def make_unified_mamba_lazy(size: int, page_size: int, device: str, need_sort: bool):
+    """The same with lazy compaction, sglang's default (``kv_cache_configurator.py``
+    ``_should_enable_lazy_compaction``): a free leaves a hole, a flush compacts."""
+    return make_unified_mamba(size, page_size, device, need_sort, lazy_compaction=True)
 
 
 def _with_mamba_slots(allocator):
@@ -683,6 +711,8 @@ def _with_mamba_slots(allocator):
         raise TargetError(f"sglang {_info().version}: unified_memory_pool has no UnifiedMambaSlotAllocator")
     mea = allocator.mamba_allocator
     allocator.mamba_slots = wrapper(mea, mea.max_slots - 1, mea.device)
+    allocator.kv_lockstep_stand_ins = list(getattr(allocator, "kv_lockstep_stand_ins", ())) + unified_cpu_kernels(
+        allocator.full_attn_allocator, allocator.full_attn_allocator.page_size)
     return allocator
 
 
@@ -699,6 +729,7 @@ KIND_TARGETS: dict[str, dict[str, Any]] = {
     "unified-swa": dict(family="unified_swa"),
     "unified-mamba-swa": dict(family="unified_swa"),
     "unified-mamba": dict(family="unified_mamba"),
+    "unified-mamba-lazy": dict(family="unified_mamba"),
 }
 
 
@@ -715,6 +746,7 @@ FACTORIES: dict[str, Callable[..., Any]] = {
     "multi-ended-eager": make_multi_ended_eager,
     "unified-swa": make_unified_swa,
     "unified-mamba": make_unified_mamba,
+    "unified-mamba-lazy": make_unified_mamba_lazy,
     "unified-mamba-swa": make_unified_mamba_swa,
 }
 
@@ -768,6 +800,7 @@ __all__ = [
     "make_swa",
     "make_token",
     "make_unified_mamba",
+    "make_unified_mamba_lazy",
     "make_unified_mamba_swa",
     "make_unified_swa",
     "release_files",

@@ -137,3 +137,44 @@ def test_the_cpu_round_trip_stand_in_restores_its_stamps():
     ids = torch.tensor([3, 1, 2])
     kv.load_cpu_copy(kv.get_cpu_copy(ids), ids)
     assert torch.equal(kv.kv_lockstep_stamps, before) and kv.kv_lockstep_copies == [("get", [3, 1, 2]), ("load", [3, 1, 2])]
+
+
+@pytest.mark.sglang
+def test_resize_rebuilds_sglang_pools_around_the_new_size():
+    """0.5.23's paged and SWA allocators, resized before any request, hold exactly the new pages, and serve from them."""
+    assert in_release("""
+        for target, ps in (("sglang:paged", 4), ("sglang:swa", 4), ("sglang:token", 1)):
+            state = make(target, ps)
+            state.resize(pages=5)
+            state.finish(req=state.alloc(n=2 * ps))
+            state.resize(pages=10)
+    """) == "ok"
+
+
+@pytest.mark.sglang
+def test_resize_catches_a_pool_that_keeps_its_old_pages():
+    """A resize that sets the size but leaves the free list as it was is caught."""
+    assert in_release("""
+        state = make("sglang:paged", 4)
+        def keeps(config):
+            state.allocator.size = config.max_total_num_tokens
+        state.allocator.resize = keeps
+        state.resize(pages=5)
+    """) == "free_sets_agree"
+
+
+@pytest.mark.sglang
+def test_the_paged_kinds_run_with_sglangs_debug_checks_and_extend_still_probes_clean():
+    """sglang:paged is built with SGLANG_DEBUG_MEMORY_POOL on, and the extend probe's batch passes its checks."""
+    assert in_release("""
+        state = make("sglang:paged", 4)
+        assert state.allocator.debug_mode and state.why_not("extend") is None, state.why_not("extend")
+    """) == "ok"
+
+
+def test_a_swa_request_ending_mid_page_grows_by_extend_not_alloc():
+    """Above page size 1 the SWA harness's alloc (an alloc_extend from the page-aligned end) skips a request whose last page is partly used."""
+    state = build(target="builtin:swa", page_size=4)
+    req = state.admit()
+    state.extend(reqs=[req], tokens=[1])
+    assert req not in state.alloc_growable() and req in state.extendable()

@@ -23,7 +23,7 @@ import torch
 
 from state_machines.targets.base import one_line, quiet
 
-HOOK_STEPS = ("ask", "offload", "finish_segments")
+HOOK_STEPS = ("ask", "offload", "finish_segments", "resize")
 
 # What ``ask`` asks, where the allocator has it (sglang 0.5.19 on has some,
 # 0.5.22 on most).  The SWA harness adds its own (swa.py).
@@ -165,7 +165,15 @@ def _probe_hooks(allocator, hooks: tuple[str, ...], page_size: int) -> dict[str,
 
 
 def disabled_steps(allocator, hooks: dict[str, str], asked: tuple[str, ...]) -> dict[str, str]:
-    """The hook steps this allocator cannot run here, each with the reason."""
+    """The hook steps this allocator cannot run here, each with the reason
+    (probed once per class and shape)."""
+    key = ("steps", type(allocator), asked, getattr(allocator, "page_size", 1), getattr(allocator, "need_sort", None))
+    if key not in _PROBED:
+        _PROBED[key] = _probe_steps(allocator, hooks, asked)
+    return _PROBED[key]
+
+
+def _probe_steps(allocator, hooks: dict[str, str], asked: tuple[str, ...]) -> dict[str, str]:
     name = type(allocator).__name__
     out = {}
     if len(hooks) == len(asked):
@@ -173,7 +181,30 @@ def disabled_steps(allocator, hooks: dict[str, str], asked: tuple[str, ...]) -> 
     if not callable(getattr(allocator, "free_segments", None)):
         out["finish_segments"] = f"{name} has no free_segments"
     out.update(_offload_disabled(allocator))
+    if not callable(getattr(allocator, "resize", None)):
+        out["resize"] = f"{name} has no resize"
+    else:
+        try:
+            with quiet():
+                copy.deepcopy(allocator).resize(resize_config(1, getattr(allocator, "page_size", 1)))
+        except Exception as exc:  # noqa: BLE001
+            out["resize"] = f"resize: {one_line(exc)}"
     return out
+
+
+class _ResizeConfig:
+    """The sizes a post-capture resize reads (``KVCacheConfig``'s fields)."""
+
+    def __init__(self, tokens: int):
+        self.max_total_num_tokens = self.full_max_total_num_tokens = self.swa_max_total_num_tokens = tokens
+
+    def __repr__(self) -> str:
+        return f"<KV config: {self.max_total_num_tokens} tokens>"
+
+
+def resize_config(pages: int, page_size: int) -> _ResizeConfig:
+    """A config of ``pages`` pages for every pool."""
+    return _ResizeConfig(pages * page_size)
 
 
 def _offload_disabled(allocator) -> dict[str, str]:

@@ -357,6 +357,11 @@ class Lockstep:
         here; a family whose callers grow fewer narrows it)."""
         return self.live()
 
+    def alloc_growable(self) -> list[ReqRef]:
+        """Live requests an ``alloc`` may grow by whole pages (those
+        ``extendable`` gives, unless a family narrows it)."""
+        return self.extendable()
+
     def with_own_pages(self) -> list[ReqRef]:
         return [ReqRef(r.rid) for r in self.model.requests.values() if r.own]
 
@@ -704,6 +709,24 @@ class Lockstep:
         segments = [(self.rows[row, lo:hi], lo) for lo, hi in spans]
         shown = ", ".join(f"(req_to_token[{row}, {lo}:{hi}], {lo})" for lo, hi in spans)
         self._call(f"{method}([{shown}])", getattr(self.allocator, method), segments)
+
+    @step
+    def resize(self, pages: int) -> None:
+        """Post-capture KV resizing (``kv_pool_runtime.py``: the allocator's
+        ``resize(config)`` once the pool's real budget is known, before any
+        request, capped at the pool's first size): afterwards pages
+        ``1 .. pages`` are free, the rest gone."""
+        what = f"resize(max_total_num_tokens={pages * self.page_size})"
+        self._call(what, self.allocator.resize, hooks.resize_config(pages, self.page_size))
+        self._rebuilt(list(range(1, pages + 1)))
+
+    def _rebuilt(self, free_pages: list[int]) -> None:
+        """The models after a resize: every pool rebuilt around ``free_pages``."""
+        self.model.rebuild(free_pages)
+
+    def resizable(self) -> bool:
+        """A resize comes before any request: nothing live, cached or queued."""
+        return not self.model.requests and not self.model.cache and not self.in_group
 
     # -- the hooks every alloc goes through --
 

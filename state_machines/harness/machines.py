@@ -129,7 +129,7 @@ class FreeGroupMachine(RuleBasedStateMachine):
         # who: 0 starts a request; 1..4 extends a live one; 5..8 starts one
         # on a cached prefix.  One draw, and it shrinks toward a new request.
         s = self.state
-        live = s.extendable()
+        live = s.alloc_growable()
         if (1 <= who <= 4 and live) or not s.free_rows():
             if not live:
                 return
@@ -286,3 +286,9 @@ class HookRules:
         s = self.state
         req = _pick(s.live(), which)
         self._do("finish_segments", req, cut % (len(s.model.requests[req.rid].own) + 1))
+
+    @draws(guard=lambda s: s.runs("resize") and s.resizable(), pages=(1, 16))
+    def resize(self, pages):
+        # At most the pool's first size: the caller caps the resize there.
+        s = self.state
+        self._do("resize", 1 + (pages - 1) % (s.config.pool_size // s.page_size))

@@ -225,6 +225,10 @@ class SWALockstep(Lockstep):
             return False
         return True
 
+    def _rebuilt(self, free_pages: list[int]) -> None:
+        super()._rebuilt(free_pages)
+        self.swa = SWASide.from_census(self.model, free_pages)
+
     def _give_back_segments(self, row: int, start: int, end: int, pages: list[int], cut: int) -> None:
         """As ``free_kv_row_segments`` splits a row: the slid pages go back
         full-side only (``free_full_segments``, where the allocator has it),
@@ -380,6 +384,15 @@ class SWALockstep(Lockstep):
         pages = sum(self.model.decode_needs_page(r.rid, self.page_size) for r in reqs)
         return not self._short(pages)
 
+    def alloc_growable(self) -> list[ReqRef]:
+        """Above page size 1 ``alloc`` is an ``alloc_extend`` from the
+        request's page-aligned end, so a request whose last page is partly
+        used is grown by ``extend`` only: its caller passes the real length,
+        and sglang's SWA side reads the peer of ``last_loc``, which for a
+        slot past the tokens maps to nothing (its debug check asserts)."""
+        live = self.extendable()
+        return live if self.page_size == 1 else [r for r in live if not self.model.requests[r.rid].spare]
+
     def tail_ready(self) -> list[ReqRef]:
         """Requests ``extend_swa_tail`` may take: page-aligned, no own page
         with an SWA side (so slid pages stay the oldest)."""
@@ -399,6 +412,8 @@ class SWALockstep(Lockstep):
         ps = self.page_size
         if rule == "decode" and not self.decode_fits(args["reqs"]):
             return "a pool is short of the batch's new pages: the scheduler retracts requests before such a decode"
+        if rule == "alloc" and args.get("req") is not None and args["req"] not in self.alloc_growable():
+            return f"{args['req']!r} ends mid-page: above page size 1 the caller grows it with extend"
         if rule == "remap":
             entry = args["entry"]
             return None if entry in self.remappable() else f"{entry!r} was evicted or has no slid page"

@@ -98,6 +98,7 @@ _UNITS = {
     # The scheduler-hook steps (harness/hooks.py).
     ("ask", "tokens"): SPAN,
     ("finish_segments", "cut"): PAGES0,
+    ("resize", "pages"): PAGES,
 }
 
 
@@ -552,6 +553,11 @@ def _not_applicable(state: Lockstep, rule: str, args: dict) -> str | None:
         return f"{rule} does not run on {state.config.target} here: {why}"
     if rule == "offload" and not model.tokens(req.rid, ps):
         return f"{req!r} holds no tokens to copy"
+    if rule == "resize":
+        if not state.resizable():
+            return "a resize comes before any request: something is live, cached or queued"
+        if args["pages"] > state.config.pool_size // ps:
+            return f"a resize past the pool's first {state.config.pool_size // ps} pages: the caller caps it there"
     if rule == "finish_segments" and args["cut"] > len(request.own):
         return f"{req!r} holds {len(request.own)} pages of its own, not {args['cut']}"
     if rule == "decode":

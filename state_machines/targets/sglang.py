@@ -348,6 +348,31 @@ def _common(size: int, page_size: int, device: str, need_sort: bool) -> dict:
 # factories
 
 
+# sglang's own debug checks of the paged pools (``debug_mode``: no page
+# handed out or freed twice, ``last_loc`` congruent with the lengths, each
+# page-interleave class holding only its own pages), read once when a pool
+# is built.  The gate builds its paged, NPU and page-interleave kinds with
+# them on: an assertion of sglang's that fires is ``allocator_raised``, at
+# the call that broke it.
+POOL_DEBUG = "SGLANG_DEBUG_MEMORY_POOL"
+
+
+@contextlib.contextmanager
+def pool_debug():
+    """``SGLANG_DEBUG_MEMORY_POOL=1`` while the block builds a pool."""
+    import os
+
+    saved = os.environ.get(POOL_DEBUG)
+    os.environ[POOL_DEBUG] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[POOL_DEBUG]
+        else:
+            os.environ[POOL_DEBUG] = saved
+
+
 class KVCopyStandIn:
     """What a KV pool's ``get_cpu_copy`` / ``load_cpu_copy`` need, and no
     more: one stamp per slot (a distinct negative number), copied out and
@@ -392,12 +417,14 @@ def make_token(size: int, page_size: int, device: str, need_sort: bool):
 
 
 def make_paged(size: int, page_size: int, device: str, need_sort: bool):
-    return _construct(_cls("paged"), **_with_kv(_common(size, page_size, device, need_sort), size, page_size))
+    with pool_debug():
+        return _construct(_cls("paged"), **_with_kv(_common(size, page_size, device, need_sort), size, page_size))
 
 
 def make_npu(size: int, page_size: int, device: str, need_sort: bool):
     """The NPU subclass on CPU: its Python paths, no torch_npu."""
-    return _construct(_cls("npu"), **_with_kv(_common(size, page_size, device, need_sort), size, page_size))
+    with pool_debug():
+        return _construct(_cls("npu"), **_with_kv(_common(size, page_size, device, need_sort), size, page_size))
 
 
 def _swa_standin(base: type):
@@ -445,6 +472,8 @@ def make_swa(size: int, page_size: int, device: str, need_sort: bool, size_swa: 
     kvcache = _swa_standin(base)
     kvcache.kv_lockstep_init(size + 2 * page_size)
     args.update(size_swa=size if size_swa is None else size_swa, kvcache=kvcache)
+    # Not under pool_debug(): its pools' last_loc check reads the SWA peer of
+    # a last page whose window slid, 0, and trips (README, Latent findings).
     allocator = _construct(cls, **args)
     # Above page size 1 both pools are paged allocators whose alloc_extend /
     # alloc_decode may be Triton-only (to 0.5.20): CPU stand-ins, named.
@@ -515,7 +544,8 @@ def make_page_interleave(size: int, page_size: int, device: str, need_sort: bool
     shard spec (what sglang's own unit tests pass) and no KV pool."""
     args = _common(size, page_size, device, need_sort)
     args.update(physical_page_size=page_size, shard_size=SHARD_SIZE)
-    return _construct(_cls("page-interleave"), **args)
+    with pool_debug():
+        return _construct(_cls("page-interleave"), **args)
 
 
 # --------------------------------------------------------------------------- #

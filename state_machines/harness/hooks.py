@@ -39,12 +39,15 @@ CORE_HOOKS = (
     "translate_kv_indices_for_transfer",
     "create_prefill_budget",
     "size_full",
+    "mamba_full_cache_donor",
+    "set_hicache_transfer_done_event",
 )
 SWA_HOOKS = (
     "swa_capacity_and_available",
     "reclaim_for_prealloc",
     "translate_swa_indices_for_transfer",
     "size_swa",
+    "size",
     "debug_print",
 )
 
@@ -60,17 +63,19 @@ class _Evicted:
 class CacheStandIn:
     """A prefix cache with nothing it may evict (every entry of the harness's
     cache stays, as a locked one would): it records each eviction the
-    allocator asks of it, as (full tokens, SWA tokens)."""
+    allocator asks of it, as (full tokens, SWA tokens).  ``sharing=False``
+    is a chunk cache (no prefix sharing), which no allocator may ask."""
 
-    def __init__(self, allocator):
+    def __init__(self, allocator, sharing: bool = True):
         self.token_to_kv_pool_allocator = allocator
         self.asked: list[tuple[int, int]] = []
+        self.sharing = sharing
 
     def is_chunk_cache(self) -> bool:
-        return False
+        return not self.sharing
 
     def supports_prefix_sharing(self) -> bool:
-        return True
+        return self.sharing
 
     def supports_mamba(self) -> bool:
         return False
@@ -123,6 +128,8 @@ def ask_call(allocator, hook: str, tokens: int, page_size: int, slots: torch.Ten
         "verify_byte_accounting": fn,
         "translate_kv_indices_for_transfer": lambda: fn(slots),
         "create_prefill_budget": lambda: fn(cache, num_mixed_decode_tokens=0),
+        "mamba_full_cache_donor": fn,
+        "set_hicache_transfer_done_event": lambda: fn(("kv-lockstep", tokens), None),
         "swa_capacity_and_available": lambda: fn(full_capacity=tokens, swa_capacity=tokens),
         "reclaim_for_prealloc": lambda: fn(cache, tokens, tokens),
         "translate_swa_indices_for_transfer": lambda: fn(slots),

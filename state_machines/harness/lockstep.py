@@ -614,6 +614,13 @@ class Lockstep:
             got = self._call(f"{hook}({tokens})", hooks.ask_call, self.allocator, hook, tokens, ps, slots, cache,
                              (full, swa))
             self._judge_hook(hook, got, tokens, full, swa, cache.asked, want_ids)
+        if "check_decode_capacity" not in self.hooks_off:
+            # A chunk cache shares no prefix: nothing to evict, so nothing asked.
+            chunk = hooks.CacheStandIn(self.allocator, sharing=False)
+            got = self._call(f"check_decode_capacity({tokens}, chunk cache)", hooks.ask_call, self.allocator,
+                             "check_decode_capacity", tokens, ps, slots, chunk)
+            self._judge(hook_checks.decode_capacity_agrees, got, tokens, full if swa is None else min(full, swa))
+            self._judge(hook_checks.eviction_asks_shortfall, "check_decode_capacity (chunk cache)", chunk.asked, [])
 
     def _available_tokens(self) -> tuple[int, int | None]:
         """Free slots by the model: (full pool, SWA pool or None)."""
@@ -650,8 +657,10 @@ class Lockstep:
             got = getattr(got, "remaining_total", None)
             self._judge(hook_checks.hook_answer_agrees, f"{hook}().remaining_total", got, full)
         elif not self._judge_family_hook(hook, got, tokens, full, swa, asked):
+            # A static pool lends no Full KV to Mamba, and records no transfer event.
             kinds = {"prealloc_fits_assumes_reclaim": (bool,), "prealloc_ceiling_fits": (bool, type(None)),
-                     "request_slot_reserve": (int,)}[hook]
+                     "request_slot_reserve": (int,), "mamba_full_cache_donor": (type(None),),
+                     "set_hicache_transfer_done_event": (type(None),)}[hook]
             self._judge(hook_checks.hook_answer_kind, hook, got, kinds)
 
     def _judge_family_hook(self, hook: str, got, tokens: int, full: int, swa: int | None, asked) -> bool:

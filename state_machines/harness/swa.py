@@ -218,6 +218,8 @@ class SWALockstep(Lockstep):
             self._judge(hook_checks.hook_answer_agrees, hook, ids(got), want)
         elif hook == "size_swa":
             self._judge(hook_checks.hook_answer_agrees, hook, got, self.swa.capacity * ps)
+        elif hook == "size":
+            self._judge(hook_checks.hook_answer_agrees, hook, got, min(self.model.capacity, self.swa.capacity) * ps)
         elif hook == "debug_print":
             mentions = [n for n in (swa, full) if str(n) in got]
             self._judge(hook_checks.hook_answer_agrees, f"{hook}(): the free counts it shows", mentions, [swa, full])

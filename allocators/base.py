@@ -111,6 +111,13 @@ class SlotAllocator(abc.ABC):
             raise ValueError(f"segment start {start_pos} is not page-aligned (page size {self.page_size})")
         self.free(free_index)
 
+    def free_segments(self, segments) -> None:
+        """Free several ``(free_index, start_pos)`` segments of one request's
+        kv row, each as ``free_segment`` frees it: starts page-aligned, the
+        segments' page ranges disjoint, so each page goes back once."""
+        for free_index, start_pos in segments:
+            self.free_segment(free_index, start_pos=start_pos)
+
     def _pages_of(self, slots: torch.Tensor) -> torch.Tensor:
         if self.page_size == 1:
             return slots

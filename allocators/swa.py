@@ -158,6 +158,17 @@ class SWAAllocator:
         if free_index.numel():
             self.full_attn_allocator.free_segment(free_index, start_pos=start_pos)
 
+    def free_segments(self, segments) -> None:
+        """``free_segment`` of each ``(free_index, start_pos)`` of one kv row
+        (page ranges disjoint)."""
+        for free_index, start_pos in segments:
+            self.free_segment(free_index, start_pos=start_pos)
+
+    def free_full_segments(self, segments) -> None:
+        """``free_full_segment`` of each segment: slots whose SWA side is gone."""
+        for free_index, start_pos in segments:
+            self.free_full_segment(free_index, start_pos=start_pos)
+
     def free_swa(self, free_index: torch.Tensor) -> None:
         """Release the SWA peers of these full slots (whole pages) and unmap them."""
         if free_index.numel() == 0:

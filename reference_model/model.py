@@ -216,6 +216,14 @@ class OwnershipModel:
         self.take(rid, pages)
         return req
 
+    def rebuild(self, free_pages: list[int]) -> None:
+        """The pool was rebuilt around ``free_pages``, all free (a resize,
+        with nothing live): ownership and counts start again; request and
+        entry numbers go on, so a trace never names one twice."""
+        assert not self.requests and not self.cache and self.ledger.group is None, "a rebuild with something live"
+        self.owner = OwnerMap({p: FREE_OWNER for p in free_pages})
+        self.ledger = Ledger(len(free_pages), defers=self.ledger.defers)
+
     def take(self, rid: int, pages: list[int]) -> None:
         """``pages`` were handed out to request ``rid`` (checked beforehand)."""
         for p in pages:

@@ -20,6 +20,9 @@ class OlderSWA(SWAAllocator):
     free_segment = None
     free_full_segment = None
     free_swa_segment = None
+    # Nor the batched segment frees of 0.5.19 on.
+    free_segments = None
+    free_full_segments = None
 
     def free(self, free_index: torch.Tensor) -> None:
         if free_index.numel() == 0:

@@ -17,8 +17,9 @@ from attrs import frozen
 from state_machines import targets
 from state_machines.config import Config
 from state_machines.harness import hisparse, mamba, page_interleave, pure_swa, swa, unified, unified_hybrid
+from state_machines.harness.hooks import HOOK_STEPS
 from state_machines.harness.lockstep import Lockstep
-from state_machines.harness.machines import DecodeRules, ExtendRules, FreeGroupMachine, RunRecord
+from state_machines.harness.machines import DecodeRules, ExtendRules, FreeGroupMachine, HookRules, RunRecord
 from state_machines.targets import devices, probe
 
 
@@ -96,5 +97,7 @@ def machine_for(config: Config, record: RunRecord | None = None) -> type[FreeGro
         base = type(f"Decode{base.__name__}", (DecodeRules, base), {})
     if core and state.runs("extend"):
         base = type(f"Extend{base.__name__}", (ExtendRules, base), {})
+    if any(state.runs(s) for s in HOOK_STEPS):
+        base = type(f"Hooks{base.__name__}", (HookRules, base), {})
     name = base.__name__ + "_" + "".join(c if c.isalnum() else "_" for c in config.label())
     return type(name, (base,), {"config": config, "record": record or RunRecord(), "build": staticmethod(build)})

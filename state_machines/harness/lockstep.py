@@ -26,8 +26,10 @@ import torch
 from attrs import define, field, frozen
 
 from reference_model import CHECKS, OwnershipModel, invariants
+from reference_model import hooks as hook_checks
 from reference_model.census import Census
 from state_machines.config import Config
+from state_machines.harness import hooks
 from state_machines.harness.steps import EntryRef, ReqRef, Step, StepSpec, step
 from state_machines.targets import probe
 
@@ -265,6 +267,8 @@ class Lockstep:
     disabled_rules: dict[str, str] = field(factory=dict)
     # How deep inside step calls we are: a family's override calls super().
     step_depth: int = 0
+    # The hooks ``ask`` leaves out here, each with the reason (probed).
+    hooks_off: dict[str, str] = field(factory=dict)
 
     # The batched steps sglang's scheduler drives (decode, extend) that this
     # harness models; a family whose other pools they would not update sets ().
@@ -272,6 +276,12 @@ class Lockstep:
     # Whether ``alloc`` goes to ``alloc_extend`` above page size 1: a family
     # whose allocators' alloc() is page-size-1 only (sglang's SWA, HiSparse).
     alloc_extends = False
+    # The scheduler-hook steps (hooks.py) this harness models.  Read from a
+    # class's own body only: a family that subclasses this one models them
+    # where it says so itself.
+    hook_steps = hooks.HOOK_STEPS
+    # The hooks ``ask`` asks, where the allocator has them.
+    asked_hooks = hooks.CORE_HOOKS
 
     @classmethod
     def create(cls, config: Config, allocator, *, defers_frees: bool, disabled: dict[str, str]) -> Lockstep:
@@ -289,8 +299,16 @@ class Lockstep:
             disabled_rules=dict(disabled),
         )
         state.start_models(defers_frees)
+        if state.models_hooks():
+            state.hooks_off = hooks.disabled_hooks(allocator, state.asked_hooks, config.page_size)
+            for name, reason in hooks.disabled_steps(allocator, state.hooks_off, state.asked_hooks).items():
+                state.disabled_rules.setdefault(name, reason)
         state.check()
         return state
+
+    def models_hooks(self) -> bool:
+        """Whether this harness's own class body names the hook steps."""
+        return "hook_steps" in type(self).__dict__
 
     def start_models(self, defers_frees: bool) -> None:
         initial = self._call("get_all_free_pages()", census_of, self.pools()[0].allocator)
@@ -309,6 +327,8 @@ class Lockstep:
         if step == "admit":
             return self.why_not("extend")
         if step in probe.OPTIONAL and step not in self.caller_steps:
+            return f"the {type(self).__name__} harness does not model {step}"
+        if step in hooks.HOOK_STEPS and not self.models_hooks():
             return f"the {type(self).__name__} harness does not model {step}"
         if step in self.disabled_rules:
             return self.disabled_rules[step]
@@ -336,6 +356,11 @@ class Lockstep:
         """Live requests an ``alloc`` or ``extend`` may grow (all of them
         here; a family whose callers grow fewer narrows it)."""
         return self.live()
+
+    def alloc_growable(self) -> list[ReqRef]:
+        """Live requests an ``alloc`` may grow by whole pages (those
+        ``extendable`` gives, unless a family narrows it)."""
+        return self.extendable()
 
     def with_own_pages(self) -> list[ReqRef]:
         return [ReqRef(r.rid) for r in self.model.requests.values() if r.own]
@@ -569,6 +594,148 @@ class Lockstep:
         self._give_back(row, len(request.prefix) * self.page_size, length, request.own, segment=False)
         self.model.finish(req.rid)
         self.row_holder[row] = None
+
+    # -- the scheduler's hooks (hooks.py) --
+
+    @step
+    def ask(self, tokens: int) -> None:
+        """The scheduler's questions about ``tokens`` tokens, each hook the
+        allocator has (``asked_hooks``, less ``hooks_off``), with a prefix
+        cache that has nothing to evict; each answer is judged against the
+        model's counts (``reference_model/hooks.py``).  Changes no ownership."""
+        ps = self.page_size
+        full, swa = self._available_tokens()
+        cache = hooks.CacheStandIn(self.allocator)
+        slots, want_ids = self._transfer_ids()
+        for hook in self.asked_hooks:
+            if hook in self.hooks_off:
+                continue
+            cache.asked.clear()
+            got = self._call(f"{hook}({tokens})", hooks.ask_call, self.allocator, hook, tokens, ps, slots, cache,
+                             (full, swa))
+            self._judge_hook(hook, got, tokens, full, swa, cache.asked, want_ids)
+        if "check_decode_capacity" not in self.hooks_off:
+            # A chunk cache shares no prefix: nothing to evict, so nothing asked.
+            chunk = hooks.CacheStandIn(self.allocator, sharing=False)
+            got = self._call(f"check_decode_capacity({tokens}, chunk cache)", hooks.ask_call, self.allocator,
+                             "check_decode_capacity", tokens, ps, slots, chunk)
+            self._judge(hook_checks.decode_capacity_agrees, got, tokens, full if swa is None else min(full, swa))
+            self._judge(hook_checks.eviction_asks_shortfall, "check_decode_capacity (chunk cache)", chunk.asked, [])
+
+    def _available_tokens(self) -> tuple[int, int | None]:
+        """Free slots by the model: (full pool, SWA pool or None)."""
+        return self.model.num_free * self.page_size, None
+
+    def _transfer_ids(self):
+        """Every live request's token ids (a tensor) and what a transfer
+        addresses them as, by the model: the same ids in a static pool."""
+        parts = [self.rows[r.row, : self.model.tokens(r.rid, self.page_size)] for r in self.model.requests.values()]
+        slots = torch.cat(parts).to(torch.int64) if parts else torch.empty((0,), dtype=torch.int64)
+        return slots, ids(slots)
+
+    def _judge_hook(self, hook: str, got, tokens: int, full: int, swa: int | None, asked, want_ids) -> None:
+        """Judge one hook's answer (see ``ask``)."""
+        ps = self.page_size
+        available = full if swa is None else min(full, swa)
+        shortfall = [] if tokens <= available else [(max(0, tokens - full), 0 if swa is None else max(0, tokens - swa))]
+        capacity = self.model.capacity * ps
+        if hook == "check_decode_capacity":
+            self._judge(hook_checks.decode_capacity_agrees, got, tokens, available)
+            self._judge(hook_checks.eviction_asks_shortfall, hook, asked, shortfall)
+        elif hook == "max_new_tokens_for_memory":
+            self._judge(hook_checks.max_new_tokens_fit, got, tokens, tokens, capacity, ps)
+        elif hook == "prealloc_fits":
+            self._judge(hook_checks.prealloc_fits_agrees, got, tokens, tokens, full, swa)
+        elif hook == "get_extend_allocation_demand":
+            self._judge(hook_checks.extend_demand_covers, got, -(-tokens // ps) * ps, tokens + ps)
+        elif hook in ("verify_byte_accounting", "translate_kv_indices_for_transfer", "size_full"):
+            want = {"verify_byte_accounting": [], "size_full": capacity}.get(hook, want_ids)
+            got = ids(got) if isinstance(got, torch.Tensor) else got
+            self._judge(hook_checks.hook_answer_agrees, hook, got, want)
+        elif hook == "create_prefill_budget":
+            # Nothing evictable: what the budget has left is what the pool has free.
+            got = getattr(got, "remaining_total", None)
+            self._judge(hook_checks.hook_answer_agrees, f"{hook}().remaining_total", got, full)
+        elif not self._judge_family_hook(hook, got, tokens, full, swa, asked):
+            # A static pool lends no Full KV to Mamba, and records no transfer event.
+            kinds = {"prealloc_fits_assumes_reclaim": (bool,), "prealloc_ceiling_fits": (bool, type(None)),
+                     "request_slot_reserve": (int,), "mamba_full_cache_donor": (type(None),),
+                     "set_hicache_transfer_done_event": (type(None),)}[hook]
+            self._judge(hook_checks.hook_answer_kind, hook, got, kinds)
+
+    def _judge_family_hook(self, hook: str, got, tokens: int, full: int, swa: int | None, asked) -> bool:
+        """Judge a hook a family adds to ``asked_hooks``; False when it is not one."""
+        return False
+
+    @step
+    def offload(self, req: ReqRef) -> None:
+        """Retraction to CPU and back (``Req.offload_kv_cache`` /
+        ``load_kv_cache``, backend ``cpu_tensor``): ``get_cpu_copy`` of a
+        view of the request's token ids, then ``load_cpu_copy`` of that copy
+        into the same ids.  The KV pool (a stand-in, one stamp per slot)
+        must see exactly those ids, both times, and end as it began;
+        ownership does not change."""
+        request = self.model.requests[req.rid]
+        n = self.model.tokens(req.rid, self.page_size)
+        view = self.rows[request.row, :n]
+        want = ids(view)
+        kv = self.allocator.get_kvcache()
+        before = kv.kv_lockstep_stamps.clone()
+        kv.kv_lockstep_copies.clear()
+        get, load = self.allocator.get_cpu_copy, self.allocator.load_cpu_copy
+        kw = dict(mamba_indices=None, req_pool_index=request.row)
+        cpu = self._call(f"get_cpu_copy(req_to_token[{request.row}, :{n}])", lambda: get(view, **hooks.taking(get, **kw)))
+        self._call(f"load_cpu_copy(copy, req_to_token[{request.row}, :{n}])",
+                   lambda: load(cpu, view, **hooks.taking(load, **kw)))
+        self._judge(hook_checks.hook_answer_agrees, "get_cpu_copy / load_cpu_copy: the KV pool's calls",
+                    list(kv.kv_lockstep_copies), [("get", want), ("load", want)])
+        self._judge(hook_checks.hook_answer_agrees, "the KV pool after the round trip (slots changed)",
+                    ids((kv.kv_lockstep_stamps != before).nonzero().reshape(-1)), [])
+
+    @step
+    def finish_segments(self, req: ReqRef, cut: int) -> None:
+        """The request ends and its row goes back as ``free_kv_row`` gives it
+        (``mem_cache/base_prefix_cache.py``): ``free_segments`` of views of
+        its own span, split ``cut`` pages in (0: one segment), each start
+        page-aligned, the last perhaps ending mid-page."""
+        request = self.model.requests[req.rid]
+        row, length = self._row_of(req)
+        self._give_back_segments(row, len(request.prefix) * self.page_size, length, request.own, cut)
+        self.model.finish(req.rid)
+        self.row_holder[row] = None
+
+    def _give_back_segments(self, row: int, start: int, end: int, pages: list[int], cut: int) -> None:
+        """``free_segments`` of ``row[start:end]`` as two views split ``cut``
+        pages in (one when ``cut`` is 0); a family splits off what its pools
+        free otherwise."""
+        self._free_segments("free_segments", row, start, end, cut)
+
+    def _free_segments(self, method: str, row: int, start: int, end: int, cut: int) -> None:
+        if end <= start:
+            return
+        mid = min(start + cut * self.page_size, end)
+        spans = [(lo, hi) for lo, hi in ((start, mid), (mid, end)) if hi > lo]
+        segments = [(self.rows[row, lo:hi], lo) for lo, hi in spans]
+        shown = ", ".join(f"(req_to_token[{row}, {lo}:{hi}], {lo})" for lo, hi in spans)
+        self._call(f"{method}([{shown}])", getattr(self.allocator, method), segments)
+
+    @step
+    def resize(self, pages: int) -> None:
+        """Post-capture KV resizing (``kv_pool_runtime.py``: the allocator's
+        ``resize(config)`` once the pool's real budget is known, before any
+        request, capped at the pool's first size): afterwards pages
+        ``1 .. pages`` are free, the rest gone."""
+        what = f"resize(max_total_num_tokens={pages * self.page_size})"
+        self._call(what, self.allocator.resize, hooks.resize_config(pages, self.page_size))
+        self._rebuilt(list(range(1, pages + 1)))
+
+    def _rebuilt(self, free_pages: list[int]) -> None:
+        """The models after a resize: every pool rebuilt around ``free_pages``."""
+        self.model.rebuild(free_pages)
+
+    def resizable(self) -> bool:
+        """A resize comes before any request: nothing live, cached or queued."""
+        return not self.model.requests and not self.model.cache and not self.in_group
 
     # -- the hooks every alloc goes through --
 

@@ -129,7 +129,7 @@ class FreeGroupMachine(RuleBasedStateMachine):
         # who: 0 starts a request; 1..4 extends a live one; 5..8 starts one
         # on a cached prefix.  One draw, and it shrinks toward a new request.
         s = self.state
-        live = s.extendable()
+        live = s.alloc_growable()
         if (1 <= who <= 4 and live) or not s.free_rows():
             if not live:
                 return
@@ -265,3 +265,30 @@ class ExtendRules:
                 tokens.append(n)
         if reqs:
             self._do("extend", reqs, tokens)
+
+
+class HookRules:
+    """Mixed into a machine whose target runs the scheduler-hook steps
+    (``harness/hooks.py``): each rule where its step runs."""
+
+    @draws(guard=lambda s: s.runs("ask"), tokens=(1, 64))
+    def ask(self, tokens):
+        # Any count up to a row's slots: below, at and above what is free.
+        s = self.state
+        self._do("ask", 1 + (tokens - 1) % (s.config.row_pages * s.page_size))
+
+    @draws(guard=lambda s: s.runs("offload") and s.decodable(), which=PICKS)
+    def offload(self, which):
+        self._do("offload", _pick(self.state.decodable(), which))
+
+    @draws(guard=lambda s: s.runs("finish_segments") and s.live(), which=PICKS, cut=(0, MAX_PAGES))
+    def finish_segments(self, which, cut):
+        s = self.state
+        req = _pick(s.live(), which)
+        self._do("finish_segments", req, cut % (len(s.model.requests[req.rid].own) + 1))
+
+    @draws(guard=lambda s: s.runs("resize") and s.resizable(), pages=(1, 16))
+    def resize(self, pages):
+        # At most the pool's first size: the caller caps the resize there.
+        s = self.state
+        self._do("resize", 1 + (pages - 1) % (s.config.pool_size // s.page_size))

@@ -35,7 +35,9 @@ import torch
 from attrs import define, field
 
 from reference_model import SWASide, invariants
+from reference_model import hooks as hook_checks
 from reference_model.census import Census
+from state_machines.harness import hooks
 from state_machines.harness.lockstep import Lockstep, Pool, census_of, ids
 from state_machines.harness.machines import EXTEND_TOKENS_PAGES, PICKS, FreeGroupMachine, _pick, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
@@ -65,6 +67,8 @@ class SWALockstep(Lockstep):
     tail: int | None = None
     # sglang's SWA alloc() asserts page size 1.
     alloc_extends = True
+    hook_steps = hooks.HOOK_STEPS
+    asked_hooks = hooks.CORE_HOOKS + hooks.SWA_HOOKS
 
     def start_models(self, defers_frees: bool) -> None:
         super().start_models(defers_frees)
@@ -185,6 +189,64 @@ class SWALockstep(Lockstep):
         self._call(f"set_full_to_swa_mapping({entry!r} slots[:{n}], swa_slots)", self.allocator.set_full_to_swa_mapping,
                    full, got)
         self.swa.take(pages[:dead], swa_pages)
+
+    # -- the scheduler's hooks --
+
+    def _available_tokens(self) -> tuple[int, int | None]:
+        return self.model.num_free * self.page_size, self.swa.num_free * self.page_size
+
+    def _judge_family_hook(self, hook: str, got, tokens: int, full: int, swa: int | None, asked) -> bool:
+        """The SWA hooks: both pools' counts, the SWA-only reclaim of a PD
+        preallocation, and the SWA ids a transfer addresses (the model's
+        mapping; a slot whose window slid maps to nothing, 0)."""
+        ps = self.page_size
+        if hook == "swa_capacity_and_available":
+            got = tuple(tuple(int(v) for v in pair) for pair in got)
+            self._judge(hook_checks.hook_answer_agrees, hook, got, ((tokens, full), (tokens, swa)))
+        elif hook == "reclaim_for_prealloc":
+            # Separate buffers: only the SWA side is reclaimed; None means ready.
+            self._judge(hook_checks.hook_answer_agrees, f"{hook}: reports a shortfall", got is not None, tokens > swa)
+            self._judge(hook_checks.eviction_asks_shortfall, hook, asked, [(0, tokens - swa)] if tokens > swa else [])
+        elif hook == "translate_swa_indices_for_transfer":
+            slots, _ = self._transfer_ids()
+            want = []
+            for s in ids(slots):
+                # A partly used page maps only the slots its tokens filled.
+                page = self.swa.mapping.get(s // ps)
+                mapped = page is not None and s % ps < self.swa.filled_slots(s // ps, ps)
+                want.append(page * ps + s % ps if mapped else 0)
+            self._judge(hook_checks.hook_answer_agrees, hook, ids(got), want)
+        elif hook == "size_swa":
+            self._judge(hook_checks.hook_answer_agrees, hook, got, self.swa.capacity * ps)
+        elif hook == "size":
+            self._judge(hook_checks.hook_answer_agrees, hook, got, min(self.model.capacity, self.swa.capacity) * ps)
+        elif hook == "debug_print":
+            mentions = [n for n in (swa, full) if str(n) in got]
+            self._judge(hook_checks.hook_answer_agrees, f"{hook}(): the free counts it shows", mentions, [swa, full])
+        else:
+            return False
+        return True
+
+    def _rebuilt(self, free_pages: list[int]) -> None:
+        super()._rebuilt(free_pages)
+        self.swa = SWASide.from_census(self.model, free_pages)
+
+    def _give_back_segments(self, row: int, start: int, end: int, pages: list[int], cut: int) -> None:
+        """As ``free_kv_row_segments`` splits a row: the slid pages go back
+        full-side only (``free_full_segments``, where the allocator has it),
+        the rest through ``free_segments``; their live SWA peers go too."""
+        dead = min(start + self._slid(pages) * self.page_size, end)
+        if dead > start:
+            if callable(getattr(self.allocator, "free_full_segments", None)):
+                self._free_segments("free_full_segments", row, start, dead, 0)
+            else:
+                name, fn = self._free_full_fn(True)
+                view = self.rows[row, start:dead]
+                call = (lambda: fn(view, start_pos=start)) if name.endswith("_segment") else (lambda: fn(view))
+                self._call(f"{name}(req_to_token[{row}, {start}:{dead}])", call)
+        alive_cut = max(0, cut - (dead - start) // self.page_size)
+        self._free_segments("free_segments", row, dead, end, alive_cut)
+        self.swa.release(pages, "free")
 
     def _extend_call(self, prefix_lens: list[int], seq_lens: list[int], last: list[int], total: int):
         if self.tail is None:
@@ -324,6 +386,15 @@ class SWALockstep(Lockstep):
         pages = sum(self.model.decode_needs_page(r.rid, self.page_size) for r in reqs)
         return not self._short(pages)
 
+    def alloc_growable(self) -> list[ReqRef]:
+        """Above page size 1 ``alloc`` is an ``alloc_extend`` from the
+        request's page-aligned end, so a request whose last page is partly
+        used is grown by ``extend`` only: its caller passes the real length,
+        and sglang's SWA side reads the peer of ``last_loc``, which for a
+        slot past the tokens maps to nothing (its debug check asserts)."""
+        live = self.extendable()
+        return live if self.page_size == 1 else [r for r in live if not self.model.requests[r.rid].spare]
+
     def tail_ready(self) -> list[ReqRef]:
         """Requests ``extend_swa_tail`` may take: page-aligned, no own page
         with an SWA side (so slid pages stay the oldest)."""
@@ -343,6 +414,8 @@ class SWALockstep(Lockstep):
         ps = self.page_size
         if rule == "decode" and not self.decode_fits(args["reqs"]):
             return "a pool is short of the batch's new pages: the scheduler retracts requests before such a decode"
+        if rule == "alloc" and args.get("req") is not None and args["req"] not in self.alloc_growable():
+            return f"{args['req']!r} ends mid-page: above page size 1 the caller grows it with extend"
         if rule == "remap":
             entry = args["entry"]
             return None if entry in self.remappable() else f"{entry!r} was evicted or has no slid page"

@@ -175,12 +175,12 @@ class Coverage:
                     yield "group_free_overwrite_end"
                 self._last_group_queued = self._group_queued
                 self._freed_rows, self._overwritten = set(), set()
-        elif name in ("free", "free_segment", "finish", "rematch"):
+        elif name in ("free", "free_segment", "finish", "finish_segments", "rematch"):
             request = state.model.requests.get(call["req"].rid)
             if request is None:
                 return
             frees_view = name != "rematch" or call.get("dup", 0) > 0
-            if name == "finish":
+            if name in ("finish", "finish_segments"):
                 frees_view = bool(request.own)
             if name == "free_segment" and ps > 1 and (call["start"] + call["n"]) % ps:
                 yield "segment_ends_mid_page"

@@ -96,6 +96,10 @@ _UNITS = {
     ("prepare_mamba", "n"): PAGES,
     ("load_back", "n"): SLOTS,
     ("load_back", "start"): PAGES0,  # a class, taken modulo the shard size as alloc_cyclic takes it
+    # The scheduler-hook steps (harness/hooks.py).
+    ("ask", "tokens"): SPAN,
+    ("finish_segments", "cut"): PAGES0,
+    ("resize", "pages"): PAGES,
 }
 
 
@@ -546,6 +550,17 @@ def _not_applicable(state: Lockstep, rule: str, args: dict) -> str | None:
         return None
     if rule == "evict":
         return None if entry in state.evictable() else f"{entry!r} is not evictable (evicted, or locked)"
+    if rule in ("ask", "offload", "finish_segments") and (why := state.why_not(rule)) is not None:
+        return f"{rule} does not run on {state.config.target} here: {why}"
+    if rule == "offload" and not model.tokens(req.rid, ps):
+        return f"{req!r} holds no tokens to copy"
+    if rule == "resize":
+        if not state.resizable():
+            return "a resize comes before any request: something is live, cached or queued"
+        if args["pages"] > state.config.pool_size // ps:
+            return f"a resize past the pool's first {state.config.pool_size // ps} pages: the caller caps it there"
+    if rule == "finish_segments" and args["cut"] > len(request.own):
+        return f"{req!r} holds {len(request.own)} pages of its own, not {args['cut']}"
     if rule == "decode":
         if (why := state.why_not("decode")) is not None:
             return f"decode does not run on {state.config.target} here: {why}"

@@ -33,12 +33,15 @@ def _decode(allocator, page_size: int, device: str):
 
 def _extend(allocator, page_size: int, device: str):
     # A batch of two: one request continuing mid-page (its prefix ends one
-    # token into page 2), one fresh; each grows by page_size + 1 tokens.
+    # token into the reserved page 0, which no fresh pool hands out, so the
+    # continued slots and the new pages cannot meet: sglang's debug check
+    # would call that a slot handed out twice), one fresh; each grows by
+    # page_size + 1 tokens.
     # An allocator taking rotation bases (page-interleaved) is sent what its
     # caller sends: page-aligned prefixes (one page here) and one base each.
     rotated = _takes(allocator.alloc_extend, "rotation_bases")
     prefix, grow = ([page_size, 0] if rotated else [page_size + 1, 0]), page_size + 1
-    last = [2 * page_size - 1 if rotated else 2 * page_size, -1]
+    last = [2 * page_size - 1 if rotated else 0, -1]
     seq = [p + grow for p in prefix]
     i64 = dict(dtype=torch.int64)
     # The continuing chain's last page is page 1, its base that page's class.

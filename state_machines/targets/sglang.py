@@ -352,19 +352,83 @@ def _common(size: int, page_size: int, device: str, need_sort: bool) -> dict:
 # factories
 
 
+# sglang's own debug checks of the paged pools (``debug_mode``: no page
+# handed out or freed twice, ``last_loc`` congruent with the lengths, each
+# page-interleave class holding only its own pages), read once when a pool
+# is built.  The gate builds its paged, NPU and page-interleave kinds with
+# them on: an assertion of sglang's that fires is ``allocator_raised``, at
+# the call that broke it.
+POOL_DEBUG = "SGLANG_DEBUG_MEMORY_POOL"
+
+
+@contextlib.contextmanager
+def pool_debug():
+    """``SGLANG_DEBUG_MEMORY_POOL=1`` while the block builds a pool."""
+    import os
+
+    saved = os.environ.get(POOL_DEBUG)
+    os.environ[POOL_DEBUG] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[POOL_DEBUG]
+        else:
+            os.environ[POOL_DEBUG] = saved
+
+
+class KVCopyStandIn:
+    """What a KV pool's ``get_cpu_copy`` / ``load_cpu_copy`` need, and no
+    more: one stamp per slot (a distinct negative number), copied out and
+    back in, each call's slot ids recorded in ``kv_lockstep_copies`` as
+    ("get" | "load", ids) for the harness's ``offload`` step to judge."""
+
+    kv_lockstep_copies: list | None = None
+
+    def kv_lockstep_init(self, slots: int) -> None:
+        import torch
+
+        self.kv_lockstep_stamps = -1 - torch.arange(slots, dtype=torch.int64)
+        self.kv_lockstep_copies = []
+
+    def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
+        ids = indices.to("cpu").long()
+        self.kv_lockstep_copies.append(("get", ids.tolist()))
+        return self.kv_lockstep_stamps[ids].clone()
+
+    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None):
+        ids = indices.to("cpu").long()
+        self.kv_lockstep_copies.append(("load", ids.tolist()))
+        self.kv_lockstep_stamps[ids] = kv_cache_cpu
+
+
+class _KVStandIn(KVCopyStandIn):
+    def __repr__(self) -> str:
+        return "<KV pool stand-in: one stamp per slot>"
+
+
+def _with_kv(args: dict, size: int, page_size: int) -> dict:
+    """``args`` with a KV stand-in (the ids past ``size`` cover a page of padding)."""
+    kv = _KVStandIn()
+    kv.kv_lockstep_init(size + 2 * page_size)
+    return {**args, "kvcache": kv}
+
+
 def make_token(size: int, page_size: int, device: str, need_sort: bool):
     if page_size != 1:
         raise TargetError(f"token allocator needs page_size 1, got {page_size}")
-    return _construct(_cls("token"), **_common(size, page_size, device, need_sort))
+    return _construct(_cls("token"), **_with_kv(_common(size, page_size, device, need_sort), size, page_size))
 
 
 def make_paged(size: int, page_size: int, device: str, need_sort: bool):
-    return _construct(_cls("paged"), **_common(size, page_size, device, need_sort))
+    with pool_debug():
+        return _construct(_cls("paged"), **_with_kv(_common(size, page_size, device, need_sort), size, page_size))
 
 
 def make_npu(size: int, page_size: int, device: str, need_sort: bool):
     """The NPU subclass on CPU: its Python paths, no torch_npu."""
-    return _construct(_cls("npu"), **_common(size, page_size, device, need_sort))
+    with pool_debug():
+        return _construct(_cls("npu"), **_with_kv(_common(size, page_size, device, need_sort), size, page_size))
 
 
 def _swa_standin(base: type):
@@ -386,6 +450,7 @@ def _swa_standin(base: type):
 
     ns: dict[str, Any] = {
         name: unused(name) for name in getattr(base, "__abstractmethods__", ())
+        if name not in ("get_cpu_copy", "load_cpu_copy")
     }
     ns.update(
         register_mapping=register_mapping,
@@ -396,7 +461,7 @@ def _swa_standin(base: type):
         full_to_swa_index_mapping=None,
         __repr__=lambda self: "<SWA kvcache stand-in>",
     )
-    return type("KVLockstepSWAStandIn", (base,), ns)()
+    return type("KVLockstepSWAStandIn", (KVCopyStandIn, base), ns)()
 
 
 def make_swa(size: int, page_size: int, device: str, need_sort: bool, size_swa: int | None = None):
@@ -408,7 +473,11 @@ def make_swa(size: int, page_size: int, device: str, need_sort: bool, size_swa: 
     if base is None:
         raise TargetError(f"sglang {_info().version}: {mod.__name__} exposes neither BaseSWAKVPool nor SWAKVPool")
     args = _common(size, page_size, device, need_sort)
-    args.update(size_swa=size if size_swa is None else size_swa, kvcache=_swa_standin(base))
+    kvcache = _swa_standin(base)
+    kvcache.kv_lockstep_init(size + 2 * page_size)
+    args.update(size_swa=size if size_swa is None else size_swa, kvcache=kvcache)
+    # Not under pool_debug(): its pools' last_loc check reads the SWA peer of
+    # a last page whose window slid, 0, and trips (README, Latent findings).
     allocator = _construct(cls, **args)
     # Above page size 1 both pools are paged allocators whose alloc_extend /
     # alloc_decode may be Triton-only (to 0.5.20): CPU stand-ins, named.
@@ -479,7 +548,8 @@ def make_page_interleave(size: int, page_size: int, device: str, need_sort: bool
     shard spec (what sglang's own unit tests pass) and no KV pool."""
     args = _common(size, page_size, device, need_sort)
     args.update(physical_page_size=page_size, shard_size=SHARD_SIZE)
-    return _construct(_cls("page-interleave"), **args)
+    with pool_debug():
+        return _construct(_cls("page-interleave"), **args)
 
 
 # --------------------------------------------------------------------------- #

@@ -8,19 +8,11 @@ from bench.bugs import HARD
 from state_machines.config import Config
 from state_machines.harness import Step, machine_for
 from state_machines.harness.machines import POOL_PAGES, machine_rules
-from state_machines.runs.runner import fuzz, minimize, replay
+from state_machines.runs.runner import _without, fuzz, minimize, replay
 from state_machines.runs.trace import Trace
+from tests.test_minimize import ALIAS, TOKEN_ALIAS
 
 BIG_POOL = next(c for c in HARD if c.target.endswith("BigPool"))
-TOKEN_ALIAS = Config(target="builtin:token", mutant="alias")
-# The token aliasing story (tests/test_minimize.py).
-ALIAS = (
-    Step("begin", {}),
-    Step("alloc", {"n": 1}, "req_0"),
-    Step("finish", {"req": "req_0"}),
-    Step("overwrite_row", {"row": 0}),
-    Step("end", {}),
-)
 
 
 def _hypothesis_rules(machine_class) -> set[str]:
@@ -67,3 +59,21 @@ def test_minimize_makes_an_argument_as_small_as_the_failure_allows():
     assert replay(Trace(TOKEN_ALIAS, _with_alloc(4))).invariant == "no_page_freed_twice"
     assert replay(Trace(TOKEN_ALIAS, _with_alloc(1))).invariant == "free_sets_agree"
     assert minimize(Trace(TOKEN_ALIAS, _with_alloc(4), "no_page_freed_twice")).steps == _with_alloc(2)
+
+
+def test_without_a_request_drops_every_step_naming_it_and_its_place_in_a_batch():
+    """Deleting req_1 drops its admit, its decode and its member of the extend batch (with its tokens)."""
+    steps = (
+        Step("admit", {}, "req_0"),
+        Step("admit", {}, "req_1"),
+        Step("extend", {"reqs": ["req_0", "req_1"], "tokens": [3, 5]}),
+        Step("decode", {"reqs": ["req_1"]}),
+        Step("finish", {"req": "req_1"}),
+    )
+    assert _without(steps, "req_1") == (steps[0], Step("extend", {"reqs": ["req_0"], "tokens": [3]}))
+
+
+def test_the_same_seed_finds_the_same_failure():
+    """Two runs with one seed (walk, then Hypothesis) report the same unshrunk trace."""
+    first, again = (fuzz(TOKEN_ALIAS, max_examples=40, seed=5, database=None, shrink=False) for _ in range(2))
+    assert first.failures and first.failures == again.failures

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import time
 
@@ -89,7 +90,9 @@ def fuzz(
     ``TargetError`` here rather than inside Hypothesis.  Half the examples
     are a seeded random walk over the same rules (``walk``; seeded by
     ``seed``, or 0 under ``derandomize``), the rest Hypothesis's, which
-    runs only where the walk found nothing.  With ``shrink``,
+    runs only where the walk found nothing.  A failure the walk finds is
+    saved in the example database (when there is one) and replayed first
+    next time, as Hypothesis replays its own.  With ``shrink``,
     each failure Hypothesis found is shrunk by ``minimize`` (on the run's
     own pool size or a smaller one where the failure still shows), not by
     Hypothesis's shrinker, which replays whole examples through the engine
@@ -117,7 +120,14 @@ def fuzz(
     chosen = fuzz_settings(max_examples, database, derandomize, shrink=False)
     walked = chosen.max_examples // 2
     try:
-        walk(machine, random.Random(seed if seed is not None else 0 if chosen.derandomize else None), walked)
+        _walk_saved(machine, chosen.database, record)
+        try:
+            walk(machine, random.Random(seed if seed is not None else 0 if chosen.derandomize else None), walked)
+        except InvariantViolation as exc:
+            if chosen.database is not None:
+                # Saved before shrinking, so an interrupt there loses nothing.
+                chosen.database.save(_walk_key(machine), Trace.from_violation(exc).to_json().encode())
+            raise
         if chosen.max_examples > walked:
             run_state_machine_as_test(machine, settings=settings(chosen, max_examples=chosen.max_examples - walked))
     except Exception as exc:
@@ -134,6 +144,37 @@ def fuzz(
     finally:
         record.probe = watch.inner
     return Outcome(config, failures, record, time.monotonic() - started)
+
+
+def _walk_key(machine) -> bytes:
+    """Where the example database keeps the walk's failures for ``machine``
+    (its name spells the configuration)."""
+    return b"kv-lockstep walk failures: " + machine.__name__.encode()
+
+
+def _walk_saved(machine, database, record: RunRecord) -> None:
+    """Replay the walk failures ``database`` kept for ``machine``, each an
+    example that the run's probe sees start and fail: raise the first that
+    still fails; forget those that pass."""
+    if database is None:
+        return
+    for value in sorted(database.fetch(_walk_key(machine))):
+        example = machine()
+        try:
+            trace = Trace.from_dict(json.loads(value))
+            example.state = build(trace.config)
+            if record.probe is not None:
+                record.probe.before(example, "teardown", {})  # a new example, no step
+            run_steps(example.state, trace.steps)
+            example.state.teardown()
+        except InvariantViolation as exc:
+            record.saw_failure()
+            if record.probe is not None:
+                record.probe.failed(example, exc)
+            raise
+        except Exception:  # noqa: BLE001 - a saved trace this version cannot run is forgotten
+            pass
+        database.delete(_walk_key(machine), value)
 
 
 def _shrink_configs(trace: Trace, size: int | None, sizes: tuple[int | None, ...]) -> tuple[Config, ...]:
@@ -237,9 +278,11 @@ def _smaller_ints(value: int, lo: int, multiple: int) -> list[int]:
     return sorted({v for v in (lo, half, value - multiple) if lo <= v < value})
 
 
-def _smaller_args(step: Step, config: Config):
+def _smaller_args(step: Step, config: Config, steps: tuple[Step, ...] = ()):
     """Each copy of ``step`` with one argument made smaller: integers
-    toward their lowest, list elements each the same way, True to False."""
+    toward their lowest, or to a smaller value the same argument has in
+    another of ``steps`` (two prompts made one), list elements each the
+    same way, True to False."""
     for key, kind in arg_kinds(step.rule).items():
         value = step.args.get(key)
         if isinstance(value, bool):
@@ -247,7 +290,8 @@ def _smaller_args(step: Step, config: Config):
                 yield attrs.evolve(step, args={**step.args, key: False})
         elif isinstance(value, int):
             lo, _, multiple = int_bounds(kind, config)
-            for v in _smaller_ints(value, lo, multiple):
+            seen = {s.args[key] for s in steps if s.rule == step.rule and isinstance(s.args.get(key), int)}
+            for v in sorted(set(_smaller_ints(value, lo, multiple)) | {v for v in seen if v < value}):
                 yield attrs.evolve(step, args={**step.args, key: v})
         elif isinstance(value, list) and kind.startswith(LIST) and all(isinstance(v, int) for v in value):
             lo, _, multiple = int_bounds(kind.removeprefix(LIST), config)
@@ -330,7 +374,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             # A smaller argument may change which steps follow; ``best`` is re-read each time.
             while i < len(best.steps) and any(
                 attempt(attrs.evolve(best, steps=(*best.steps[:i], step, *best.steps[i + 1 :])), shorter=False)
-                for step in _smaller_args(best.steps[i], best.config)
+                for step in _smaller_args(best.steps[i], best.config, best.steps)
             ):
                 changed = True
     return best

@@ -80,7 +80,8 @@ def random_fuzz(
     build(config)
     rng = random.Random(seed)
     record = RunRecord()
-    machine_class = machine_for(config, record)
+    # The run's own pool in every example: the baseline draws no pool size.
+    machine_class = machine_for(config, record, draw_size=False)
     rules = None
     started = time.monotonic()
     failure = None

@@ -234,7 +234,9 @@ def test_shrinking_a_hang_does_not_pay_the_full_limit_each_time(pools, monkeypat
     (trace,) = outcome.failures
     assert trace.invariant == "allocator_hung" and trace.config.call_timeout_s == limit
     assert f"no return within {limit:g} s" in trace.detail
-    assert [s.rule for s in trace.steps] == ["begin", "alloc", "finish", "end"]
+    # Shrunk from the random walk's example: a group around a free of a request's pages, a few steps.
+    rules = [s.rule for s in trace.steps]
+    assert rules[-1] == "end" and "begin" in rules and len(rules) <= 8, rules
     # Without the short limit every hang costs the full second.
     assert bad_pools.hangs > 10 and took < 0.5 * bad_pools.hangs * limit, (bad_pools.hangs, took)
 

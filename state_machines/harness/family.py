@@ -19,7 +19,16 @@ from state_machines.config import Config
 from state_machines.harness import hisparse, mamba, page_interleave, pure_swa, swa, unified, unified_hybrid
 from state_machines.harness.hooks import HOOK_STEPS
 from state_machines.harness.lockstep import Lockstep
-from state_machines.harness.machines import DecodeRules, ExtendRules, FreeGroupMachine, HookRules, RunRecord
+from state_machines.harness.machines import (
+    DecodeRules,
+    ExtendRules,
+    FreeGroupMachine,
+    HookRules,
+    RunRecord,
+    one_step_machine,
+    pool_shape_rule,
+    pool_sizes,
+)
 from state_machines.targets import devices, probe
 
 
@@ -84,11 +93,13 @@ def build(config: Config | None = None, **overrides) -> Lockstep:
     return family.lockstep.create(config, allocator, defers_frees=target.defers_frees, disabled=disabled)
 
 
-def machine_for(config: Config, record: RunRecord | None = None) -> type[FreeGroupMachine]:
+def machine_for(config: Config, record: RunRecord | None = None, *, draw_size: bool = True) -> type[FreeGroupMachine]:
     """A machine bound to ``config``: its family's rules, with ``decode``
     and ``extend`` where they run on the target (``Lockstep.runs``).  Its
     name spells the configuration, so the example database keeps
-    configurations apart."""
+    configurations apart.  With ``draw_size``, where ``config`` pins no
+    size, each example's first step draws its pool size (``pool_sizes``);
+    without, every example runs on ``config`` itself."""
     state = build(config)
     base = next(f.machine for f in FAMILIES.values() if type(state) is f.lockstep)
     # The core's optional rules; a family with steps of its own names them itself.
@@ -99,5 +110,19 @@ def machine_for(config: Config, record: RunRecord | None = None) -> type[FreeGro
         base = type(f"Extend{base.__name__}", (ExtendRules, base), {})
     if any(state.runs(s) for s in HOOK_STEPS):
         base = type(f"Hooks{base.__name__}", (HookRules, base), {})
+    base = one_step_machine(base)
+    sizes = pool_sizes(config, _builds) if draw_size and config.caller == "harness" else (None,)
+    bases = (pool_shape_rule(sizes), base) if len(sizes) > 1 else (base,)
     name = base.__name__ + "_" + "".join(c if c.isalnum() else "_" for c in config.label())
-    return type(name, (base,), {"config": config, "record": record or RunRecord(), "build": staticmethod(build)})
+    body = {"config": config, "record": record or RunRecord(), "build": staticmethod(build), "sizes": sizes}
+    return type(name, bases, body)
+
+
+def _builds(config: Config) -> bool:
+    """Whether ``config`` builds and its fresh pool checks out: a pool
+    size a target refuses is left out of the sizes an example draws."""
+    try:
+        build(config)
+    except Exception:  # noqa: BLE001 - any refusal leaves the size out
+        return False
+    return True

@@ -11,9 +11,10 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+import attrs
 from attrs import define, field, frozen
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from state_machines.config import Config
 from state_machines.harness.lockstep import InvariantViolation
@@ -23,6 +24,11 @@ from state_machines.harness.steps import STEPS
 MAX_PAGES = 4
 # Indices into the live requests / cache entries, reduced modulo their count.
 PICKS = (0, 3)
+# Pool sizes in pages an example may run on where ``--size`` pins none.  The
+# first (None) is the configuration's own pool, 10 pages, which a shrunk
+# example heads for; 4 is exhausted in a step or two, 64 holds more than
+# every row together (bugs that need many free pages).
+POOL_PAGES = (None, 4, 24, 64)
 
 
 @define
@@ -58,9 +64,15 @@ class MachineRule:
     draws: dict
     # state -> whether the rule can run; None: always
     guard: Callable[[Any], bool] | None
+    # The rule's body, a plain method: (machine, **drawn arguments).
+    body: Callable[..., Any] | None = None
 
     def applies(self, machine) -> bool:
         return self.guard is None or bool(self.guard(machine.state))
+
+    def strategies(self) -> dict:
+        """Each argument's strategy, in a fixed order."""
+        return {k: st.booleans() if r is bool else st.integers(*r) for k, r in sorted(self.draws.items())}
 
 
 def draws(guard: Callable[[Any], bool] | None = None, **ranges):
@@ -69,11 +81,11 @@ def draws(guard: Callable[[Any], bool] | None = None, **ranges):
     where ``guard(state)`` holds (a Hypothesis precondition)."""
 
     def decorate(fn):
-        strategies = {k: st.booleans() if r is bool else st.integers(*r) for k, r in ranges.items()}
-        made = rule(**strategies)(fn)
+        declared = MachineRule(fn.__name__, dict(ranges), guard, fn)
+        made = rule(**declared.strategies())(fn)
         if guard is not None:
             made = precondition(lambda self: guard(self.state))(made)
-        made.machine_rule = MachineRule(fn.__name__, dict(ranges), guard)
+        made.machine_rule = declared
         return made
 
     return decorate
@@ -99,11 +111,16 @@ class FreeGroupMachine(RuleBasedStateMachine):
     config: Config = Config()
     record: RunRecord = RunRecord()
     build: Callable[[Config], Any]
+    # The pool sizes an example may run on (``pool_sizes``); with more than
+    # one, the example's first step (``PoolShapeRule.shape``) draws one and
+    # builds the state then.
+    sizes: tuple[int | None, ...] = (None,)
 
     def __init__(self) -> None:
         super().__init__()
         self.record.examples += 1
-        self.state = self.build(self.config)
+        if len(self.sizes) <= 1:
+            self.state = self.build(self.config)
 
     def _do(self, name: str, *args, **kwargs):
         """Run the harness step ``name``, counted and shown to the probe."""
@@ -199,6 +216,70 @@ class FreeGroupMachine(RuleBasedStateMachine):
         # chain a second report onto the first.
         if hasattr(self, "state") and not getattr(self, "failed", False):
             self._do("teardown")
+
+
+def one_step_machine(base: type) -> type:
+    """``base`` with its ``draws`` rules run through one Hypothesis rule,
+    ``step``, that picks uniformly among the rules whose guard holds and
+    then draws that rule's arguments.
+
+    Hypothesis's own rule choice switches rules off per example (swarm
+    testing), so a failure that needs five distinct rules sees all five
+    on in about one example in six; here every applicable rule is one
+    draw away in every example, as in the random baseline.  The rules
+    stay ``MachineRule``s (coverage and the baseline read them)."""
+    declared = machine_rules(base)
+    # The rules' plain bodies hide the Hypothesis rules they were made into.
+    body = {r.name: _plain(r) for r in declared}
+    # All of a rule's arguments in one draw: each draw through ``data`` costs
+    # more than the step it feeds.
+    arguments = {r.name: (tuple(r.strategies()), st.tuples(*r.strategies().values())) for r in declared}
+
+    def step(self, data):
+        applicable = [r for r in declared if r.applies(self)]
+        chosen = applicable[data.draw(st.integers(0, len(applicable) - 1))]
+        names, values = arguments[chosen.name]
+        chosen.body(self, **dict(zip(names, data.draw(values))))
+
+    body["step"] = rule(data=st.data())(step)
+    return type("OneStep" + base.__name__, (base,), body)
+
+
+def _plain(declared: MachineRule):
+    fn = declared.body
+
+    def plain(self, **kwargs):
+        return fn(self, **kwargs)
+
+    plain.__name__ = declared.name
+    plain.machine_rule = declared
+    return plain
+
+
+def pool_sizes(config: Config, builds: Callable[[Config], bool]) -> tuple[int | None, ...]:
+    """The pool sizes (slots) an example of ``config`` may run on: ``None``
+    (its own) first, then each other size of ``POOL_PAGES`` that ``builds``;
+    only ``None`` where ``config`` pins a size."""
+    if config.size is not None:
+        return (None,)
+    others = (pages * config.page_size for pages in POOL_PAGES if pages is not None)
+    return (None, *(size for size in others if builds(attrs.evolve(config, size=size))))
+
+
+def pool_shape_rule(sizes: tuple[int | None, ...]) -> type:
+    """A mixin whose ``@initialize`` rule builds the example's state at one
+    of ``sizes``, drawn (index 0, the run's own size, is where a shrink
+    heads).  It builds from the machine's ``config`` as it is then, which
+    a hang watch may have changed.  Not a ``MachineRule``: the random
+    baseline stays on the run's own pool."""
+
+    class PoolShapeRule:
+        @initialize(shape=st.integers(0, len(sizes) - 1))
+        def shape(self, shape):
+            size = sizes[shape]
+            self.state = self.build(self.config if size is None else attrs.evolve(self.config, size=size))
+
+    return PoolShapeRule
 
 
 class DecodeRules:

@@ -15,7 +15,7 @@ import time
 from collections import Counter
 
 from attrs import frozen
-from hypothesis import event, target
+from hypothesis import currently_in_test_context, event, target
 
 from state_machines.config import Config
 from state_machines.harness.machines import machine_rules
@@ -117,7 +117,8 @@ class Coverage:
 
     def after(self, machine, name: str) -> None:
         if name == "teardown":
-            if self._hypothesis:
+            # The fuzz run's random walk (runs/walk.py) runs outside any Hypothesis test.
+            if self._hypothesis and currently_in_test_context():
                 # Hypothesis's targeted phase steers toward examples that hit more.
                 target(float(self._hits_this_example), label="dangerous interleavings")
             return
@@ -156,7 +157,7 @@ class Coverage:
     def _hit(self, name: str) -> None:
         self.seen[name] += 1
         self._hits_this_example += 1
-        if self._hypothesis:
+        if self._hypothesis and currently_in_test_context():
             event(f"interleaving: {name}")
 
     def _interleavings(self, state, name, call):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import random
 import time
 
 import attrs
@@ -11,8 +13,9 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.stateful import run_state_machine_as_test
 
 from state_machines.config import Config
-from state_machines.harness import InvariantViolation, RunRecord, build, machine_for
-from state_machines.runs.trace import Trace, run_steps
+from state_machines.harness import InvariantViolation, RunRecord, Step, build, machine_for
+from state_machines.runs.trace import LIST, Trace, arg_kinds, int_bounds, run_steps
+from state_machines.runs.walk import walk
 
 # Steps in one example; long enough for begin .. free .. overwrite .. end.
 STEPS_PER_EXAMPLE = 20
@@ -47,7 +50,8 @@ def fuzz_settings(
         chosen["database"] = database
     return settings(
         settings.default,
-        stateful_step_count=STEPS_PER_EXAMPLE,
+        # The pool size an example draws (``PoolShapeRule``) is a step to Hypothesis.
+        stateful_step_count=STEPS_PER_EXAMPLE + 1,
         deadline=None,
         print_blob=False,
         # Hypothesis's own report is replaced by the trace's program form.
@@ -83,16 +87,26 @@ def fuzz(
     """Run ``config`` under Hypothesis until ``max_examples`` or a failure.
 
     The configuration is built once first, so bad input raises
-    ``TargetError`` here rather than inside Hypothesis.  ``stop()``, when
-    given, is asked between the deletions of ``minimize``; true stops the
+    ``TargetError`` here rather than inside Hypothesis.  Half the examples
+    are a seeded random walk over the same rules (``walk``; seeded by
+    ``seed``, or 0 under ``derandomize``), the rest Hypothesis's, which
+    runs only where the walk found nothing.  A failure the walk finds is
+    saved in the example database (when there is one) and replayed first
+    next time, as Hypothesis replays its own.  With ``shrink``,
+    each failure Hypothesis found is shrunk by ``minimize`` (on the run's
+    own pool size or a smaller one where the failure still shows), not by
+    Hypothesis's shrinker, which replays whole examples through the engine
+    and took 5-20 s a failure; Hypothesis still keeps the failing example
+    in its database and replays it first next time.  ``stop()``, when
+    given, is asked between the replays of ``minimize``; true stops the
     run with ``KeyboardInterrupt`` (a probe on ``record`` stops the
     Hypothesis part).
 
-    Once an allocator call hangs, every later example (the shrinker's) runs
-    under a short per-call limit, ``shrink_call_timeout``: each candidate
-    that hangs again would otherwise cost the whole limit.  The shrunk hang
-    is then replayed once under the full limit, and kept only if it still
-    hangs there; else the first hang, unshrunk, is the answer.
+    Once an allocator call hangs, a hang is minimised under a short
+    per-call limit, ``shrink_call_timeout``: each candidate that hangs
+    again would otherwise cost the whole limit.  The shrunk hang is then
+    replayed once under the full limit, and kept only if it still hangs
+    there; else the first hang, unshrunk, is the answer.
     """
     build(config)
     record = record if record is not None else RunRecord()
@@ -103,21 +117,72 @@ def fuzz(
     record.probe = watch
     started = time.monotonic()
     failures: tuple[Trace, ...] = ()
+    chosen = fuzz_settings(max_examples, database, derandomize, shrink=False)
+    walked = chosen.max_examples // 2
     try:
-        run_state_machine_as_test(machine, settings=fuzz_settings(max_examples, database, derandomize, shrink))
+        _walk_saved(machine, chosen.database, record)
+        try:
+            walk(machine, random.Random(seed if seed is not None else 0 if chosen.derandomize else None), walked)
+        except InvariantViolation as exc:
+            if chosen.database is not None:
+                # Saved before shrinking, so an interrupt there loses nothing.
+                chosen.database.save(_walk_key(machine), Trace.from_violation(exc).to_json().encode())
+            raise
+        if chosen.max_examples > walked:
+            run_state_machine_as_test(machine, settings=settings(chosen, max_examples=chosen.max_examples - walked))
     except Exception as exc:
         found = violations_in(exc)
         if not found:
             raise
         traces = [Trace.from_violation(v) for v in found]
         if shrink:
-            traces = [minimize(t, stop=stop) for t in traces]
+            traces = [watch.for_shrinking(t) for t in traces]
+            traces = [minimize(t, stop=stop, configs=_shrink_configs(t, config.size, machine.sizes)) for t in traces]
         elif watch.first_hang is not None:
             traces = [Trace.from_violation(watch.first_hang) if t.invariant == "allocator_hung" else t for t in traces]
         failures = tuple(_under_full_limit(t, config, watch.first_hang) for t in traces)
     finally:
         record.probe = watch.inner
     return Outcome(config, failures, record, time.monotonic() - started)
+
+
+def _walk_key(machine) -> bytes:
+    """Where the example database keeps the walk's failures for ``machine``
+    (its name spells the configuration)."""
+    return b"kv-lockstep walk failures: " + machine.__name__.encode()
+
+
+def _walk_saved(machine, database, record: RunRecord) -> None:
+    """Replay the walk failures ``database`` kept for ``machine``, each an
+    example that the run's probe sees start and fail: raise the first that
+    still fails; forget those that pass."""
+    if database is None:
+        return
+    for value in sorted(database.fetch(_walk_key(machine))):
+        example = machine()
+        try:
+            trace = Trace.from_dict(json.loads(value))
+            example.state = build(trace.config)
+            if record.probe is not None:
+                record.probe.before(example, "teardown", {})  # a new example, no step
+            run_steps(example.state, trace.steps)
+            example.state.teardown()
+        except InvariantViolation as exc:
+            record.saw_failure()
+            if record.probe is not None:
+                record.probe.failed(example, exc)
+            raise
+        except Exception:  # noqa: BLE001 - a saved trace this version cannot run is forgotten
+            pass
+        database.delete(_walk_key(machine), value)
+
+
+def _shrink_configs(trace: Trace, size: int | None, sizes: tuple[int | None, ...]) -> tuple[Config, ...]:
+    """The configurations ``minimize`` tries ``trace`` on: its own at the
+    run's pool ``size``, then at each smaller size an example could draw."""
+    own = attrs.evolve(trace.config, size=size)
+    smaller = sorted(s for s in sizes if s is not None and s < own.pool_size)
+    return (own, *(attrs.evolve(own, size=s) for s in smaller))
 
 
 def shrink_call_timeout(limit: float, slowest_step_s: float) -> float:
@@ -150,6 +215,13 @@ class _HangWatch:
             self.slowest_step_s = took
         if self.inner is not None:
             self.inner.after(machine, name)
+
+    def for_shrinking(self, trace: Trace) -> Trace:
+        """``trace``, under the short per-call limit if it is a hang."""
+        if trace.invariant != "allocator_hung":
+            return trace
+        short = shrink_call_timeout(self.config.call_timeout_s, self.slowest_step_s)
+        return attrs.evolve(trace, config=attrs.evolve(trace.config, call_timeout_s=short))
 
     def failed(self, machine, exc) -> None:
         if exc.invariant == "allocator_hung" and self.first_hang is None:
@@ -189,36 +261,120 @@ def replay(trace: Trace, config: Config | None = None) -> InvariantViolation | N
     return None
 
 
-def minimize(trace: Trace, stop=None) -> Trace:
-    """Delete steps Hypothesis's shrinker left behind, while the trace still
-    fails on the same invariant.
+def _fails_like(candidate: Trace, invariant: str | None) -> Trace | None:
+    """``candidate`` replayed, re-recorded, where it fails on ``invariant``; else None."""
+    try:
+        again = replay(candidate)
+    except Exception:  # noqa: BLE001 - the change broke the trace itself,
+        # e.g. a later step names what it deleted, or a group now nests
+        return None
+    return Trace.from_violation(again) if again is not None and again.invariant == invariant else None
 
-    The shrinker works on the integers the rules draw; deleting a ``begin``
-    there can disable the step after it, so a pair that does nothing can
-    survive.  Here steps are deleted directly (two, then one at a time) and
-    each candidate is replayed; the result is re-recorded, so its names run
-    ``req_0``, ``req_1``, ... again.
+
+def _smaller_ints(value: int, lo: int, multiple: int) -> list[int]:
+    """Values below ``value`` to try in its place, smallest first: the
+    lowest allowed, half, one unit less (each a multiple where it must be)."""
+    half = max(lo, value // 2 // multiple * multiple)
+    return sorted({v for v in (lo, half, value - multiple) if lo <= v < value})
+
+
+def _smaller_args(step: Step, config: Config, steps: tuple[Step, ...] = ()):
+    """Each copy of ``step`` with one argument made smaller: integers
+    toward their lowest, or to a smaller value the same argument has in
+    another of ``steps`` (two prompts made one), list elements each the
+    same way, True to False."""
+    for key, kind in arg_kinds(step.rule).items():
+        value = step.args.get(key)
+        if isinstance(value, bool):
+            if value:
+                yield attrs.evolve(step, args={**step.args, key: False})
+        elif isinstance(value, int):
+            lo, _, multiple = int_bounds(kind, config)
+            seen = {s.args[key] for s in steps if s.rule == step.rule and isinstance(s.args.get(key), int)}
+            for v in sorted(set(_smaller_ints(value, lo, multiple)) | {v for v in seen if v < value}):
+                yield attrs.evolve(step, args={**step.args, key: v})
+        elif isinstance(value, list) and kind.startswith(LIST) and all(isinstance(v, int) for v in value):
+            lo, _, multiple = int_bounds(kind.removeprefix(LIST), config)
+            for i, item in enumerate(value):
+                for v in _smaller_ints(item, lo, multiple):
+                    yield attrs.evolve(step, args={**step.args, key: [*value[:i], v, *value[i + 1 :]]})
+
+
+def _without(steps: tuple[Step, ...], name: str) -> tuple[Step, ...]:
+    """``steps`` as if ``name`` (a request or entry) had never been made:
+    the step that made it and every step naming it go, and it leaves each
+    list of requests it is in, with its entry in the step's parallel list
+    of integers (``extend``'s tokens); a step left with an empty list goes."""
+    out = []
+    for step in steps:
+        if step.returns == name or name in step.args.values():
+            continue
+        args = dict(step.args)
+        for key, value in step.args.items():
+            if isinstance(value, list) and name in value:
+                i = value.index(name)
+                for other, items in step.args.items():
+                    if isinstance(items, list) and len(items) == len(value):
+                        args[other] = items[:i] + items[i + 1 :]
+        if any(isinstance(v, list) and not v for k, v in args.items() if step.args[k]):
+            continue
+        out.append(attrs.evolve(step, args=args) if args != step.args else step)
+    return tuple(out)
+
+
+def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace:
+    """The shortest, then simplest, trace found near ``trace`` that still
+    fails on the same invariant: deterministic, replaying each candidate
+    through the step seam.
+
+    To a fixed point: move the trace onto the first of ``configs`` (the
+    run's own pool, then smaller ones) before its own that it still fails
+    on, if any; delete a request or entry with every step that names it
+    (``_without``); delete runs of 8, 4, 2 and 1 steps (strictly shorter: a replay's
+    teardown may close a group with an ``end`` of its own, which would
+    give back the step deleted), and make each argument smaller (no
+    longer).  Each kept candidate is re-recorded, so names run ``req_0``,
+    ``req_1``, ... again.  ``stop()``, when given, is asked before each
+    replay; true raises ``KeyboardInterrupt``.
     """
+
+    def attempt(candidate: Trace, shorter: bool) -> bool:
+        nonlocal best
+        if stop is not None and stop():
+            raise KeyboardInterrupt("stop requested")
+        again = _fails_like(candidate, best.invariant)
+        if again is None or len(again.steps) > len(best.steps) - shorter:
+            return False
+        best = again
+        return True
+
     best = trace
     changed = True
     while changed:
         changed = False
-        for width in (2, 1):
+        for config in configs:
+            if config == best.config:
+                break  # those after it are no simpler than the trace's own
+            if attempt(attrs.evolve(best, config=config), shorter=False):
+                changed = True
+                break
+        for name in [step.returns for step in best.steps if step.returns]:
+            # A request and all it touched at once: deleting the step that
+            # made it alone breaks every later step that names it.
+            if name in {step.returns for step in best.steps}:
+                changed |= attempt(attrs.evolve(best, steps=_without(best.steps, name)), shorter=True)
+        for width in (8, 4, 2, 1):
             i = 0
             while i + width <= len(best.steps):
-                if stop is not None and stop():
-                    raise KeyboardInterrupt("stop requested")
-                candidate = attrs.evolve(best, steps=best.steps[:i] + best.steps[i + width :])
-                try:
-                    again = replay(candidate)
-                except Exception:  # noqa: BLE001 - the deletion broke the trace itself,
-                    # e.g. a later step names what it deleted, or a group now nests
-                    again = None
-                # Strictly shorter: a replay's teardown may close the group with
-                # an `end` of its own, which would give back the step deleted.
-                if again is not None and again.invariant == best.invariant and len(again.steps) < len(best.steps):
-                    best = Trace.from_violation(again)
+                if attempt(attrs.evolve(best, steps=best.steps[:i] + best.steps[i + width :]), shorter=True):
                     changed = True
                 else:
                     i += 1
+        for i in range(len(best.steps)):
+            # A smaller argument may change which steps follow; ``best`` is re-read each time.
+            while i < len(best.steps) and any(
+                attempt(attrs.evolve(best, steps=(*best.steps[:i], step, *best.steps[i + 1 :])), shorter=False)
+                for step in _smaller_args(best.steps[i], best.config, best.steps)
+            ):
+                changed = True
     return best

@@ -136,7 +136,7 @@ def arg_kinds(rule: str) -> dict[str, str]:
     return {name: kind for name, (kind, _) in _rules()[rule][0].items()}
 
 
-def _int_bounds(kind: str, config: Config) -> tuple[int, int, int]:
+def int_bounds(kind: str, config: Config) -> tuple[int, int, int]:
     """(lowest, highest, multiple of) for an integer argument of ``kind``."""
     ps, row_slots = config.page_size, config.row_pages * config.page_size
     if kind not in (SLOTS, SPAN, SPAN0, OFFSET, ROW, PAGES, PAGES0, PROMPT):
@@ -297,9 +297,9 @@ def _check_arg(kind: str, value, where: str, config: Config, defined: dict[str, 
             raise TraceError(f"{where} is {_show(value)}, not a list of whole numbers")
         if not value or len(value) > MAX_ROWS:
             raise TraceError(f"{where} must hold 1..{MAX_ROWS} numbers, not {len(value)}")
-        lo, hi, multiple = _int_bounds(kind.removeprefix(LIST), config)
+        lo, hi, multiple = int_bounds(kind.removeprefix(LIST), config)
         return [_int(v, lo, hi, f"{where}[{i}]", multiple) for i, v in enumerate(value)]
-    lo, hi, multiple = _int_bounds(kind, config)
+    lo, hi, multiple = int_bounds(kind, config)
     return _int(value, lo, hi, where, multiple)
 
 

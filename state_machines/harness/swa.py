@@ -395,21 +395,22 @@ def _one_page(allocator):
     return allocator.alloc_extend(zero, zero, page, page, none, ps)
 
 
-def free_swa_defers(allocator) -> bool:
+def free_swa_defers(allocator, swa_pool=lambda a: a.swa_attn_allocator) -> bool:
     """Whether ``free_swa()`` inside an open free group queues the SWA
     release (True) or releases the slots at once (False), probed on a
     throwaway copy.  Both keep ownership sound: an immediate release frees
     exactly the slid slots and clears their mapping.  A probe that cannot
-    run reads as queuing, the stricter model."""
+    run reads as queuing, the stricter model.  ``swa_pool`` reads the
+    SWA pool off the allocator (a wrapper keeps it one level down)."""
     try:
         probe = copy.deepcopy(allocator)
         slots = _one_page(probe)
         if slots is None:
             return True
-        before = int(probe.swa_attn_allocator.available_size())
+        before = int(swa_pool(probe).available_size())
         probe.free_group_begin()
         probe.free_swa(slots.clone())
-        return int(probe.swa_attn_allocator.available_size()) == before
+        return int(swa_pool(probe).available_size()) == before
     except Exception:  # noqa: BLE001 - the run itself reports what raises
         return True
 

@@ -250,7 +250,8 @@ DSV4_HISPARSE_MUTANTS = {
     for m in (
         Mutant("free-keeps-device", FreeKeepsDeviceAllocator, "free() leaves the device pages of the freed slots mapped"),
         Mutant("group-queues-view", GroupQueuesViewAllocator, "free() in a group queues the caller's view"),
-        Mutant("last-loc-floor", LastLocFloorAllocator, "the device side continues at the block holding last_loc, complete or not"),
+        Mutant("last-loc-floor", LastLocFloorAllocator, "the device side continues at the block holding last_loc, complete or not",
+               needs={"page_size": 8}),
         Mutant("surplus-frees-shared", SurplusFreesSharedAllocator, "alloc_device_buffer frees the surplus's pages the buffer shares",
                needs={"page_size": 8}),
     )

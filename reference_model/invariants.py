@@ -305,7 +305,8 @@ def hisparse_mapping_consistent(mapping: list[int], page_size: int, logical, dev
         got = mapping[page * ps : (page + 1) * ps]
         if page in device.mapping:
             peer = device.mapping[page]
-            want = [peer * ps + k for k in range(ps)]
+            # A page an extend left partly used maps only its tokens' slots.
+            want = _page_map(peer, device.filled_slots(page, ps), ps)
             if got != want:
                 return f"logical page {page} ({logical.owner[page]}) maps to device slots {got} / its device page {peer}: {want}"
         elif any(got):
@@ -333,7 +334,7 @@ def compressed_new_pages_mapped(what: str, pages: list[int], got: list[list[int]
     for page, slots, fill in zip(pages, got, filled):
         device_page = slots[0] // hps
         if slots != _page_map(device_page, fill, hps) or device_page == 0:
-            return f"{what} mapped logical page {page}'s compressed slots to device slots {slots} / {fill} onto one device page past page 0, the rest onto nothing"
+            return f"{what} mapped logical page {page}'s (compressed) slots to device slots {slots} / {fill} onto one device page past page 0, the rest onto nothing"
     return None
 
 

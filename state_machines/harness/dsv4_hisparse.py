@@ -38,7 +38,7 @@ from reference_model import SWASide, invariants
 from reference_model.census import Census
 from reference_model.dsv4_hisparse import buffer_plan, compressed_growth, compressed_new_pages
 from reference_model.hisparse import DeviceSide
-from state_machines.harness.drawing import rematch_among
+from state_machines.harness.drawing import PrefillOnly, rematch_among
 from state_machines.harness.lockstep import Lockstep, Pool, census_of, ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, _pick, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
@@ -48,7 +48,7 @@ C4 = dict(name="device_no_slot_handed_out_twice", label="C4 device pool: ")
 
 
 @define
-class DSV4HiSparseLockstep(SWALockstep):
+class DSV4HiSparseLockstep(PrefillOnly, SWALockstep):
     c4: DeviceSide | None = None
     # Requests past their prefill (decoded, buffered, aborted, preallocated):
     # never extended again.
@@ -123,28 +123,8 @@ class DSV4HiSparseLockstep(SWALockstep):
             made = step()
         finally:
             self.c4_need = None
-        fresh, fills = [], []
-        for req, prefix_len, seq_len in spans:
-            req = req or made
-            request = self.model.requests.get(req.rid) if req is not None else None
-            if request is None or self.model.tokens(req.rid, self.page_size) < seq_len:
-                continue  # None: nothing grew
-            for index, filled in compressed_growth(prefix_len, seq_len, r, hps).items():
-                page = request.pages[index]
-                if page in self.c4.mapping:
-                    self.c4.fill(page, filled - self.c4.filled_slots(page, hps), hps)
-                else:
-                    fresh.append(page)
-                    fills.append(filled)
-        if not fresh:
-            return made
-        slots = torch.tensor([p * hps + k for p in fresh for k in range(hps)], dtype=torch.int64)
-        mapped = ids(self.allocator.full_to_hisparse_device_index_mapping.to("cpu")[slots])
-        got = [mapped[i * hps : (i + 1) * hps] for i in range(len(fresh))]
-        self._judge(invariants.compressed_new_pages_mapped, what, fresh, got, fills, hps)
-        device_pages = [g[0] // hps for g in got]
-        self._judge(invariants.no_slot_handed_out_twice, device_pages, self.c4, **C4)
-        self.c4.take(fresh, device_pages, fills)
+        spans = [(req or made, p, s) for req, p, s in spans]
+        map_growth(self, self.c4, self.allocator.full_to_hisparse_device_index_mapping, what, spans, r, hps, **C4)
         return made
 
     @step
@@ -267,20 +247,6 @@ class DSV4HiSparseLockstep(SWALockstep):
 
     # -- what the rules may act on --
 
-    def extendable(self) -> list[ReqRef]:
-        """Requests still in prefill."""
-        return [r for r in self.live() if r.rid not in self.settled]
-
-    def allocatable(self) -> list[ReqRef]:
-        """Requests in prefill whose last page is full: an ``alloc`` grows a
-        request from its page-aligned end, and a caller never leaves the
-        rest of a page unwritten (its compressed tokens would map nothing)."""
-        return [r for r in self.extendable() if not self.model.requests[r.rid].spare]
-
-    def aligned(self) -> list[ReqRef]:
-        """Requests whose own pages are whole (the radix cache inserts whole pages only)."""
-        return [r for r in self.with_own_pages() if not self.model.requests[r.rid].spare]
-
     def decodable(self) -> list[ReqRef]:
         """Requests the coordinator has made ready: with a device buffer, or
         preallocated by PD decode (their compressed tokens map nothing more)."""
@@ -310,14 +276,10 @@ class DSV4HiSparseLockstep(SWALockstep):
     def step_not_applicable(self, rule: str, args: dict) -> str | None:
         """Why a replayed step is one this family's rules never draw."""
         req = args.get("req")
-        if rule in ("alloc", "extend") and any(r.rid in self.settled for r in (args.get("reqs") or ([req] if req else []))):
-            return "a request is extended only in its prefill, before it decodes or gets its device buffer"
-        if rule == "alloc" and req is not None and req not in self.allocatable():
-            return f"{req!r} ends mid-page: an alloc would leave the rest of its page unwritten"
+        if why := self.prefill_step_not_applicable(rule, args):
+            return why
         if rule == "decode" and any(r not in self.decodable() for r in args["reqs"]):
             return "a request decodes once the coordinator made it ready (its device buffer)"
-        if rule == "rematch" and req not in self.aligned():
-            return f"{req!r} ends mid-page: the radix cache inserts whole pages"
         if rule in ("device_buffer_pages", "free_hisparse") and req.rid in self.c4.buffers:
             return f"{req!r} already has a device buffer"
         if rule == "device_buffer_pages" and self.buffer_shortfall(req, args["pages"]) > self.c4.num_free:
@@ -359,6 +321,38 @@ class DSV4HiSparseMachine(SWAMachine):
     @draws(guard=lambda s: s.unbuffered(), which=PICKS)
     def free_hisparse(self, which):
         self._do("free_hisparse", _pick(self.state.unbuffered(), which))
+
+
+def map_growth(state: Lockstep, side: DeviceSide, mapping: torch.Tensor, what: str, spans, ratio: int, page_size: int,
+               name: str, label: str) -> None:
+    """After an allocation that grew each ``(req, prefix_len, seq_len)`` of
+    ``spans`` (a request that did not reach ``seq_len`` grew nothing), judge
+    and record on ``side`` the device slots its tokens (every ``ratio``-th,
+    compressed) were mapped to: a page already on a device page fills its
+    next slots, a page given its first token takes a fresh device page
+    (read off ``mapping``, ``page_size`` slots a page)."""
+    hps = page_size
+    fresh, fills = [], []
+    for req, prefix_len, seq_len in spans:
+        request = state.model.requests.get(req.rid) if req is not None else None
+        if request is None or state.model.tokens(req.rid, state.page_size) < seq_len:
+            continue
+        for index, filled in compressed_growth(prefix_len, seq_len, ratio, hps).items():
+            page = request.pages[index]
+            if page in side.mapping:
+                side.fill(page, filled - side.filled_slots(page, hps), hps)
+            else:
+                fresh.append(page)
+                fills.append(filled)
+    if not fresh:
+        return
+    slots = torch.tensor([p * hps + k for p in fresh for k in range(hps)], dtype=torch.int64)
+    mapped = ids(mapping.to("cpu")[slots])
+    got = [mapped[i * hps : (i + 1) * hps] for i in range(len(fresh))]
+    state._judge(invariants.compressed_new_pages_mapped, what, fresh, got, fills, hps, label=label)
+    device_pages = [g[0] // hps for g in got]
+    state._judge(invariants.no_slot_handed_out_twice, device_pages, side, name=name, label=label)
+    side.take(fresh, device_pages, fills)
 
 
 def is_dsv4_hisparse(allocator) -> bool:

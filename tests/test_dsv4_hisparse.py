@@ -53,8 +53,8 @@ def test_an_extend_from_mid_block_continues_the_device_page():
     state.extend(reqs=[req], tokens=[5])
     state.extend(reqs=[req], tokens=[3])
     page = state.model.requests[req.rid].pages[0]
-    peer = state.c4.mapping[page]
-    assert state.c4.filled_slots(page, 2) == 2
+    peer = state.device.mapping[page]
+    assert state.device.filled_slots(page, 2) == 2
     assert state.allocator.full_to_hisparse_device_index_mapping[page * 2 : page * 2 + 2].tolist() == [peer * 2, peer * 2 + 1]
 
 
@@ -62,12 +62,12 @@ def test_a_free_in_a_group_keeps_the_device_page_until_the_group_ends():
     """free() inside a group is queued on the device side too: the page goes free at end()."""
     state = build(target="builtin:dsv4-hisparse", page_size=4)
     req = state.alloc(n=4)
-    peer = state.c4.mapping[state.model.requests[req.rid].pages[0]]
+    peer = state.device.mapping[state.model.requests[req.rid].pages[0]]
     state.begin()
     state.finish(req=req)
-    assert peer not in state.c4.free_pages
+    assert peer not in state.device.free_pages
     state.end()
-    assert peer in state.c4.free_pages
+    assert peer in state.device.free_pages
 
 
 def test_a_request_decodes_only_after_its_device_buffer():

@@ -54,3 +54,17 @@ class PrefillOnly:
         if rule == "rematch" and req not in self.aligned():
             return f"{req!r} ends mid-page: the radix cache inserts whole pages"
         return None
+
+
+class ReleasesDevicePeers:
+    """For a harness whose logical pages have device peers (``self.device``):
+    a free or an eviction of logical pages releases their peers too, queued
+    where the side's group is open."""
+
+    def _give_back(self, row: int, start: int, end: int, pages: list[int], *, segment: bool) -> None:
+        super()._give_back(row, start, end, pages, segment=segment)
+        self.device.release(pages, "free")
+
+    def _evict_slots(self, entry, slots, pages) -> None:
+        super()._evict_slots(entry, slots, pages)
+        self.device.release(pages, "evict")

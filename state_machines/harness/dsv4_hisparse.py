@@ -38,7 +38,7 @@ from reference_model import SWASide, invariants
 from reference_model.census import Census
 from reference_model.dsv4_hisparse import buffer_plan, compressed_growth, compressed_new_pages
 from reference_model.hisparse import DeviceSide
-from state_machines.harness.drawing import PrefillOnly, rematch_among
+from state_machines.harness.drawing import PrefillOnly, ReleasesDevicePeers, rematch_among
 from state_machines.harness.lockstep import Lockstep, Pool, census_of, ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, _pick, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
@@ -48,8 +48,8 @@ C4 = dict(name="device_no_slot_handed_out_twice", label="C4 device pool: ")
 
 
 @define
-class DSV4HiSparseLockstep(PrefillOnly, SWALockstep):
-    c4: DeviceSide | None = None
+class DSV4HiSparseLockstep(PrefillOnly, ReleasesDevicePeers, SWALockstep):
+    device: DeviceSide | None = None
     # Requests past their prefill (decoded, buffered, aborted, preallocated):
     # never extended again.
     settled: set[int] = field(factory=set)
@@ -78,7 +78,7 @@ class DSV4HiSparseLockstep(PrefillOnly, SWALockstep):
         self.stand_ins = list(getattr(self.allocator, "kv_lockstep_stand_ins", ()))
         self.disabled_rules.update(swa_steps_disabled(self.allocator, self.page_size))
         initial = self._call("C4 device census", census_of, self.allocator.hisparse_attn_allocator)
-        self.c4 = DeviceSide.from_census(self.model, sorted(set(initial)))
+        self.device = DeviceSide.from_census(self.model, sorted(set(initial)))
 
     # -- checks --
 
@@ -87,7 +87,7 @@ class DSV4HiSparseLockstep(PrefillOnly, SWALockstep):
         return [
             Pool(logical.full_attn_allocator, self.model, "", "full pool: "),
             Pool(logical.swa_attn_allocator, self.swa, "swa_", "SWA pool: "),
-            Pool(self.allocator.hisparse_attn_allocator, self.c4, "device_", "C4 device pool: ", self.c4_page_size),
+            Pool(self.allocator.hisparse_attn_allocator, self.device, "device_", "C4 device pool: ", self.c4_page_size),
         ]
 
     def check_joint(self, censuses: list[Census]) -> None:
@@ -101,7 +101,7 @@ class DSV4HiSparseLockstep(PrefillOnly, SWALockstep):
             int(self._call("full available_size()", logical.full_attn_allocator.available_size)),
             int(self._call("SWA available_size()", logical.swa_attn_allocator.available_size)),
         )
-        self._judge(invariants.compressed_mapping_consistent, ids(a.full_to_hisparse_device_index_mapping), self.c4_page_size, self.model, self.c4)
+        self._judge(invariants.compressed_mapping_consistent, ids(a.full_to_hisparse_device_index_mapping), self.c4_page_size, self.model, self.device)
         self._judge(
             invariants.compressed_available_size_agrees, int(self._call("available_size()", a.available_size)), logical_available,
             int(self._call("C4 device available_size()", a.hisparse_attn_allocator.available_size)), self.ratio,
@@ -110,7 +110,7 @@ class DSV4HiSparseLockstep(PrefillOnly, SWALockstep):
     # -- allocation --
 
     def _short(self, pages: int) -> bool:
-        return super()._short(pages) or (self.c4_need is not None and self.c4.num_free < self.c4_need)
+        return super()._short(pages) or (self.c4_need is not None and self.device.num_free < self.c4_need)
 
     def _grow(self, what: str, spans: list[tuple[ReqRef | None, int, int]], step):
         """Run ``step`` (an allocation growing each ``(req, prefix_len,
@@ -124,7 +124,7 @@ class DSV4HiSparseLockstep(PrefillOnly, SWALockstep):
         finally:
             self.c4_need = None
         spans = [(req or made, p, s) for req, p, s in spans]
-        map_growth(self, self.c4, self.allocator.full_to_hisparse_device_index_mapping, what, spans, r, hps, **C4)
+        map_growth(self, self.device, self.allocator.full_to_hisparse_device_index_mapping, what, spans, r, hps, **C4)
         return made
 
     @step
@@ -164,9 +164,9 @@ class DSV4HiSparseLockstep(PrefillOnly, SWALockstep):
         hps = self.c4_page_size
         out = []
         for page in self.model.requests[req.rid].pages:
-            if page in self.c4.mapping:
-                peer = self.c4.mapping[page]
-                out += [peer * hps + k for k in range(self.c4.filled_slots(page, hps))]
+            if page in self.device.mapping:
+                peer = self.device.mapping[page]
+                out += [peer * hps + k for k in range(self.device.filled_slots(page, hps))]
         return out
 
     def _compressed_row(self, req: ReqRef):
@@ -196,9 +196,9 @@ class DSV4HiSparseLockstep(PrefillOnly, SWALockstep):
         self._judge(invariants.device_buffer_slots_distinct, what, got, label="C4 device pool: ")
         self._judge(invariants.device_buffer_as_planned, what, got, list(plan.head), n, hps)
         extra = [got[i] // hps for i in range(len(plan.head), n, hps)]
-        self._judge(invariants.no_slot_handed_out_twice, extra, self.c4, **C4)
-        self.c4.unmap(self.model.requests[req.rid].pages)
-        self.c4.give_buffer(req.rid, list(plan.kept), extra, list(plan.surplus))
+        self._judge(invariants.no_slot_handed_out_twice, extra, self.device, **C4)
+        self.device.unmap(self.model.requests[req.rid].pages)
+        self.device.give_buffer(req.rid, list(plan.kept), extra, list(plan.surplus))
         self.settled.add(req.rid)
 
     @step
@@ -209,7 +209,7 @@ class DSV4HiSparseLockstep(PrefillOnly, SWALockstep):
         row, length = self.model.requests[req.rid].row, self.model.tokens(req.rid, self.page_size)
         view = self.rows[row, :length]
         self._call(f"free_hisparse(req_to_token[{row}, :{length}])", self.allocator.free_hisparse, view)
-        self.c4.release(self.model.requests[req.rid].pages, "free", defer=False)
+        self.device.release(self.model.requests[req.rid].pages, "free", defer=False)
         self.settled.add(req.rid)
 
     @step
@@ -217,40 +217,32 @@ class DSV4HiSparseLockstep(PrefillOnly, SWALockstep):
         """The request ends: its device buffer, if any, goes back
         (``free_hisparse_indices``, the coordinator's ``request_finished``),
         then its row is freed as in the SWA family."""
-        buffer = self.c4.buffers.get(req.rid)
+        buffer = self.device.buffers.get(req.rid)
         if buffer is not None:
             hps = self.c4_page_size
             slots = torch.tensor([p * hps + k for p in buffer for k in range(hps)], dtype=torch.int64, device=self.rows.device)
             self._call(f"free_hisparse_indices({req!r} device buffer)", self.allocator.free_hisparse_indices, slots)
-            self.c4.drop_buffer(req.rid)
+            self.device.drop_buffer(req.rid)
         super().finish(req)
         self.settled.discard(req.rid)
 
     @step
     def begin(self) -> None:
         super().begin()
-        self.c4.begin()
+        self.device.begin()
 
     @step
     def end(self) -> None:
         """``free_group_end()``, also when no group is open."""
         super().end()
-        self.c4.end()
-
-    def _give_back(self, row: int, start: int, end: int, pages: list[int], *, segment: bool) -> None:
-        super()._give_back(row, start, end, pages, segment=segment)
-        self.c4.release(pages, "free")
-
-    def _evict_slots(self, entry: EntryRef, slots, pages) -> None:
-        super()._evict_slots(entry, slots, pages)
-        self.c4.release(pages, "evict")
+        self.device.end()
 
     # -- what the rules may act on --
 
     def decodable(self) -> list[ReqRef]:
         """Requests the coordinator has made ready: with a device buffer, or
         preallocated by PD decode (their compressed tokens map nothing more)."""
-        return [r for r in super().decodable() if r.rid in self.c4.buffers or r.rid in self.preallocated]
+        return [r for r in super().decodable() if r.rid in self.device.buffers or r.rid in self.preallocated]
 
     def tail_ready(self) -> list[ReqRef]:
         return [r for r in super().tail_ready() if r.rid not in self.settled]
@@ -261,13 +253,13 @@ class DSV4HiSparseLockstep(PrefillOnly, SWALockstep):
         own = self.model.requests[req.rid].own
         first = self._slid(own)
         limit = super().live_own(req)
-        return next((i for i in range(limit) if own[first + i] in self.c4.mapping), limit)
+        return next((i for i in range(limit) if own[first + i] in self.device.mapping), limit)
 
     def swa_evictable(self) -> list[EntryRef]:
-        return [e for e in super().swa_evictable() if not any(p in self.c4.mapping for p in self.model.cache[e.eid].pages)]
+        return [e for e in super().swa_evictable() if not any(p in self.device.mapping for p in self.model.cache[e.eid].pages)]
 
     def unbuffered(self) -> list[ReqRef]:
-        return [r for r in self.live() if r.rid not in self.c4.buffers and self.model.requests[r.rid].pages]
+        return [r for r in self.live() if r.rid not in self.device.buffers and self.model.requests[r.rid].pages]
 
     def buffer_shortfall(self, req: ReqRef, pages: int) -> int:
         """Fresh device pages a buffer of ``pages`` pages takes."""
@@ -280,9 +272,9 @@ class DSV4HiSparseLockstep(PrefillOnly, SWALockstep):
             return why
         if rule == "decode" and any(r not in self.decodable() for r in args["reqs"]):
             return "a request decodes once the coordinator made it ready (its device buffer)"
-        if rule in ("device_buffer_pages", "free_hisparse") and req.rid in self.c4.buffers:
+        if rule in ("device_buffer_pages", "free_hisparse") and req.rid in self.device.buffers:
             return f"{req!r} already has a device buffer"
-        if rule == "device_buffer_pages" and self.buffer_shortfall(req, args["pages"]) > self.c4.num_free:
+        if rule == "device_buffer_pages" and self.buffer_shortfall(req, args["pages"]) > self.device.num_free:
             return f"the device pool cannot make up {req!r}'s buffer"
         if rule == "slide" and args["pages"] > self.live_own(req):
             return f"{req!r}'s window would slide past a page with a device peer"
@@ -315,7 +307,7 @@ class DSV4HiSparseMachine(SWAMachine):
     def device_buffer_pages(self, which, pages):
         s = self.state
         req = _pick(s.unbuffered(), which)
-        if s.buffer_shortfall(req, pages) <= s.c4.num_free:
+        if s.buffer_shortfall(req, pages) <= s.device.num_free:
             self._do("device_buffer_pages", req, pages)
 
     @draws(guard=lambda s: s.unbuffered(), which=PICKS)

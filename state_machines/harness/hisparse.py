@@ -29,7 +29,7 @@ from attrs import define, field
 from reference_model import invariants
 from reference_model.census import Census
 from reference_model.hisparse import DeviceSide
-from state_machines.harness.drawing import PrefillOnly, rematch_among
+from state_machines.harness.drawing import PrefillOnly, ReleasesDevicePeers, rematch_among
 from state_machines.harness.dsv4_hisparse import map_growth
 from state_machines.harness.lockstep import Lockstep, Pool, census_of, ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, _pick, draws
@@ -40,7 +40,7 @@ DEVICE = dict(name="device_no_slot_handed_out_twice", label="device pool: ")
 
 
 @define
-class HiSparseLockstep(PrefillOnly, Lockstep):
+class HiSparseLockstep(PrefillOnly, ReleasesDevicePeers, Lockstep):
     device: DeviceSide | None = None
 
     # A batched extend maps token by token (hisparse.py:254 in 0.5.23): an
@@ -186,14 +186,6 @@ class HiSparseLockstep(PrefillOnly, Lockstep):
             self._call(f"free_hisparse_indices({req!r} device buffer)", self.allocator.free_hisparse_indices, slots)
             self.device.drop_buffer(req.rid)
         super().finish(req)
-
-    def _give_back(self, row: int, start: int, end: int, pages: list[int], *, segment: bool) -> None:
-        super()._give_back(row, start, end, pages, segment=segment)
-        self.device.release(pages, "free")
-
-    def _evict_slots(self, entry: EntryRef, slots, pages) -> None:
-        super()._evict_slots(entry, slots, pages)
-        self.device.release(pages, "evict")
 
     # -- what the rules may act on --
 

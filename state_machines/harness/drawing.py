@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch
+
 from state_machines.harness.machines import _pick
 
 
@@ -68,3 +70,15 @@ class ReleasesDevicePeers:
     def _evict_slots(self, entry, slots, pages) -> None:
         super()._evict_slots(entry, slots, pages)
         self.device.release(pages, "evict")
+
+    def _return_buffer(self, req, page_size: int) -> None:
+        """The coordinator's ``request_finished``: the request's device
+        buffer, if any (pages of ``page_size`` slots), goes back
+        (``free_hisparse_indices``)."""
+        buffer = self.device.buffers.get(req.rid)
+        if buffer is None:
+            return
+        ps = page_size
+        slots = torch.tensor([p * ps + k for p in buffer for k in range(ps)], dtype=torch.int64, device=self.rows.device)
+        self._call(f"free_hisparse_indices({req!r} device buffer)", self.allocator.free_hisparse_indices, slots)
+        self.device.drop_buffer(req.rid)

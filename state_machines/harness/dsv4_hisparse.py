@@ -217,12 +217,7 @@ class DSV4HiSparseLockstep(PrefillOnly, ReleasesDevicePeers, SWALockstep):
         """The request ends: its device buffer, if any, goes back
         (``free_hisparse_indices``, the coordinator's ``request_finished``),
         then its row is freed as in the SWA family."""
-        buffer = self.device.buffers.get(req.rid)
-        if buffer is not None:
-            hps = self.c4_page_size
-            slots = torch.tensor([p * hps + k for p in buffer for k in range(hps)], dtype=torch.int64, device=self.rows.device)
-            self._call(f"free_hisparse_indices({req!r} device buffer)", self.allocator.free_hisparse_indices, slots)
-            self.device.drop_buffer(req.rid)
+        self._return_buffer(req, self.c4_page_size)
         super().finish(req)
         self.settled.discard(req.rid)
 

@@ -179,12 +179,7 @@ class HiSparseLockstep(PrefillOnly, ReleasesDevicePeers, Lockstep):
     def finish(self, req: ReqRef) -> None:
         """The request ends: its device buffer, if any, goes back
         (``free_hisparse_indices``), then its row is freed as in the core."""
-        buffer = self.device.buffers.get(req.rid)
-        if buffer is not None:
-            ps = self.page_size
-            slots = torch.tensor([p * ps + k for p in buffer for k in range(ps)], dtype=torch.int64, device=self.rows.device)
-            self._call(f"free_hisparse_indices({req!r} device buffer)", self.allocator.free_hisparse_indices, slots)
-            self.device.drop_buffer(req.rid)
+        self._return_buffer(req, self.page_size)
         super().finish(req)
 
     # -- what the rules may act on --

@@ -18,6 +18,7 @@ class, for checking that the harness catches it.
 """
 
 from allocators.base import Mutant, SlotAllocator
+from allocators.dsv4_hisparse import DSV4_HISPARSE_MUTANTS, DSV4HiSparseAllocator
 from allocators.hisparse import HISPARSE_MUTANTS, HiSparseAllocator
 from allocators.mamba import MAMBA_MUTANTS, MambaSlotAllocator
 from allocators.multi_ended import MULTI_ENDED_MUTANTS, MultiEndedAllocator
@@ -31,6 +32,7 @@ from allocators.unified_swa import UNIFIED_SWA_MUTANTS, UnifiedSWAAllocator
 
 __all__ = [
     "BUILTINS",
+    "DSV4HiSparseAllocator",
     "HiSparseAllocator",
     "MambaSlotAllocator",
     "MultiEndedAllocator",
@@ -53,6 +55,7 @@ BUILTINS: dict[str, tuple[type, dict[str, Mutant]]] = {
     "swa": (SWAAllocator, SWA_MUTANTS),
     "pure-swa": (PureSWAAllocator, PURE_SWA_MUTANTS),
     "hisparse": (HiSparseAllocator, HISPARSE_MUTANTS),
+    "dsv4-hisparse": (DSV4HiSparseAllocator, DSV4_HISPARSE_MUTANTS),
     "npu": (NPUPagedAllocator, NPU_MUTANTS),
     "mamba": (MambaSlotAllocator, MAMBA_MUTANTS),
     "page-interleave": (PageInterleaveAllocator, PAGE_INTERLEAVE_MUTANTS),

@@ -59,9 +59,10 @@ class DeviceSide(SWASide):
     def violations(self) -> list[str]:
         out = []
         buffered = [p for pages in self.buffers.values() for p in pages]
-        seen = Counter(list(self.mapping.values()) + buffered + list(self.free))
+        # Queued: released inside a free group (a wrapper that defers frees).
+        seen = Counter(list(self.mapping.values()) + buffered + self.ledger.queued_pages() + list(self.free))
         if twice := sorted(p for p, n in seen.items() if n > 1):
-            out.append(f"device pages {twice} are mapped, in a buffer or free more than once")
+            out.append(f"device pages {twice} are mapped, in a buffer, queued or free more than once")
         if set(seen) != set(self.universe):
             out.append(f"device pages tracked {len(seen)} / device pool {len(self.universe)}")
         for page, peer in self.mapping.items():

@@ -305,7 +305,8 @@ def hisparse_mapping_consistent(mapping: list[int], page_size: int, logical, dev
         got = mapping[page * ps : (page + 1) * ps]
         if page in device.mapping:
             peer = device.mapping[page]
-            want = [peer * ps + k for k in range(ps)]
+            # A page an extend left partly used maps only its tokens' slots.
+            want = _page_map(peer, device.filled_slots(page, ps), ps)
             if got != want:
                 return f"logical page {page} ({logical.owner[page]}) maps to device slots {got} / its device page {peer}: {want}"
         elif any(got):
@@ -322,6 +323,68 @@ def device_buffer_keeps_token_slots(what: str, got: list[int], kept: list[int], 
     if len(got) == n and got[: len(want)] == want and _whole_pages(got[len(want) :], ps):
         return None
     return f"{what} returned {got[:16]} ({len(got)} slots) / {n} slots, starting with the row's device slots {want[:16]}"
+
+
+def compressed_new_pages_mapped(what: str, pages: list[int], got: list[list[int]], filled: list[int], c4_page_size: int) -> str | None:
+    """Each logical page whose first compressed token a step wrote maps its
+    first ``filled[i]`` compressed slots, slot by slot, onto one device page
+    (never the padding page 0), the rest onto nothing.  ``got[i]`` is the
+    allocator's mapping of page ``pages[i]``'s compressed slots."""
+    hps = c4_page_size
+    for page, slots, fill in zip(pages, got, filled):
+        device_page = slots[0] // hps
+        if slots != _page_map(device_page, fill, hps) or device_page == 0:
+            return f"{what} mapped logical page {page}'s (compressed) slots to device slots {slots} / {fill} onto one device page past page 0, the rest onto nothing"
+    return None
+
+
+def compressed_mapping_consistent(mapping: list[int], c4_page_size: int, logical, device) -> str | None:
+    """Every logical page with a device peer maps its first ``filled``
+    compressed slots onto it, slot by slot, the rest onto nothing; a page
+    whose release is queued in the open group maps to its queued peer or to
+    nothing; every other page maps to nothing; the entry past the pool stays
+    -1 (what a ``last_loc`` of -1 translates to).  ``logical`` is the full
+    pool's ``OwnershipModel``, ``device`` its ``DeviceSide`` (in compressed
+    pages)."""
+    hps = c4_page_size
+    if mapping[-1] != -1:
+        return f"the mapping's last entry is {mapping[-1]} / -1, what a last_loc of -1 translates to"
+    for page in sorted(logical.owner):
+        got = mapping[page * hps : (page + 1) * hps]
+        peer = device.mapping.get(page)
+        if peer is None and any(got):
+            peer = device.pending_map.get(page)
+        if peer is None:
+            if any(got):
+                return f"logical page {page} ({logical.owner[page]}) maps to device slots {got} / nothing: it has no device page"
+            continue
+        want = _page_map(peer, device.filled_slots(page, hps), hps)
+        if got != want:
+            return f"logical page {page} ({logical.owner[page]}) maps to device slots {got} / its device page {peer}: {want}"
+    return None
+
+
+def compressed_available_size_agrees(available: int, logical_available: int, device_available: int, ratio: int) -> str | None:
+    if available == min(logical_available, device_available * ratio):
+        return None
+    return f"available_size() {available} / min(logical {logical_available}, device {device_available} x {ratio})"
+
+
+def device_buffer_slots_distinct(what: str, got: list[int]) -> str | None:
+    """A device buffer's slots are distinct: two buffer positions on one
+    device slot would write one token's KV over another's."""
+    if twice := sorted(s for s, k in Counter(got).items() if k > 1):
+        return f"{what} returned slots {_show(twice)} more than once ({got[:16]}) / {len(got)} distinct slots"
+    return None
+
+
+def device_buffer_as_planned(what: str, got: list[int], head: list[int], n: int, c4_page_size: int) -> str | None:
+    """``alloc_device_buffer(row, n)`` returns ``n`` slots: first ``head``
+    (the row's device slots, the newest at the reserved page's start, the
+    last page completed; ``buffer_plan``), then whole fresh pages."""
+    if len(got) == n and got[: len(head)] == head and _whole_pages(got[len(head) :], c4_page_size):
+        return None
+    return f"{what} returned {got[:16]} ({len(got)} slots) / {n} slots, starting with {head[:16]}"
 
 
 def slots_were_available(pages: list[int], model) -> str | None:

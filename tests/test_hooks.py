@@ -177,4 +177,4 @@ def test_a_swa_request_ending_mid_page_grows_by_extend_not_alloc():
     state = build(target="builtin:swa", page_size=4)
     req = state.admit()
     state.extend(reqs=[req], tokens=[1])
-    assert req not in state.alloc_growable() and req in state.extendable()
+    assert req not in state.allocatable() and req in state.extendable()

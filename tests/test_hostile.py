@@ -92,7 +92,6 @@ NPU = hostile(("config.target", "builtin:npu"))
 SWA = hostile(("config.target", "builtin:swa"))
 # Mamba's harness has no decode rule; HiSparse's declares extend and does not model it.
 MAMBA = hostile(("config.target", "builtin:mamba"))
-HISPARSE = hostile(("config.target", "builtin:hisparse"))
 
 HOSTILE = {
     "not an object": ([1, 2], "not a JSON object"),
@@ -215,8 +214,6 @@ NOT_APPLICABLE = {
                                             ("steps.1", {"rule": "decode", "args": {"reqs": ["req_0"]}})), "has no alloc_decode"),
     "decode off its harness": (hostile(("steps.1", {"rule": "decode", "args": {"reqs": ["req_0"]}}), base=MAMBA),
                                "rule 'decode' does not exist for builtin:mamba"),
-    "extend off its harness": (hostile(("steps.1", {"rule": "extend", "args": {"reqs": ["req_0"], "tokens": [1]}}), base=HISPARSE),
-                               "harness does not model extend"),
     "extend past the row": (hostile(("steps.1", {"rule": "extend", "args": {"reqs": ["req_0"], "tokens": [11]}})),
                             "11 more do not fit in a row of 12"),
     "decode before prefill": (hostile(("steps.0", {"rule": "admit", "args": {}, "returns": "req_0"}),

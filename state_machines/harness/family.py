@@ -16,7 +16,7 @@ from attrs import frozen
 
 from state_machines import targets
 from state_machines.config import Config
-from state_machines.harness import hisparse, mamba, page_interleave, pure_swa, swa, unified, unified_hybrid
+from state_machines.harness import dsv4_hisparse, hisparse, mamba, page_interleave, pure_swa, swa, unified, unified_hybrid
 from state_machines.harness.hooks import HOOK_STEPS
 from state_machines.harness.lockstep import Lockstep
 from state_machines.harness.machines import (
@@ -51,6 +51,8 @@ def register(family: Family) -> None:
 
 register(Family("unified", unified.UnifiedLockstep, unified.UnifiedMachine, unified.is_unified, "virtual page ids over compacting physical pages"))
 register(Family("mamba", mamba.MambaLockstep, mamba.MambaMachine, mamba.is_mamba, "state slots with allocation groups"))
+register(Family("dsv4_hisparse", dsv4_hisparse.DSV4HiSparseLockstep, dsv4_hisparse.DSV4HiSparseMachine, dsv4_hisparse.is_dsv4_hisparse,
+                "an SWA pair + a compressed device pool, device buffers"))
 register(Family("hisparse", hisparse.HiSparseLockstep, hisparse.HiSparseMachine, hisparse.is_hisparse, "logical + device pools, device buffers"))
 register(Family("page_interleave", page_interleave.PageInterleaveLockstep, page_interleave.PageInterleaveMachine,
                 page_interleave.is_page_interleave, "per-owner-class free lists, alloc_extend with rotation bases"))

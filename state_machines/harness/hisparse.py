@@ -15,19 +15,22 @@ go, its logical pages stay).  A request with a device buffer gives it back
 ``HiSparseMachine``).  At a page size above 1, where sglang's
 ``alloc()`` is page-size-1 only, ``alloc`` goes through ``alloc_extend``
 (one request, its row page-aligned) when the allocator has one.  ``decode``
-runs as the core's; the batched ``extend`` (token-by-token mapping) is not
-modelled.
+runs as the core's; the batched ``extend`` maps token by token, so a page
+an extend leaves partly used maps only its tokens' slots, and a request is
+extended only in its prefill (before a logical-only decode, its device
+buffer or an abort), as the coordinator orders it.
 """
 
 from __future__ import annotations
 
 import torch
-from attrs import define
+from attrs import define, field
 
 from reference_model import invariants
 from reference_model.census import Census
 from reference_model.hisparse import DeviceSide
-from state_machines.harness.drawing import rematch_among
+from state_machines.harness.drawing import PrefillOnly, ReleasesDevicePeers, rematch_among
+from state_machines.harness.dsv4_hisparse import map_growth
 from state_machines.harness.lockstep import Lockstep, Pool, census_of, ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, _pick, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
@@ -37,22 +40,19 @@ DEVICE = dict(name="device_no_slot_handed_out_twice", label="device pool: ")
 
 
 @define
-class HiSparseLockstep(Lockstep):
+class HiSparseLockstep(PrefillOnly, ReleasesDevicePeers, Lockstep):
     device: DeviceSide | None = None
 
-    # Decode is modelled (a page-size-1 decode maps device pages); a batched
-    # extend is not, for two reasons (read on 0.5.23):
-    # - it maps token by token (hisparse.py:254): an extend ending mid-page
-    #   leaves the page's tail slots unmapped until a later extend fills
-    #   them, and ``DeviceSide`` maps whole pages (``hisparse_mapping_consistent``
-    #   compares every slot of a page);
-    # - it continues the device page at ``mapping[last_loc] + 1``
-    #   (``get_last_loc_hisparse_device``, hisparse.py:241), which is 0 once
-    #   a request's mapping is gone (a device buffer, ``free_hisparse``, a
-    #   logical-only decode page): the caller extends only in prefill,
-    #   before those, an ordering this machine does not keep.  Driving it
-    #   without both would raise false alarms.
-    caller_steps = ("decode",)
+    # A batched extend maps token by token (hisparse.py:254 in 0.5.23): an
+    # extend ending mid-page maps only its tokens' slots (``DeviceSide``
+    # keeps each page's fill), and the next one continues the device page
+    # at ``mapping[last_loc] + 1`` (hisparse.py:241), which is 0 once a
+    # request's mapping is gone (a device buffer, ``free_hisparse``, a
+    # logical-only decode page).  So, as the coordinator orders it, a
+    # request is extended only in its prefill (``settled`` after those).
+    caller_steps = ("decode", "extend")
+    # Requests past their prefill: never extended again.
+    settled: set[int] = field(factory=set)
     alloc_extends = True
     # Set while a call takes logical pages only (alloc_decode).
     logical_only: bool = False
@@ -109,6 +109,19 @@ class HiSparseLockstep(Lockstep):
         new = [p for r in reqs for p in self.model.requests[r.rid].own[before[r.rid]:]]
         if new and not logical_only:
             self._map_new(f"alloc({len(reqs)})", new)
+        if logical_only:
+            # Its new tokens map nothing: an extend would continue from nothing.
+            self.settled.update(r.rid for r in reqs)
+
+    @step
+    def extend(self, reqs: list[ReqRef], tokens: list[int]) -> None:
+        """One prefill batch, as the core's; each new logical slot maps to a
+        device slot: a page takes a device page with its first token, a
+        continued page's slots continue its device page."""
+        ps = self.page_size
+        spans = [(r, self.model.tokens(r.rid, ps), self.model.tokens(r.rid, ps) + k) for r, k in zip(reqs, tokens)]
+        super().extend(reqs, tokens)
+        map_growth(self, self.device, self.mapping, "extend", spans, 1, ps, **DEVICE)
 
     @step
     def alloc(self, n: int, req: ReqRef | None = None, prefix: EntryRef | None = None) -> ReqRef | None:
@@ -149,6 +162,7 @@ class HiSparseLockstep(Lockstep):
         extra = [got[i] // ps for i in range(len(kept) * ps, n, ps)]
         self._judge(invariants.no_slot_handed_out_twice, extra, self.device, **DEVICE)
         self.device.give_buffer(req.rid, kept, extra, surplus)
+        self.settled.add(req.rid)
 
     @step
     def free_hisparse(self, req: ReqRef) -> None:
@@ -159,26 +173,14 @@ class HiSparseLockstep(Lockstep):
         view = self.rows[row, :length]
         self._call(f"free_hisparse(req_to_token[{row}, :{length}])", self.allocator.free_hisparse, view)
         self.device.release(self.model.requests[req.rid].pages, "free")
+        self.settled.add(req.rid)
 
     @step
     def finish(self, req: ReqRef) -> None:
         """The request ends: its device buffer, if any, goes back
         (``free_hisparse_indices``), then its row is freed as in the core."""
-        buffer = self.device.buffers.get(req.rid)
-        if buffer is not None:
-            ps = self.page_size
-            slots = torch.tensor([p * ps + k for p in buffer for k in range(ps)], dtype=torch.int64, device=self.rows.device)
-            self._call(f"free_hisparse_indices({req!r} device buffer)", self.allocator.free_hisparse_indices, slots)
-            self.device.drop_buffer(req.rid)
+        self._return_buffer(req, self.page_size)
         super().finish(req)
-
-    def _give_back(self, row: int, start: int, end: int, pages: list[int], *, segment: bool) -> None:
-        super()._give_back(row, start, end, pages, segment=segment)
-        self.device.release(pages, "free")
-
-    def _evict_slots(self, entry: EntryRef, slots, pages) -> None:
-        super()._evict_slots(entry, slots, pages)
-        self.device.release(pages, "evict")
 
     # -- what the rules may act on --
 
@@ -198,6 +200,8 @@ class HiSparseLockstep(Lockstep):
         entry = args.get("entry")
         if rule == "rematch" and entry is not None and entry.eid in self.model.requests[req.rid].locks:
             return f"{req!r} already holds {entry!r} in its row"
+        if why := self.prefill_step_not_applicable(rule, args):
+            return why
         if rule in ("device_buffer", "free_hisparse") and req.rid in self.device.buffers:
             return f"{req!r} already has a device buffer"
         if rule == "device_buffer" and self.buffer_shortfall(req, args["n"]) > self.device.num_free:
@@ -221,10 +225,10 @@ class HiSparseMachine(FreeGroupMachine):
 
     # A radix match extends a prefix with entries it does not hold yet; an
     # entry twice in one row would hand alloc_device_buffer a slot twice.
-    @draws(guard=lambda s: s.with_own_pages(), which=PICKS, dup=(0, MAX_PAGES), entry=PICKS)
+    @draws(guard=lambda s: s.aligned(), which=PICKS, dup=(0, MAX_PAGES), entry=PICKS)
     def rematch(self, which, dup, entry):
         s = self.state
-        rematch_among(self, s.with_own_pages(), which, dup, entry, lambda req, e: e.eid not in s.model.requests[req.rid].locks)
+        rematch_among(self, s.aligned(), which, dup, entry, lambda req, e: e.eid not in s.model.requests[req.rid].locks)
 
     @draws(guard=lambda s: s.unbuffered(), which=PICKS, pages=(1, MAX_PAGES + 2))
     def device_buffer(self, which, pages):

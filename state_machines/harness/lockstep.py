@@ -245,6 +245,8 @@ class Pool:
     model: Any
     prefix: str = ""
     label: str = ""
+    # Its page size, where not the configuration's (a compressed pool's).
+    page_size: int | None = None
 
 
 @define
@@ -357,9 +359,10 @@ class Lockstep:
         here; a family whose callers grow fewer narrows it)."""
         return self.live()
 
-    def alloc_growable(self) -> list[ReqRef]:
-        """Live requests an ``alloc`` may grow by whole pages (those
-        ``extendable`` gives, unless a family narrows it)."""
+    def allocatable(self) -> list[ReqRef]:
+        """Live requests an ``alloc`` may grow from their page-aligned end
+        (``extendable()`` here; a family whose caller never skips the rest
+        of a partly used page narrows it)."""
         return self.extendable()
 
     def with_own_pages(self) -> list[ReqRef]:
@@ -823,7 +826,8 @@ class Lockstep:
             census = self._call(f"{pool.prefix}census", read_census, pool.allocator, pool.model)
             available = int(self._call(f"{pool.prefix}available_size()", pool.allocator.available_size))
             for predicate in CHECKS:
-                self._judge(predicate, census, available, self.page_size, pool.model, name=pool.prefix + predicate.__name__, label=pool.label)
+                self._judge(predicate, census, available, pool.page_size or self.page_size, pool.model,
+                            name=pool.prefix + predicate.__name__, label=pool.label)
             censuses.append(census)
         self.check_joint(censuses)
 

@@ -146,7 +146,7 @@ class FreeGroupMachine(RuleBasedStateMachine):
         # who: 0 starts a request; 1..4 extends a live one; 5..8 starts one
         # on a cached prefix.  One draw, and it shrinks toward a new request.
         s = self.state
-        live = s.alloc_growable()
+        live = s.allocatable()
         if (1 <= who <= 4 and live) or not s.free_rows():
             if not live:
                 return

@@ -386,7 +386,7 @@ class SWALockstep(Lockstep):
         pages = sum(self.model.decode_needs_page(r.rid, self.page_size) for r in reqs)
         return not self._short(pages)
 
-    def alloc_growable(self) -> list[ReqRef]:
+    def allocatable(self) -> list[ReqRef]:
         """Above page size 1 ``alloc`` is an ``alloc_extend`` from the
         request's page-aligned end, so a request whose last page is partly
         used is grown by ``extend`` only: its caller passes the real length,
@@ -414,7 +414,7 @@ class SWALockstep(Lockstep):
         ps = self.page_size
         if rule == "decode" and not self.decode_fits(args["reqs"]):
             return "a pool is short of the batch's new pages: the scheduler retracts requests before such a decode"
-        if rule == "alloc" and args.get("req") is not None and args["req"] not in self.alloc_growable():
+        if rule == "alloc" and args.get("req") is not None and args["req"] not in self.allocatable():
             return f"{args['req']!r} ends mid-page: above page size 1 the caller grows it with extend"
         if rule == "remap":
             entry = args["entry"]
@@ -468,21 +468,22 @@ def _one_page(allocator):
     return allocator.alloc_extend(zero, zero, page, page, none, ps)
 
 
-def free_swa_defers(allocator) -> bool:
+def free_swa_defers(allocator, swa_pool=lambda a: a.swa_attn_allocator) -> bool:
     """Whether ``free_swa()`` inside an open free group queues the SWA
     release (True) or releases the slots at once (False), probed on a
     throwaway copy.  Both keep ownership sound: an immediate release frees
     exactly the slid slots and clears their mapping.  A probe that cannot
-    run reads as queuing, the stricter model."""
+    run reads as queuing, the stricter model.  ``swa_pool`` reads the
+    SWA pool off the allocator (a wrapper keeps it one level down)."""
     try:
         probe = copy.deepcopy(allocator)
         slots = _one_page(probe)
         if slots is None:
             return True
-        before = int(probe.swa_attn_allocator.available_size())
+        before = int(swa_pool(probe).available_size())
         probe.free_group_begin()
         probe.free_swa(slots.clone())
-        return int(probe.swa_attn_allocator.available_size()) == before
+        return int(swa_pool(probe).available_size()) == before
     except Exception:  # noqa: BLE001 - the run itself reports what raises
         return True
 

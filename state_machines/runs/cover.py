@@ -176,9 +176,10 @@ def _summary(text: str, code: int) -> str:
     return f"exit {code}"
 
 
-def cover_release(release: Path, *, max_examples: int, seed: int, trace_dir: str, out=None) -> int:
-    """Fuzz every kind of ``release`` with coverage, each in its own worker,
-    and print the per-kind results and one table of the union."""
+def cover_release(release: Path, *, max_examples: int, seed: int, trace_dir: str, out=None, kinds: str | None = None) -> int:
+    """Fuzz every kind of ``release`` (or those ``kinds`` names: ``KIND`` or
+    ``KIND:PAGE_SIZE``, comma-separated) with coverage, each in its own
+    worker, and print the per-kind results and one table of the union."""
     from state_machines.runs.watchdog import fuzz_watched
     from state_machines.targets import sglang
 
@@ -187,7 +188,10 @@ def cover_release(release: Path, *, max_examples: int, seed: int, trace_dir: str
     seen: dict[str, set[int]] = {}
     print(f"statement coverage of sglang {release.name}'s allocator code, {max_examples} examples per kind, seed {seed}",
           file=out)
+    wanted = [k.strip() for k in kinds.split(",")] if kinds else None
     for kind, page_size in sglang.gate_kinds():
+        if wanted is not None and kind not in wanted and f"{kind}:{page_size}" not in wanted:
+            continue
         config = Config(target=f"sglang:{kind}", page_size=page_size, sglang_path=str(release))
         buffer = io.StringIO()
         started = time.monotonic()
@@ -204,6 +208,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-examples", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trace-dir", default=".kv-lockstep/traces/coverage")
+    parser.add_argument("--kinds", help="only these kinds, comma-separated: KIND (each gated page size) or KIND:PAGE_SIZE")
     args = parser.parse_args(argv)
     if reason := missing():
         print(f"kv-lockstep: error: {reason}", file=sys.stderr)
@@ -213,7 +218,8 @@ def main(argv=None) -> int:
         print(f"kv-lockstep: error: no sglang release at {release or SGLANG_ROOT}: run `make sglang V=<version>`",
               file=sys.stderr)
         return 2
-    return cover_release(release.resolve(), max_examples=args.max_examples, seed=args.seed, trace_dir=args.trace_dir)
+    return cover_release(release.resolve(), max_examples=args.max_examples, seed=args.seed, trace_dir=args.trace_dir,
+                         kinds=args.kinds)
 
 
 if __name__ == "__main__":

@@ -86,6 +86,7 @@ _UNITS = {
     ("extend_swa_tail", "tokens"): SPAN,
     ("extend_swa_tail", "tail"): SPAN0,
     ("device_buffer", "n"): SLOTS,
+    ("device_buffer_pages", "pages"): PAGES,
     ("alloc_group_begin", "n"): PAGES0,
     ("alloc_physical", "n"): SLOTS,
     ("free_physical", "loan"): PAGES0,

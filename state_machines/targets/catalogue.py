@@ -11,7 +11,10 @@ def _token_only(name):
 
 def _page_sizes(name):
     # Page size 2 too where alloc_extend runs: a page's partial fills differ most there.
-    return (1, 2, 4) if hasattr(allocators.BUILTINS[name][0], "alloc_extend") else (1, 4)
+    cls = allocators.BUILTINS[name][0]
+    if getattr(cls, "page_sizes", None):
+        return cls.page_sizes
+    return (1, 2, 4) if hasattr(cls, "alloc_extend") else (1, 4)
 
 
 def clean_configs():

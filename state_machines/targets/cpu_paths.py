@@ -78,11 +78,12 @@ def _alloc_decode_on_cpu(new_pages):
     return alloc_decode
 
 
-def cpu_kernels(allocator, page_size: int) -> list[str]:
+def cpu_kernels(allocator, page_size: int, *, at_page_size_one: bool = False) -> list[str]:
     """Give a paged allocator whose ``alloc_extend`` / ``alloc_decode`` cannot
     run here (Triton, no CPU path) a CPU stand-in with the same contract, on
-    this instance only; returns what it replaced, with why."""
-    if page_size == 1 or not callable(getattr(allocator, "alloc_extend", None)):
+    this instance only; returns what it replaced, with why.  At page size 1
+    only with ``at_page_size_one`` (a pool whose caller extends it there)."""
+    if (page_size == 1 and not at_page_size_one) or not callable(getattr(allocator, "alloc_extend", None)):
         return []
     module = sys.modules[type(allocator).__module__]
     naive, new_pages = getattr(module, "alloc_extend_naive", None), getattr(module, "get_num_new_pages", None)

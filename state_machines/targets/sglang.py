@@ -37,6 +37,8 @@ MODULES = {
     # one pool of SWA pages, HiSparse pairs, Mamba state slots.
     "pure-swa": "sglang.srt.mem_cache.allocator.swa",
     "hisparse": "sglang.srt.mem_cache.allocator.hisparse",
+    # DeepSeek V4's HiSparse wrapper over an SWA pair (same module).
+    "dsv4-hisparse": "sglang.srt.mem_cache.allocator.hisparse",
     "mamba": "sglang.srt.mem_cache.allocator.mamba",
     # owner-classed pages (logical-page KV sharding), from 0.5.20.
     "page-interleave": "sglang.srt.mem_cache.allocator.page_interleave",
@@ -71,9 +73,15 @@ GATE_PAGE_SIZE = 4
 # allocator allocates through alloc() at 1 and through alloc_extend /
 # alloc_decode above it; the unified sub-pool takes decode and extend through
 # alloc() at 1 and frees by page representatives above it, and so do the
-# unified SWA pool's sub-pools and the lazy unified Mamba pool (sglang's default mode).
+# unified SWA pool's sub-pools and the lazy unified Mamba pool (sglang's default mode);
+# the paged allocator at 1 too, where decode is an alloc() as the caller makes it.
+# DeepSeek V4 HiSparse: the compressed page is a quarter of the logical one;
+# at 16 (compressed pages of 4) a device buffer's reserved page can hold a
+# row's partial last page.
+DSV4_PAGE_SIZES = (4, 8, 16)
 GATE_PAGE_SIZES = {
     "paged": (1, 4), "swa": (1, 4), "multi-ended": (1, 4), "unified-swa": (1, 4), "unified-mamba-lazy": (1, 4),
+    "dsv4-hisparse": DSV4_PAGE_SIZES,
 }
 CLASSES = {
     "token": "TokenToKVPoolAllocator",
@@ -82,6 +90,7 @@ CLASSES = {
     "npu": "NPUPagedTokenToKVPoolAllocator",
     "pure-swa": "PureSWATokenToKVPoolAllocator",
     "hisparse": "HiSparseTokenToKVPoolAllocator",
+    "dsv4-hisparse": "DeepSeekV4HiSparseTokenToKVPoolAllocator",
     "mamba": "MambaSlotAllocator",
     "page-interleave": "PageInterleavePoolAllocator",
     "multi-ended": "MultiEndedAllocator",
@@ -431,9 +440,10 @@ def make_npu(size: int, page_size: int, device: str, need_sort: bool):
         return _construct(_cls("npu"), **_with_kv(_common(size, page_size, device, need_sort), size, page_size))
 
 
-def _swa_standin(base: type):
+def _swa_standin(base: type, **held: Any):
     """Smallest BaseSWAKVPool the SWA allocator's constructor accepts: no
-    sub-pools, and it keeps the full->swa mapping handed to it."""
+    sub-pools, and it keeps the full->swa mapping handed to it; ``held``
+    are more attributes a wrapper reads off it."""
 
     def register_mapping(self, full_to_swa_index_mapping):
         self.full_to_swa_index_mapping = full_to_swa_index_mapping
@@ -459,12 +469,13 @@ def _swa_standin(base: type):
         full_kv_pool=None,
         swa_kv_pool=None,
         full_to_swa_index_mapping=None,
-        __repr__=lambda self: "<SWA kvcache stand-in>",
+        __repr__=lambda self: f"<{base.__name__} stand-in{': ' + ', '.join(held) if held else ''}>",
     )
+    ns.update(held)
     return type("KVLockstepSWAStandIn", (KVCopyStandIn, base), ns)()
 
 
-def make_swa(size: int, page_size: int, device: str, need_sort: bool, size_swa: int | None = None):
+def make_swa(size: int, page_size: int, device: str, need_sort: bool, size_swa: int | None = None, kvcache: Any = None):
     cls = _cls("swa")
     mod = sys.modules[cls.__module__]
     # The pool class the allocator asserts its kvcache is: the abstract base
@@ -473,7 +484,7 @@ def make_swa(size: int, page_size: int, device: str, need_sort: bool, size_swa: 
     if base is None:
         raise TargetError(f"sglang {_info().version}: {mod.__name__} exposes neither BaseSWAKVPool nor SWAKVPool")
     args = _common(size, page_size, device, need_sort)
-    kvcache = _swa_standin(base)
+    kvcache = _swa_standin(base) if kvcache is None else kvcache
     kvcache.kv_lockstep_init(size + 2 * page_size)
     args.update(size_swa=size if size_swa is None else size_swa, kvcache=kvcache)
     # Not under pool_debug(): its pools' last_loc check reads the SWA peer of
@@ -530,6 +541,55 @@ def make_hisparse(size: int, page_size: int, device: str, need_sort: bool):
     standin = _HiSparseKVStandIn()
     allocator = _construct(_cls("hisparse"), **{**_common(size, page_size, device, need_sort), "kvcache": standin})
     standin.allocator = allocator
+    return allocator
+
+
+def _c4_pool_standin(base: type, size: int, page_size: int, device: str):
+    """Smallest ``HiSparseC4DevicePool`` the DeepSeek V4 HiSparse wrapper
+    works over: its ``size``, ``page_size``, ``dtype``, ``device`` and
+    ``compress_ratio``, and its own translate methods, reading the wrapper's
+    mapping (the wrapper registers only a weak proxy of it, which a copy
+    cannot keep); no KV buffers."""
+    import torch
+
+    def unused(name):
+        def method(self, *args, **kwargs):
+            raise NotImplementedError(f"kv-lockstep C4 pool stand-in has no {name}()")
+
+        method.__name__ = name
+        return method
+
+    ns: dict[str, Any] = {name: unused(name) for name in getattr(base, "__abstractmethods__", ())}
+    ns.update(
+        __init__=lambda self: None,
+        size=size, page_size=page_size, dtype=torch.float16, device=device, compress_ratio=4, allocator=None,
+        register_mapping=lambda self, mapping: None,
+        full_to_hisparse_device_index_mapping=property(lambda self: self.allocator.full_to_hisparse_device_index_mapping),
+        __repr__=lambda self: f"<{base.__name__} stand-in: size {self.size}, page_size {self.page_size}>",
+    )
+    return type("KVLockstepC4PoolStandIn", (base,), ns)()
+
+
+def make_dsv4_hisparse(size: int, page_size: int, device: str, need_sort: bool):
+    """``DeepSeekV4HiSparseTokenToKVPoolAllocator`` over ``SWATokenToKVPoolAllocator``
+    (as ``kv_cache_configurator.py`` builds it), whose kvcache is a
+    ``DeepSeekV4TokenToKVPool`` stand-in holding ``c4_kv_pool`` (a
+    ``HiSparseC4DevicePool`` stand-in: half as many pages as the full pool,
+    a quarter of its page size) and ``c4_logical_size`` (``size // 4``)."""
+    cls = _cls("dsv4-hisparse")
+    mod = sys.modules[cls.__module__]
+    if page_size % 4:
+        raise TargetError(f"sglang:dsv4-hisparse needs a page size that is a multiple of 4 (the compress ratio), got {page_size}")
+    hps = page_size // 4
+    c4 = _c4_pool_standin(mod.HiSparseC4DevicePool, max(2, size // page_size // 2) * hps, hps, device)
+    kvcache = _swa_standin(mod.DeepSeekV4TokenToKVPool, c4_kv_pool=c4, c4_logical_size=size // 4)
+    logical = make_swa(size, page_size, device, need_sort, kvcache=kvcache)
+    allocator = _construct(cls, logical_attn_allocator=logical)
+    c4.allocator = allocator
+    # The C4 device pool's alloc_extend may be Triton-only too (to 0.5.20), at any page size.
+    device_kernels = cpu_kernels(allocator.hisparse_attn_allocator, hps, at_page_size_one=True)
+    allocator.kv_lockstep_stand_ins = [repr(kvcache), repr(c4)] + [f"logical_attn_allocator.{line}" for line in logical.kv_lockstep_stand_ins] + [
+        f"hisparse_attn_allocator: {line}" for line in device_kernels]
     return allocator
 
 
@@ -791,6 +851,7 @@ KIND_TARGETS: dict[str, dict[str, Any]] = {
     "swa": dict(family="swa"),
     "pure-swa": dict(family="pure_swa"),
     "hisparse": dict(family="hisparse", defers_frees=False),
+    "dsv4-hisparse": dict(family="dsv4_hisparse", min_page_size=4),
     "mamba": dict(family="mamba", defers_frees=False),
     # Its caller sends page size 1 to alloc(), which raises.
     "page-interleave": dict(family="page_interleave", min_page_size=2),
@@ -810,6 +871,7 @@ FACTORIES: dict[str, Callable[..., Any]] = {
     "npu": make_npu,
     "pure-swa": make_pure_swa,
     "hisparse": make_hisparse,
+    "dsv4-hisparse": make_dsv4_hisparse,
     "mamba": make_mamba,
     "page-interleave": make_page_interleave,
     "multi-ended": make_multi_ended,
@@ -859,6 +921,7 @@ __all__ = [
     "gate_kinds",
     "layout_of",
     "load_sglang",
+    "make_dsv4_hisparse",
     "make_hisparse",
     "make_mamba",
     "make_multi_ended",

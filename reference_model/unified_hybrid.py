@@ -77,6 +77,11 @@ class Arena:
             and low_live * self.low.page_bytes + high_live * self.high.page_bytes <= self.budget_bytes
         )
 
+    def fits_sides(self, full: int, swa: int) -> bool:
+        """``fits`` named by side: ``full`` pages of the full pool and
+        ``swa`` of the SWA pool, whichever end each grows from."""
+        return self.fits(full, swa) if self.low.name.startswith("full") else self.fits(swa, full)
+
 
 # -- predicates: each returns None, or what the allocator says / what the model says --
 
@@ -137,3 +142,104 @@ def unified_bands_disjoint(arena: Arena, low_physical: list[int], high_physical:
         f"{arena.low.name}'s live bytes reach {low_top}, {arena.high.name}'s start at {high_bottom}"
         f" / disjoint byte bands"
     )
+
+
+# -- admission: what the scheduler asks before it allocates --
+
+
+@frozen
+class Demand:
+    """One admission question over the arena: ``full`` and ``swa`` new pages,
+    with at most ``evict_full`` / ``evict_swa`` pages the cache could evict
+    (already capped by the live pages), while ``live_full`` / ``live_swa``
+    are held and ``universe`` virtual ids exist."""
+
+    full: int
+    swa: int
+    live_full: int
+    live_swa: int
+    universe: int
+    evict_full: int = 0
+    evict_swa: int = 0
+
+    def fits(self, arena: Arena, reclaim_full: int = 0, reclaim_swa: int = 0) -> bool:
+        """Whether the demand fits, compacted, once ``reclaim_*`` live pages
+        of each side are evicted: a virtual id per new full page, and both
+        sides' pages in the arena's bytes."""
+        full = self.live_full - reclaim_full + self.full
+        swa = self.live_swa - reclaim_swa + self.swa
+        return full <= self.universe and swa <= self.universe and arena.fits_sides(full, swa)
+
+
+def least_reclaim(arena: Arena, demand: Demand, prefer_swa: bool) -> tuple[int, int] | None:
+    """The eviction the cache must do first, in pages (full, SWA), as sglang
+    documents its plan: nothing when the demand fits now; ``None`` when even
+    evicting all it may does not fit; else, the tree evicting full before
+    SWA, the fewest SWA pages that fit with all evictable full pages gone,
+    then the fewest full pages that fit with those (``prefer_swa``: the
+    fewest full pages first, then the fewest SWA pages)."""
+    if demand.fits(arena):
+        return (0, 0)
+    top_full, top_swa = demand.evict_full, demand.evict_swa
+    if not demand.fits(arena, top_full, top_swa):
+        return None
+
+    def fewest(top: int, ok) -> int:
+        return next(k for k in range(top + 1) if ok(k))
+
+    if prefer_swa:
+        full = fewest(top_full, lambda k: demand.fits(arena, k, top_swa))
+        return (full, fewest(top_swa, lambda k: demand.fits(arena, full, k)))
+    swa = fewest(top_swa, lambda k: demand.fits(arena, top_full, k))
+    return (fewest(top_full, lambda k: demand.fits(arena, k, swa)), swa)
+
+
+def unified_reclaim_plan_agrees(what: str, got: tuple[int, int] | None, want: tuple[int, int] | None) -> str | None:
+    """``reclaim_plan`` names the least eviction (full, SWA pages) after
+    which the demand fits the arena, or ``None`` exactly when none does."""
+    if got == want:
+        return None
+    return f"{what} = {got} pages / the arena says {want if want is not None else 'None (no eviction makes it fit)'}"
+
+
+def unified_admission_agrees(what: str, got: bool, want: bool) -> str | None:
+    """An admission query (``can_reserve``, ``prealloc_fits``,
+    ``prealloc_ceiling_fits``) says yes exactly when the arena holds the demand."""
+    if bool(got) == want:
+        return None
+    return f"{what} = {bool(got)} / the arena {'holds' if want else 'cannot hold'} the demand"
+
+
+def unified_admission_sound(what: str, got: bool, want: bool) -> str | None:
+    """Over a float chain (where the float sits is placement policy the
+    model does not predict), an admission query may say no to what the
+    arena holds, never yes to what it cannot hold."""
+    if not got or want:
+        return None
+    return f"{what} = True / the arena cannot hold the demand (an over-commit)"
+
+
+def unified_allocated_agrees(side: str, allocated_tokens: int, live_pages: int, page_size: int) -> str | None:
+    """A side's capacity less what it has available (``current_*_capacity``
+    - ``*_available_size()``) is the tokens of its live pages."""
+    if allocated_tokens == live_pages * page_size:
+        return None
+    return f"{side} capacity - available = {allocated_tokens} tokens / {live_pages} live pages x {page_size}"
+
+
+def unified_read_path_agrees(side: str, tokens: list[int], got: list[int], v2p: list[int], live: set[int],
+                             page_size: int) -> str | None:
+    """The read path (``translate_kv_loc`` / ``translate_loc_from_full_to_swa``)
+    resolves each token of a live virtual page to its own physical page's
+    slot, and every other token (a tombstone, a free id) to the page-0 sink:
+    a kernel never reads another request's KV through a dead id."""
+    wrong = []
+    for t, p in zip(tokens, got):
+        v = t // page_size
+        want = v2p[v] * page_size + t % page_size if v in live else 0
+        if p != want:
+            wrong.append((t, p, want))
+    if not wrong:
+        return None
+    shown = ", ".join(f"token {t} -> {p} (want {w})" for t, p, w in wrong[:6])
+    return f"{side} read path: {shown} / live pages through v2p, every other token to the sink 0"

@@ -41,12 +41,20 @@ from attrs import define, field
 from reference_model import CHECKS, OwnershipModel, SWASide, invariants
 from reference_model.invariants import available_size_agrees
 from reference_model.mamba import MambaModel
+from reference_model.unified import allocator_accounting_clean
 from reference_model.unified_hybrid import (
     Arena,
+    Demand,
     SubPool,
+    least_reclaim,
+    unified_admission_agrees,
+    unified_admission_sound,
+    unified_allocated_agrees,
     unified_bands_disjoint,
     unified_compacted,
     unified_page_table_bijective,
+    unified_read_path_agrees,
+    unified_reclaim_plan_agrees,
 )
 from state_machines.harness.lockstep import Lockstep, Pool, ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, draws
@@ -56,6 +64,32 @@ from state_machines.targets import probe
 
 # The census checks that hold on a unified pool (see the module docstring).
 UNIFIED_CHECKS = tuple(c for c in CHECKS if c is not available_size_agrees)
+
+# What the ``reserve`` step asks of a two-ended pool (0.5.22 on).
+ADMISSION_METHODS = ("reclaim_plan", "can_reserve", "prealloc_fits", "prealloc_ceiling_fits", "swa_capacity_and_available")
+
+# Why the SWA family's other allocation steps do not run on these pools on CPU.
+DEVICE_ONLY = {
+    "extend_swa_tail": "alloc_extend_swa_tail runs the full side's alloc_extend, a Triton kernel"
+                       " (MultiEndedAllocator.alloc_extend): device-only",
+    "remap": "HiCache load-back binds pages that swa_attn_allocator.alloc_physical reserved; the reservation"
+             " clears only with the H2D copy's CUDA event (set_hicache_transfer_done_event), and until then"
+             " every compaction move asserts moves_blocked(): device-only",
+}
+
+
+class _TreeStandIn:
+    """The two numbers ``prealloc_fits`` reads off the radix cache: how many
+    tokens of each side it could evict."""
+
+    def __init__(self, full: int, swa: int):
+        self.full, self.swa = full, swa
+
+    def full_evictable_size(self) -> int:
+        return self.full
+
+    def swa_evictable_size(self) -> int:
+        return self.swa
 
 
 def sub_pool(allocator) -> SubPool:
@@ -93,9 +127,11 @@ class UnifiedSWALockstep(SWALockstep):
         # free_swa() and free_swa_segment() release at once, inside a group too.
         self.swa_defers = False
         self.stand_ins = list(getattr(a, "kv_lockstep_stand_ins", ()))
+        need = ("can_reserve", "prealloc_fits") if self.float_chain else ADMISSION_METHODS
+        if missing := [m for m in need if not callable(getattr(a, m, None))]:
+            self.disabled_rules["reserve"] = f"{type(a).__name__} has no {', '.join(missing)}"
 
-    # PD decode's tail and HiCache's remap are not modelled over virtual
-    # page tables yet.
+    # Device-only here, each for its reason (DEVICE_ONLY).
     not_modelled = ("extend_swa_tail", "remap")
     # Its alloc_extend is a Triton kernel (no CPU path): an alloc stays alloc().
     alloc_extends = False
@@ -105,7 +141,7 @@ class UnifiedSWALockstep(SWALockstep):
         if step in probe.OPTIONAL and step in self.disabled_rules:
             return self.disabled_rules[step]
         if step in self.not_modelled:
-            return f"the {type(self).__name__} harness does not model {step}"
+            return DEVICE_ONLY[step]
         return super().why_not(step)
 
     # -- censuses --
@@ -159,8 +195,74 @@ class UnifiedSWALockstep(SWALockstep):
                 self._judge(unified_compacted, pool, physical[pool.name], tokens, self.page_size,
                             name=f"{name}_compacted")
         self._judge(unified_bands_disjoint, self.arena, physical[self.arena.low.name], physical[self.arena.high.name])
+        self.check_read_path(live)
+        own = getattr(a, "verify_byte_accounting", None)
+        if callable(own):
+            self._judge(allocator_accounting_clean, self._call("verify_byte_accounting()", own))
+
+    def check_read_path(self, live: dict[str, set[int]]) -> None:
+        """Every token of every virtual page through both read paths, as an
+        attention kernel reads it: live pages to their physical slots,
+        tombstones and free ids to the sink."""
+        a, ps = self.allocator, self.page_size
+        tokens = [v * ps + k for v in sorted(self.universe) for k in range(ps)]
+        loc = torch.tensor(tokens, dtype=torch.int64, device=self.rows.device)
+        for side, name, sub in (("full", "translate_kv_loc", a.full_attn_allocator),
+                                ("swa", "translate_loc_from_full_to_swa", a.swa_attn_allocator)):
+            got = ids(self._call(f"{name}(every virtual token)", getattr(a, name), loc))
+            self._judge(unified_read_path_agrees, side, tokens, got, ids(sub.virtual_to_physical), live[side], ps,
+                        name=f"{side}_read_path_agrees")
 
     # -- steps --
+
+    @step
+    def reserve(self, full: int, swa: int, evict_full: int, evict_swa: int, prefer_swa: bool) -> None:
+        """The scheduler's admission questions for ``full`` and ``swa`` new
+        pages while the cache could evict ``evict_full`` / ``evict_swa``
+        pages: ``reclaim_plan`` (the least eviction first), ``can_reserve``,
+        ``prealloc_fits`` (a budget of what is available plus evictable),
+        ``prealloc_ceiling_fits`` (from an empty pool) and the per-side
+        capacities.  Each answer is the arena's; no page changes hands.
+        Over a float chain only ``can_reserve`` / ``prealloc_fits`` with
+        nothing evictable (its ``can_reserve`` refuses any), judged for
+        soundness: where the float sits is placement policy."""
+        a, ps = self.allocator, self.page_size
+        live_full, live_swa = (len(x) for x in self._live())
+        demand = Demand(full, swa, live_full, live_swa, len(self.universe),
+                        min(evict_full, live_full), min(evict_swa, live_swa))
+        ft, st, ef, es = full * ps, swa * ps, demand.evict_full * ps, demand.evict_swa * ps
+        if self.float_chain:
+            fits = demand.fits(self.arena)
+            got = self._call(f"can_reserve({ft}, {st})", a.can_reserve, ft, st)
+            self._judge(unified_admission_sound, f"can_reserve({ft}, {st})", got, fits)
+            budget = int(self._call("full_available_size()", a.full_available_size))
+            what = f"prealloc_fits(tree, {ft}, {st}, full_budget_tokens={budget})"
+            got = self._call(what, lambda: a.prealloc_fits(_TreeStandIn(0, 0), ft, st, full_budget_tokens=budget))
+            self._judge(unified_admission_sound, what, got, fits)
+            return
+        evictable = f"full_evictable_tokens={ef}, swa_evictable_tokens={es}"
+        what = f"reclaim_plan({ft}, {st}, {evictable}, prefer_swa={prefer_swa})"
+        plan = self._call(what, lambda: a.reclaim_plan(ft, st, full_evictable_tokens=ef, swa_evictable_tokens=es,
+                                                       prefer_swa=prefer_swa))
+        want = least_reclaim(self.arena, demand, prefer_swa)
+        got = None if plan is None else (int(plan[0]) // ps, int(plan[1]) // ps)
+        self._judge(unified_reclaim_plan_agrees, what, got, want)
+        what = f"can_reserve({ft}, {st}, {evictable})"
+        got = self._call(what, lambda: a.can_reserve(ft, st, full_evictable_tokens=ef, swa_evictable_tokens=es))
+        self._judge(unified_admission_agrees, what, got, want is not None)
+        # A budget of what is available plus evictable leaves the ask as it is.
+        budget = int(self._call("full_available_size()", a.full_available_size)) + ef
+        what = f"prealloc_fits(tree, {ft}, {st}, full_budget_tokens={budget})"
+        got = self._call(what, lambda: a.prealloc_fits(_TreeStandIn(ef, es), ft, st, full_budget_tokens=budget))
+        self._judge(unified_admission_agrees, what, got, want is not None)
+        what = f"prealloc_ceiling_fits({ft}, {st})"
+        empty = Demand(full, swa, 0, 0, len(self.universe))
+        self._judge(unified_admission_agrees, what, self._call(what, a.prealloc_ceiling_fits, ft, st),
+                    empty.fits(self.arena))
+        (cap_full, av_full), (cap_swa, av_swa) = self._call(
+            "swa_capacity_and_available()", lambda: a.swa_capacity_and_available(full_capacity=0, swa_capacity=0))
+        self._judge(unified_allocated_agrees, "full", int(cap_full) - int(av_full), live_full, ps, name="full_allocated_agrees")
+        self._judge(unified_allocated_agrees, "swa", int(cap_swa) - int(av_swa), live_swa, ps, name="swa_allocated_agrees")
 
     def _short(self, pages: int) -> bool:
         """Short when the virtual ids run out, or the arena cannot hold
@@ -230,7 +332,12 @@ class UnifiedSWALockstep(SWALockstep):
 
 
 class UnifiedSWAMachine(SWAMachine):
-    """The SWA family's rules over a unified pool."""
+    """The SWA family's rules over a unified pool, plus admission questions."""
+
+    @draws(guard=lambda s: s.runs("reserve"), full=(0, MAX_PAGES), swa=(0, MAX_PAGES), evict_full=(0, MAX_PAGES),
+           evict_swa=(0, MAX_PAGES), prefer_swa=bool)
+    def reserve(self, full, swa, evict_full, evict_swa, prefer_swa):
+        self._do("reserve", full, swa, evict_full, evict_swa, prefer_swa)
 
 
 def is_unified_swa(allocator) -> bool:

@@ -94,7 +94,12 @@ _UNITS = {
     ("mamba_free", "state"): PAGES0,
     ("mamba_group_begin", "n"): PAGES0,
     ("load_back", "n"): SLOTS,
-    ("load_back", "start"): PAGES0,  # a class, taken modulo the shard size as alloc_cyclic takes it
+    ("load_back", "start"): PAGES0,
+    # The unified SWA pool's admission questions (harness/unified_hybrid.py).
+    ("reserve", "full"): PAGES0,
+    ("reserve", "swa"): PAGES0,
+    ("reserve", "evict_full"): PAGES0,
+    ("reserve", "evict_swa"): PAGES0,  # a class, taken modulo the shard size as alloc_cyclic takes it
 }
 
 

@@ -41,6 +41,20 @@ class ArenaSubPool:
     def allocated_count(self) -> int:
         return self.live * self.page_size
 
+    @property
+    def watermark_physical(self) -> int:
+        """The next page the band grows into (sglang's watermark)."""
+        return self.min_page_index + self.live if self.grow_direction == "up" else self.num_pages - self.live - 1
+
+    @property
+    def _free_phys_pages(self) -> torch.Tensor:
+        # Eager: no holes await compaction.
+        return torch.empty(0, dtype=torch.int64, device=self.device)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_pages * self.entry_bytes_per_page
+
     def _band(self, live: int) -> list[int]:
         if self.grow_direction == "up":
             return list(range(self.min_page_index, self.min_page_index + live))
@@ -184,6 +198,21 @@ class UnifiedSWAAllocator:
 
     def full_available_size(self) -> int:
         return self.available_size()
+
+    def reclaim_for_prealloc(self, tree_cache, full_tokens: int, swa_tokens: int) -> str | None:
+        """None when the demand fits after the cache's eviction; this pool
+        compacts eagerly, so nothing else could make room."""
+        ef, es = tree_cache.full_evictable_size(), tree_cache.swa_evictable_size()
+        if self.can_reserve(full_tokens, swa_tokens, full_evictable_tokens=ef, swa_evictable_tokens=es):
+            return None
+        return f"short of ({full_tokens}, {swa_tokens}) tokens"
+
+    def get_extend_allocation_demand(self, prefix_lens_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, *,
+                                     conservative_num_tokens: int, shard_size: int) -> int:
+        """The tokens of the whole new pages an extend touches."""
+        ps = self.page_size
+        pages = sum(-(-int(s) // ps) - -(-int(p) // ps) for p, s in zip(prefix_lens_cpu, seq_lens_cpu))
+        return ps * pages
 
     def swa_capacity_and_available(self, *, full_capacity: int, swa_capacity: int):
         """((full capacity, available), (SWA capacity, available)) in tokens."""

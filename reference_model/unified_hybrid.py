@@ -219,6 +219,15 @@ def unified_admission_sound(what: str, got: bool, want: bool) -> str | None:
     return f"{what} = True / the arena cannot hold the demand (an over-commit)"
 
 
+def unified_extend_demand_agrees(what: str, got: int, prefix: int, seq: int, page_size: int) -> str | None:
+    """An extend from ``prefix`` to ``seq`` tokens asks for the whole new
+    pages it touches: ``page_size`` x (pages of ``seq`` - pages of ``prefix``)."""
+    want = page_size * (-(-seq // page_size) - -(-prefix // page_size))
+    if got == want:
+        return None
+    return f"{what} = {got} tokens / {want} (the new pages from {prefix} to {seq} tokens)"
+
+
 def unified_allocated_agrees(side: str, allocated_tokens: int, live_pages: int, page_size: int) -> str | None:
     """A side's capacity less what it has available (``current_*_capacity``
     - ``*_available_size()``) is the tokens of its live pages."""

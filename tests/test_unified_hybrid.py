@@ -9,11 +9,13 @@ from reference_model.unified_hybrid import (
     SubPool,
     least_reclaim,
     unified_compacted,
+    unified_extend_demand_agrees,
     unified_page_table_bijective,
     unified_read_path_agrees,
 )
 from state_machines.harness import FAMILIES, build
 from state_machines.harness.lockstep import InvariantViolation, ids
+from state_machines.harness.unified_hybrid import _TreeStandIn
 
 FULL = SubPool("full pool", first=1, end=11, page_bytes=16, grows="up")
 SWA = SubPool("swa pool", first=2, end=22, page_bytes=8, grows="down")
@@ -172,6 +174,31 @@ def test_a_tombstone_read_through_the_last_page_is_caught():
     req = state.alloc(n=8)
     with pytest.raises(InvariantViolation, match="swa_read_path_agrees"):
         state.slide(req=req, pages=1)
+
+
+def test_making_room_answers_as_the_arena_does():
+    """With the arena full, reclaim_for_prealloc names a shortfall for one more page pair; after a slide of two, None."""
+    state = build(target="builtin:unified-swa")
+    req = state.alloc(n=6)
+    state.make_room(full=1, swa=1)
+    assert state.allocator.reclaim_for_prealloc(_TreeStandIn(0, 0), 1, 1) is not None
+    state.slide(req=req, pages=2)
+    state.make_room(full=1, swa=1)
+    assert state.allocator.reclaim_for_prealloc(_TreeStandIn(0, 0), 1, 1) is None
+
+
+def test_making_room_the_arena_cannot_hold_is_caught():
+    """The admission-ignores-swa mutant says it made room for 4 SWA pages where 16 bytes are left: admission_agrees."""
+    state = build(target="builtin:unified-swa", mutant="admission-ignores-swa")
+    state.alloc(n=6)
+    with pytest.raises(InvariantViolation, match="admission_agrees"):
+        state.make_room(full=0, swa=4)
+
+
+def test_an_extend_asks_for_the_pages_it_starts():
+    """From 5 to 9 tokens at page size 4 an extend starts one page (4 tokens), not 2 (the pages of 4 new tokens)."""
+    assert unified_extend_demand_agrees("x", 4, 5, 9, 4) is None
+    assert "= 8 tokens / 4" in unified_extend_demand_agrees("x", 8, 5, 9, 4)
 
 
 def test_a_dead_token_must_read_the_sink():

@@ -41,7 +41,7 @@ from attrs import define, field
 from reference_model import CHECKS, OwnershipModel, SWASide, invariants
 from reference_model.invariants import available_size_agrees
 from reference_model.mamba import MambaModel
-from reference_model.unified import allocator_accounting_clean
+from reference_model.unified import allocator_accounting_clean, physical_pages_owned_once, span_within_arena
 from reference_model.unified_hybrid import (
     Arena,
     Demand,
@@ -52,6 +52,7 @@ from reference_model.unified_hybrid import (
     unified_allocated_agrees,
     unified_bands_disjoint,
     unified_compacted,
+    unified_extend_demand_agrees,
     unified_page_table_bijective,
     unified_read_path_agrees,
     unified_reclaim_plan_agrees,
@@ -60,6 +61,7 @@ from state_machines.harness.lockstep import Lockstep, Pool, ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
 from state_machines.harness.swa import SWALockstep, SWAMachine
+from state_machines.harness.unified import arena_bytes, page_tables
 from state_machines.targets import probe
 
 # The census checks that hold on a unified pool (see the module docstring).
@@ -79,17 +81,28 @@ DEVICE_ONLY = {
 
 
 class _TreeStandIn:
-    """The two numbers ``prealloc_fits`` reads off the radix cache: how many
-    tokens of each side it could evict."""
+    """What the allocator's admission and reclaim read off the radix cache:
+    how many tokens of each side it could evict, and whether it shares
+    prefixes.  It never holds anything to evict: ``evict_for_alloc`` is a
+    call no plan over nothing evictable may make."""
 
-    def __init__(self, full: int, swa: int):
-        self.full, self.swa = full, swa
+    def __init__(self, full: int, swa: int, shares: bool = True):
+        self.full, self.swa, self.shares = full, swa, shares
 
     def full_evictable_size(self) -> int:
         return self.full
 
     def swa_evictable_size(self) -> int:
         return self.swa
+
+    def mamba_evictable_size(self) -> int:
+        return 0
+
+    def supports_prefix_sharing(self) -> bool:
+        return self.shares
+
+    def evict_for_alloc(self, params, **_):
+        raise AssertionError(f"evict_for_alloc({params}) asked of a cache with nothing evictable")
 
 
 def sub_pool(allocator) -> SubPool:
@@ -130,6 +143,11 @@ class UnifiedSWALockstep(SWALockstep):
         need = ("can_reserve", "prealloc_fits") if self.float_chain else ADMISSION_METHODS
         if missing := [m for m in need if not callable(getattr(a, m, None))]:
             self.disabled_rules["reserve"] = f"{type(a).__name__} has no {', '.join(missing)}"
+        need = ("evict_to_free_tokens",) if self.float_chain else ("reclaim_for_prealloc",)
+        if missing := [m for m in need if not callable(getattr(a, m, None))]:
+            self.disabled_rules["make_room"] = f"{type(a).__name__} has no {', '.join(missing)}"
+        if not self.lazy:
+            self.disabled_rules["flush"] = "eager compaction: every free compacts at once, a flush has nothing to do"
 
     # Device-only here, each for its reason (DEVICE_ONLY).
     not_modelled = ("extend_swa_tail", "remap")
@@ -190,10 +208,16 @@ class UnifiedSWALockstep(SWALockstep):
             self._judge(unified_page_table_bijective, pool, v2p, p2v, live[name], set(self.universe),
                         name=f"{name}_page_table_bijective")
             physical[pool.name] = [v2p[v] for v in live[name]]
-            if not self.lazy and pool.grows != "float":
+            if pool.grows == "float":
+                continue
+            if not self.lazy:
                 tokens = int(self._call(f"{name} allocated_count()", sub.allocated_count))
                 self._judge(unified_compacted, pool, physical[pool.name], tokens, self.page_size,
                             name=f"{name}_compacted")
+            # An END pool's span holds bound pages and holes (lazy frees not yet compacted), nothing else.
+            tables = self._call(f"{name} page tables", page_tables, sub)
+            self._judge(physical_pages_owned_once, tables, [], name=f"{name}_physical_pages_owned_once")
+            self._judge(span_within_arena, tables, *arena_bytes(sub), name=f"{name}_span_within_arena")
         self._judge(unified_bands_disjoint, self.arena, physical[self.arena.low.name], physical[self.arena.high.name])
         self.check_read_path(live)
         own = getattr(a, "verify_byte_accounting", None)
@@ -259,10 +283,55 @@ class UnifiedSWALockstep(SWALockstep):
         empty = Demand(full, swa, 0, 0, len(self.universe))
         self._judge(unified_admission_agrees, what, self._call(what, a.prealloc_ceiling_fits, ft, st),
                     empty.fits(self.arena))
+        prefix, seq = evict_full * ps + evict_swa % ps, evict_full * ps + evict_swa % ps + full * ps + swa
+        what = f"get_extend_allocation_demand([{prefix}], [{seq}], shard_size=1)"
+        got = self._call(what, lambda: a.get_extend_allocation_demand(
+            torch.tensor([prefix]), torch.tensor([seq]), conservative_num_tokens=seq, shard_size=1))
+        self._judge(unified_extend_demand_agrees, what, int(got), prefix, seq, ps)
         (cap_full, av_full), (cap_swa, av_swa) = self._call(
             "swa_capacity_and_available()", lambda: a.swa_capacity_and_available(full_capacity=0, swa_capacity=0))
         self._judge(unified_allocated_agrees, "full", int(cap_full) - int(av_full), live_full, ps, name="full_allocated_agrees")
         self._judge(unified_allocated_agrees, "swa", int(cap_swa) - int(av_swa), live_swa, ps, name="swa_allocated_agrees")
+
+    @step
+    def make_room(self, full: int, swa: int) -> None:
+        """The scheduler makes room for ``full`` and ``swa`` new pages
+        (outside a free group) over a cache with nothing evictable: PD
+        decode's ``reclaim_for_prealloc`` on a two-ended pool, for a cache
+        that shares no prefix (a chunk cache: its ``evict_to_free_tokens``
+        with a sharing cache reads the server's published memory config,
+        which a bare allocator has none of); ``evict_to_free_tokens`` of
+        ``full`` pages on a float chain (its demand is one page of each side
+        per token).  No eviction; the pool may compact.  The answer is whether
+        the arena holds the demand (over a float chain: never yes to what
+        it cannot hold)."""
+        a, ps = self.allocator, self.page_size
+        live_full, live_swa = (len(x) for x in self._live())
+        tree = _TreeStandIn(0, 0)
+        if self.float_chain:
+            fits = Demand(full, full, live_full, live_swa, len(self.universe)).fits(self.arena)
+            what = f"evict_to_free_tokens(tree, {full * ps})"
+            got = self._call(what, a.evict_to_free_tokens, tree, full * ps)
+            self._judge(unified_admission_sound, what, bool(got), fits)
+            return
+        fits = Demand(full, swa, live_full, live_swa, len(self.universe)).fits(self.arena)
+        what = f"reclaim_for_prealloc(chunk cache, {full * ps}, {swa * ps})"
+        shortfall = self._call(what, a.reclaim_for_prealloc, _TreeStandIn(0, 0, shares=False), full * ps, swa * ps)
+        self._judge(unified_admission_agrees, f"{what} is None", shortfall is None, fits)
+
+    @step
+    def flush(self, urgent: bool) -> None:
+        """Lazy compaction's flushes: the scheduler's idle-time
+        ``flush_opportunistic()`` on the composite, or (urgent) what an
+        allocation that falls short runs, ``flush_for_allocation()`` on each
+        sub-pool.  No virtual id changes hands; pages may move."""
+        a = self.allocator
+        if not urgent:
+            self._call("flush_opportunistic()", a.flush_opportunistic)
+            return
+        for name in ("full_attn_allocator", "swa_attn_allocator", "mamba_allocator"):
+            if (sub := getattr(a, name, None)) is not None:
+                self._call(f"{name}.flush_for_allocation()", sub.flush_for_allocation)
 
     def _short(self, pages: int) -> bool:
         """Short when the virtual ids run out, or the arena cannot hold
@@ -338,6 +407,14 @@ class UnifiedSWAMachine(SWAMachine):
            evict_swa=(0, MAX_PAGES), prefer_swa=bool)
     def reserve(self, full, swa, evict_full, evict_swa, prefer_swa):
         self._do("reserve", full, swa, evict_full, evict_swa, prefer_swa)
+
+    @draws(guard=lambda s: s.runs("make_room") and not s.in_group, full=(0, MAX_PAGES), swa=(0, MAX_PAGES))
+    def make_room(self, full, swa):
+        self._do("make_room", full, swa)
+
+    @draws(guard=lambda s: s.runs("flush"), urgent=bool)
+    def flush(self, urgent):
+        self._do("flush", urgent)
 
 
 def is_unified_swa(allocator) -> bool:

@@ -99,7 +99,9 @@ _UNITS = {
     ("reserve", "full"): PAGES0,
     ("reserve", "swa"): PAGES0,
     ("reserve", "evict_full"): PAGES0,
-    ("reserve", "evict_swa"): PAGES0,  # a class, taken modulo the shard size as alloc_cyclic takes it
+    ("reserve", "evict_swa"): PAGES0,
+    ("make_room", "full"): PAGES0,
+    ("make_room", "swa"): PAGES0,  # a class, taken modulo the shard size as alloc_cyclic takes it
 }
 
 

@@ -45,7 +45,9 @@ MODULES = {
     "multi-ended-eager": "sglang.srt.mem_cache.allocator.unified_sub_pool",
     # the unified hybrid pools (sub-pools in one byte arena).
     "unified-swa": "sglang.srt.mem_cache.allocator.unified_hybrid_swa",
+    "unified-swa-eager": "sglang.srt.mem_cache.allocator.unified_hybrid_swa",
     "unified-mamba-swa": "sglang.srt.mem_cache.allocator.unified_hybrid_swa",
+    "unified-mamba-swa-eager": "sglang.srt.mem_cache.allocator.unified_hybrid_swa",
     "unified-mamba": "sglang.srt.mem_cache.allocator.unified_mamba",
 }
 # The same when mem_cache/allocator.py is one file (sglang up to 0.5.12);
@@ -84,7 +86,9 @@ CLASSES = {
     "multi-ended": "MultiEndedAllocator",
     "multi-ended-eager": "MultiEndedAllocator",
     "unified-swa": "UnifiedSWATokenToKVPoolAllocator",
+    "unified-swa-eager": "UnifiedSWATokenToKVPoolAllocator",
     "unified-mamba-swa": "UnifiedMambaSWATokenToKVPoolAllocator",
+    "unified-mamba-swa-eager": "UnifiedMambaSWATokenToKVPoolAllocator",
     "unified-mamba": "UnifiedMambaTokenToKVPoolAllocator",
 }
 
@@ -620,10 +624,12 @@ def _required(cls: type, name: str) -> bool:
     return param is not None and param.default is inspect.Parameter.empty
 
 
-def _make_unified(kind: str, directions: dict[str, str], size: int, page_size: int, device: str, need_sort: bool):
+def _make_unified(kind: str, directions: dict[str, str], size: int, page_size: int, device: str, need_sort: bool,
+                  lazy_compaction: bool = False):
     """A unified composite over the arena stand-in: its sub-pools (name ->
     grow direction) in ``(size + page_size) * 16`` bytes, so the full side
-    alone would hold ``size`` tokens; eager compaction (the default)."""
+    alone would hold ``size`` tokens; eager compaction (the constructor's
+    default) unless ``lazy_compaction``."""
     cls = _cls(kind)
     if device != "cpu" and not device.startswith("cpu"):
         raise TargetError(f"device {device!r}: sglang targets run on cpu only")
@@ -632,6 +638,8 @@ def _make_unified(kind: str, directions: dict[str, str], size: int, page_size: i
     kvcache = _UnifiedKVStandIn()
     args: dict[str, Any] = dict(unified_buffer=arena, kvcache=kvcache, mamba_kvcache=kvcache.mamba_pool,
                                 device=device, page_size=page_size, need_sort=need_sort)
+    if lazy_compaction:
+        args["lazy_compaction"] = True
     # Static caps where a release requires them (0.5.20's leak check); later releases derive them.
     for name in ("full", "swa"):
         if _required(cls, f"{name}_max_total_num_tokens"):
@@ -642,18 +650,32 @@ def _make_unified(kind: str, directions: dict[str, str], size: int, page_size: i
     return allocator
 
 
-def make_unified_swa(size: int, page_size: int, device: str, need_sort: bool):
+def make_unified_swa(size: int, page_size: int, device: str, need_sort: bool, lazy_compaction: bool = True):
     """``UnifiedSWATokenToKVPoolAllocator``: full (16-byte slots, grows up)
     and SWA (8-byte slots, grows down); both sides together hold about two
-    thirds of what the full side alone would."""
-    return _make_unified("unified-swa", {"full": "up", "swa": "down"}, size, page_size, device, need_sort)
+    thirds of what the full side alone would.  Lazy compaction, as sglang's
+    server builds it (``SGLANG_DISABLE_LAZY_COMPACTION`` unset)."""
+    kind = "unified-swa" if lazy_compaction else "unified-swa-eager"
+    return _make_unified(kind, {"full": "up", "swa": "down"}, size, page_size, device, need_sort, lazy_compaction)
 
 
-def make_unified_mamba_swa(size: int, page_size: int, device: str, need_sort: bool):
+def make_unified_swa_eager(size: int, page_size: int, device: str, need_sort: bool):
+    """The same with eager compaction (``SGLANG_DISABLE_LAZY_COMPACTION=1``)."""
+    return make_unified_swa(size, page_size, device, need_sort, lazy_compaction=False)
+
+
+def make_unified_mamba_swa(size: int, page_size: int, device: str, need_sort: bool, lazy_compaction: bool = True):
     """``UnifiedMambaSWATokenToKVPoolAllocator``: [mamba (32-byte slots, up)
-    | SWA (8, float) | full (16, down)], its sglang chain."""
-    return _make_unified("unified-mamba-swa", {"mamba": "up", "swa": "float", "full": "down"},
-                         size, page_size, device, need_sort)
+    | SWA (8, float) | full (16, down)], its sglang chain; lazy compaction
+    at the ends (sglang's default; the float middle never runs it)."""
+    kind = "unified-mamba-swa" if lazy_compaction else "unified-mamba-swa-eager"
+    return _make_unified(kind, {"mamba": "up", "swa": "float", "full": "down"},
+                         size, page_size, device, need_sort, lazy_compaction)
+
+
+def make_unified_mamba_swa_eager(size: int, page_size: int, device: str, need_sort: bool):
+    """The same with eager compaction (``SGLANG_DISABLE_LAZY_COMPACTION=1``)."""
+    return make_unified_mamba_swa(size, page_size, device, need_sort, lazy_compaction=False)
 
 
 def make_unified_mamba(size: int, page_size: int, device: str, need_sort: bool):
@@ -697,7 +719,9 @@ KIND_TARGETS: dict[str, dict[str, Any]] = {
     "multi-ended": dict(family="unified"),
     "multi-ended-eager": dict(family="unified"),
     "unified-swa": dict(family="unified_swa"),
+    "unified-swa-eager": dict(family="unified_swa"),
     "unified-mamba-swa": dict(family="unified_swa"),
+    "unified-mamba-swa-eager": dict(family="unified_swa"),
     "unified-mamba": dict(family="unified_mamba"),
 }
 
@@ -714,8 +738,10 @@ FACTORIES: dict[str, Callable[..., Any]] = {
     "multi-ended": make_multi_ended,
     "multi-ended-eager": make_multi_ended_eager,
     "unified-swa": make_unified_swa,
+    "unified-swa-eager": make_unified_swa_eager,
     "unified-mamba": make_unified_mamba,
     "unified-mamba-swa": make_unified_mamba_swa,
+    "unified-mamba-swa-eager": make_unified_mamba_swa_eager,
 }
 
 
@@ -769,7 +795,9 @@ __all__ = [
     "make_token",
     "make_unified_mamba",
     "make_unified_mamba_swa",
+    "make_unified_mamba_swa_eager",
     "make_unified_swa",
+    "make_unified_swa_eager",
     "release_files",
     "resolve",
 ]

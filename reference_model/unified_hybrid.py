@@ -4,9 +4,9 @@ Python (no torch).
 sglang's ``UnifiedSWATokenToKVPoolAllocator`` (and its Mamba variant) hand
 out *virtual* page ids, minted by the full sub-pool; each sub-pool binds a
 virtual page to one of its own physical pages through a page table
-(``v2p``, with its inverse ``p2v``).  The full sub-pool grows up from the
-arena's low end, the SWA sub-pool down from its high end, and they share the
-free bytes between them.  A window slide unbinds a virtual page's SWA side
+(``v2p``, with its inverse ``p2v``).  The two sub-pools grow inward from
+the arena's two ends (sglang's factory puts full at the high end, SWA at the
+low end), and they share the free bytes between them.  A window slide unbinds a virtual page's SWA side
 (``v2p == -1``, a tombstone) and gives its bytes back to the shared gap
 while the full side stays live.
 

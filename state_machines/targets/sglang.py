@@ -651,12 +651,14 @@ def _make_unified(kind: str, directions: dict[str, str], size: int, page_size: i
 
 
 def make_unified_swa(size: int, page_size: int, device: str, need_sort: bool, lazy_compaction: bool = True):
-    """``UnifiedSWATokenToKVPoolAllocator``: full (16-byte slots, grows up)
-    and SWA (8-byte slots, grows down); both sides together hold about two
-    thirds of what the full side alone would.  Lazy compaction, as sglang's
-    server builds it (``SGLANG_DISABLE_LAZY_COMPACTION`` unset)."""
+    """``UnifiedSWATokenToKVPoolAllocator``: full (16-byte slots) at the
+    arena's high end, growing down, and SWA (8-byte slots) at its low end,
+    growing up, as sglang's factory places them (``unified_memory_pool.py``,
+    ``full_spec`` / ``swa_spec``); both sides together hold about two thirds
+    of what the full side alone would.  Lazy compaction, as sglang's server
+    builds it (``SGLANG_DISABLE_LAZY_COMPACTION`` unset)."""
     kind = "unified-swa" if lazy_compaction else "unified-swa-eager"
-    return _make_unified(kind, {"full": "up", "swa": "down"}, size, page_size, device, need_sort, lazy_compaction)
+    return _make_unified(kind, {"full": "down", "swa": "up"}, size, page_size, device, need_sort, lazy_compaction)
 
 
 def make_unified_swa_eager(size: int, page_size: int, device: str, need_sort: bool):

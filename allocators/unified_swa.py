@@ -199,6 +199,26 @@ class UnifiedSWAAllocator:
     def full_available_size(self) -> int:
         return self.available_size()
 
+    @property
+    def size_full(self) -> int:
+        return (self.full_attn_allocator.num_pages - self.full_attn_allocator.min_page_index) * self.page_size
+
+    @property
+    def size_swa(self) -> int:
+        return self.size_full
+
+    def max_new_tokens_for_memory(self, input_tokens: int, max_new_tokens: int, *, token_capacity: int,
+                                  sliding_window_size: int | None, chunk_size: int | None) -> int | None:
+        """The most new tokens (up to ``max_new_tokens``) whose request fits
+        an empty pool, a token short of each side's size; no window limit."""
+        def fits(new: int) -> bool:
+            tokens = input_tokens + new + self.page_size
+            return tokens < min(self.size_full, self.size_swa) and self.can_reserve(tokens, tokens, empty_pool=True)
+
+        if not fits(0):
+            return None
+        return max(c for c in range(max_new_tokens + 1) if fits(c))
+
     def reclaim_for_prealloc(self, tree_cache, full_tokens: int, swa_tokens: int) -> str | None:
         """None when the demand fits after the cache's eviction; this pool
         compacts eagerly, so nothing else could make room."""

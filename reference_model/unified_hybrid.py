@@ -228,6 +228,18 @@ def unified_extend_demand_agrees(what: str, got: int, prefix: int, seq: int, pag
     return f"{what} = {got} tokens / {want} (the new pages from {prefix} to {seq} tokens)"
 
 
+def unified_max_new_agrees(what: str, got: int | None, most: int, fitting: list[bool]) -> str | None:
+    """``max_new_tokens_for_memory`` (``fitting[c]``: whether ``c`` new
+    tokens fit an empty pool) is ``None`` exactly when none fit, else a
+    count that fits, either ``most`` or one whose next does not."""
+    if not fitting[0]:
+        return None if got is None else f"{what} = {got} / nothing fits an empty pool: None"
+    if got is not None and 0 <= got <= most and fitting[got] and (got == most or not fitting[got + 1]):
+        return None
+    fits = [c for c in range(most + 1) if fitting[c]]
+    return f"{what} = {got} / fitting counts {_show(fits)} of 0..{most}: a fitting one, {most} or one whose next does not fit"
+
+
 def unified_allocated_agrees(side: str, allocated_tokens: int, live_pages: int, page_size: int) -> str | None:
     """A side's capacity less what it has available (``current_*_capacity``
     - ``*_available_size()``) is the tokens of its live pages."""

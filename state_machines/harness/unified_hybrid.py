@@ -53,6 +53,7 @@ from reference_model.unified_hybrid import (
     unified_bands_disjoint,
     unified_compacted,
     unified_extend_demand_agrees,
+    unified_max_new_agrees,
     unified_page_table_bijective,
     unified_read_path_agrees,
     unified_reclaim_plan_agrees,
@@ -83,11 +84,13 @@ DEVICE_ONLY = {
 class _TreeStandIn:
     """What the allocator's admission and reclaim read off the radix cache:
     how many tokens of each side it could evict, and whether it shares
-    prefixes.  It never holds anything to evict: ``evict_for_alloc`` is a
-    call no plan over nothing evictable may make."""
+    prefixes.  It holds nothing to evict: ``evict_for_alloc`` evicts
+    nothing.  (0.5.20's eviction reads the allocator back off the cache,
+    ``token_to_kv_pool_allocator``.)"""
 
-    def __init__(self, full: int, swa: int, shares: bool = True):
+    def __init__(self, full: int, swa: int, shares: bool = True, allocator=None):
         self.full, self.swa, self.shares = full, swa, shares
+        self.token_to_kv_pool_allocator = allocator
 
     def full_evictable_size(self) -> int:
         return self.full
@@ -101,8 +104,21 @@ class _TreeStandIn:
     def supports_prefix_sharing(self) -> bool:
         return self.shares
 
+    def is_chunk_cache(self) -> bool:
+        return not self.shares
+
     def evict_for_alloc(self, params, **_):
-        raise AssertionError(f"evict_for_alloc({params}) asked of a cache with nothing evictable")
+        """Evicts nothing (there is nothing to evict), and says so."""
+        return _NothingEvicted()
+
+
+@define(frozen=True)
+class _NothingEvicted:
+    """What a radix cache's ``evict_for_alloc`` reports when it evicted nothing."""
+
+    num_tokens_evicted: int = 0
+    swa_num_tokens_evicted: int = 0
+    mamba_num_evicted: int = 0
 
 
 def sub_pool(allocator) -> SubPool:
@@ -255,10 +271,14 @@ class UnifiedSWALockstep(SWALockstep):
         demand = Demand(full, swa, live_full, live_swa, len(self.universe),
                         min(evict_full, live_full), min(evict_swa, live_swa))
         ft, st, ef, es = full * ps, swa * ps, demand.evict_full * ps, demand.evict_swa * ps
+        self._judge_extend_demand(full, swa, evict_full, evict_swa)
         if self.float_chain:
             fits = demand.fits(self.arena)
             got = self._call(f"can_reserve({ft}, {st})", a.can_reserve, ft, st)
             self._judge(unified_admission_sound, f"can_reserve({ft}, {st})", got, fits)
+            what = f"can_reserve({ft}, {st}, full_evictable_tokens={ef}, swa_evictable_tokens={es})"
+            got = self._call(what, lambda: a.can_reserve(ft, st, full_evictable_tokens=ef, swa_evictable_tokens=es))
+            self._judge(unified_admission_sound, what, got, least_reclaim(self.arena, demand, False) is not None)
             budget = int(self._call("full_available_size()", a.full_available_size))
             what = f"prealloc_fits(tree, {ft}, {st}, full_budget_tokens={budget})"
             got = self._call(what, lambda: a.prealloc_fits(_TreeStandIn(0, 0), ft, st, full_budget_tokens=budget))
@@ -283,15 +303,44 @@ class UnifiedSWALockstep(SWALockstep):
         empty = Demand(full, swa, 0, 0, len(self.universe))
         self._judge(unified_admission_agrees, what, self._call(what, a.prealloc_ceiling_fits, ft, st),
                     empty.fits(self.arena))
-        prefix, seq = evict_full * ps + evict_swa % ps, evict_full * ps + evict_swa % ps + full * ps + swa
-        what = f"get_extend_allocation_demand([{prefix}], [{seq}], shard_size=1)"
-        got = self._call(what, lambda: a.get_extend_allocation_demand(
-            torch.tensor([prefix]), torch.tensor([seq]), conservative_num_tokens=seq, shard_size=1))
-        self._judge(unified_extend_demand_agrees, what, int(got), prefix, seq, ps)
+        if callable(getattr(a, "max_new_tokens_for_memory", None)):
+            self._judge_max_new(full * ps + 1, (swa + evict_full) * ps)
         (cap_full, av_full), (cap_swa, av_swa) = self._call(
             "swa_capacity_and_available()", lambda: a.swa_capacity_and_available(full_capacity=0, swa_capacity=0))
         self._judge(unified_allocated_agrees, "full", int(cap_full) - int(av_full), live_full, ps, name="full_allocated_agrees")
         self._judge(unified_allocated_agrees, "swa", int(cap_swa) - int(av_swa), live_swa, ps, name="swa_allocated_agrees")
+
+    def _judge_extend_demand(self, full: int, swa: int, evict_full: int, evict_swa: int) -> None:
+        """``get_extend_allocation_demand`` (0.5.23 on) of an extend the
+        draws describe: from a prefix that may end mid-page."""
+        a, ps = self.allocator, self.page_size
+        if not callable(getattr(a, "get_extend_allocation_demand", None)):
+            return
+        prefix = evict_full * ps + evict_swa % ps
+        seq = prefix + full * ps + swa
+        what = f"get_extend_allocation_demand([{prefix}], [{seq}], shard_size=1)"
+        got = self._call(what, lambda: a.get_extend_allocation_demand(
+            torch.tensor([prefix]), torch.tensor([seq]), conservative_num_tokens=seq, shard_size=1))
+        self._judge(unified_extend_demand_agrees, what, int(got), prefix, seq, self.page_size)
+
+    def _judge_max_new(self, prompt: int, most: int) -> None:
+        """``max_new_tokens_for_memory`` for a ``prompt``-token request, at
+        most ``most`` new tokens, with no window limit (the SWA estimate's
+        full-length branch: both sides reserve prompt + new + a page), on an
+        empty pool: the arena's answer, within the release's one-token slack
+        under ``size_full`` / ``size_swa``."""
+        a, ps = self.allocator, self.page_size
+        what = f"max_new_tokens_for_memory({prompt}, {most}, sliding_window_size=None)"
+        got = self._call(what, lambda: a.max_new_tokens_for_memory(
+            prompt, most, token_capacity=0, sliding_window_size=None, chunk_size=None))
+        size_full, size_swa = int(a.size_full), int(a.size_swa)
+
+        def fits(new: int) -> bool:
+            tokens = prompt + new + ps
+            pages = -(-tokens // ps)
+            return tokens < min(size_full, size_swa) and Demand(pages, pages, 0, 0, len(self.universe)).fits(self.arena)
+
+        self._judge(unified_max_new_agrees, what, got, most, [fits(c) for c in range(most + 2)])
 
     @step
     def make_room(self, full: int, swa: int) -> None:
@@ -307,12 +356,15 @@ class UnifiedSWALockstep(SWALockstep):
         it cannot hold)."""
         a, ps = self.allocator, self.page_size
         live_full, live_swa = (len(x) for x in self._live())
-        tree = _TreeStandIn(0, 0)
+        tree = _TreeStandIn(0, 0, allocator=a)
         if self.float_chain:
             fits = Demand(full, full, live_full, live_swa, len(self.universe)).fits(self.arena)
             what = f"evict_to_free_tokens(tree, {full * ps})"
             got = self._call(what, a.evict_to_free_tokens, tree, full * ps)
             self._judge(unified_admission_sound, what, bool(got), fits)
+            if callable(getattr(a, "prepare_mamba_allocation", None)):
+                # Before a Mamba state is allocated: flush the full end, move the float away if short.
+                self._call(f"prepare_mamba_allocation({swa})", a.prepare_mamba_allocation, swa)
             return
         fits = Demand(full, swa, live_full, live_swa, len(self.universe)).fits(self.arena)
         what = f"reclaim_for_prealloc(chunk cache, {full * ps}, {swa * ps})"

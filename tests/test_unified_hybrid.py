@@ -10,6 +10,7 @@ from reference_model.unified_hybrid import (
     least_reclaim,
     unified_compacted,
     unified_extend_demand_agrees,
+    unified_max_new_agrees,
     unified_page_table_bijective,
     unified_read_path_agrees,
 )
@@ -199,6 +200,14 @@ def test_an_extend_asks_for_the_pages_it_starts():
     """From 5 to 9 tokens at page size 4 an extend starts one page (4 tokens), not 2 (the pages of 4 new tokens)."""
     assert unified_extend_demand_agrees("x", 4, 5, 9, 4) is None
     assert "= 8 tokens / 4" in unified_extend_demand_agrees("x", 8, 5, 9, 4)
+
+
+def test_max_new_tokens_must_stop_where_the_next_does_not_fit():
+    """Counts 0..2 fit, 3 does not: 2 is the answer, 1 is not (2 fits too), and nothing fitting wants None."""
+    fitting = [True, True, True, False, False, False]
+    assert unified_max_new_agrees("m", 2, 4, fitting) is None
+    assert "fitting counts [0, 1, 2]" in unified_max_new_agrees("m", 1, 4, fitting)
+    assert unified_max_new_agrees("m", None, 4, [False] * 6) is None
 
 
 def test_a_dead_token_must_read_the_sink():

@@ -41,6 +41,20 @@ class ArenaSubPool:
     def allocated_count(self) -> int:
         return self.live * self.page_size
 
+    @property
+    def watermark_physical(self) -> int:
+        """The next page the band grows into (sglang's watermark)."""
+        return self.min_page_index + self.live if self.grow_direction == "up" else self.num_pages - self.live - 1
+
+    @property
+    def _free_phys_pages(self) -> torch.Tensor:
+        # Eager: no holes await compaction.
+        return torch.empty(0, dtype=torch.int64, device=self.device)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_pages * self.entry_bytes_per_page
+
     def _band(self, live: int) -> list[int]:
         if self.grow_direction == "up":
             return list(range(self.min_page_index, self.min_page_index + live))
@@ -122,13 +136,123 @@ class UnifiedSWAAllocator:
     # -- capacity --
 
     def _fits(self, pages: int) -> bool:
+        fa = self.full_attn_allocator
+        return pages <= len(fa.free_virtual_ids) and self._holds(fa.live + pages, self.swa_attn_allocator.live + pages)
+
+    def _holds(self, full: int, swa: int) -> bool:
+        """Whether ``full`` and ``swa`` live pages fit, each in its index
+        range and virtual ids, both in the arena's bytes."""
         fa, sa = self.full_attn_allocator, self.swa_attn_allocator
+        ids = fa.num_pages - fa.min_page_index
         return (
-            pages <= len(fa.free_virtual_ids)
-            and fa.live + pages <= fa.num_pages - fa.min_page_index
-            and sa.live + pages <= sa.num_pages - sa.min_page_index
-            and (fa.live + pages) * fa.entry_bytes_per_page + (sa.live + pages) * sa.entry_bytes_per_page <= self.budget
+            full <= ids
+            and swa <= min(ids, sa.num_pages - sa.min_page_index)
+            and full * fa.entry_bytes_per_page + swa * sa.entry_bytes_per_page <= self.budget
         )
+
+    def _demand_fits(self, full: int, swa: int, reclaim_full: int = 0, reclaim_swa: int = 0) -> bool:
+        return self._holds(self.full_attn_allocator.live - reclaim_full + full,
+                           self.swa_attn_allocator.live - reclaim_swa + swa)
+
+    # -- admission (the scheduler's questions; nothing changes hands) --
+
+    def reclaim_plan(self, full_tokens: int, swa_tokens: int, *, full_evictable_tokens: int = 0,
+                     swa_evictable_tokens: int = 0, empty_pool: bool = False,
+                     prefer_swa: bool = False) -> tuple[int, int] | None:
+        """The least eviction (tokens of each side) after which the demand
+        fits: SWA minimised with all evictable full pages gone, then full
+        (``prefer_swa``: full first); None when nothing makes it fit."""
+        ps = self.page_size
+        f, s = -(-full_tokens // ps), -(-swa_tokens // ps)
+        if empty_pool:
+            return (0, 0) if self._holds(f, s) else None
+        fits = lambda rf, rs: self._demand_fits(f, s, rf, rs)  # noqa: E731 - read twice below
+        if fits(0, 0):
+            return (0, 0)
+        top_f = min(self.full_attn_allocator.live, full_evictable_tokens // ps)
+        top_s = min(self.swa_attn_allocator.live, swa_evictable_tokens // ps)
+        if not fits(top_f, top_s):
+            return None
+        if prefer_swa:
+            rf = min(k for k in range(top_f + 1) if fits(k, top_s))
+            rs = min(k for k in range(top_s + 1) if fits(rf, k))
+        else:
+            rs = min(k for k in range(top_s + 1) if fits(top_f, k))
+            rf = min(k for k in range(top_f + 1) if fits(k, rs))
+        return (rf * ps, rs * ps)
+
+    def can_reserve(self, full_tokens: int, swa_tokens: int, *, full_evictable_tokens: int = 0,
+                    swa_evictable_tokens: int = 0, empty_pool: bool = False) -> bool:
+        return self.reclaim_plan(full_tokens, swa_tokens, full_evictable_tokens=full_evictable_tokens,
+                                 swa_evictable_tokens=swa_evictable_tokens, empty_pool=empty_pool) is not None
+
+    def prealloc_ceiling_fits(self, full_tokens: int, swa_tokens: int) -> bool:
+        return self.can_reserve(full_tokens, swa_tokens, empty_pool=True)
+
+    def prealloc_fits(self, tree_cache, full_tokens: int, swa_tokens: int, *, full_budget_tokens: int,
+                      swa_budget_tokens: int | None = None) -> bool:
+        """``can_reserve`` of the ask, grown by what the budget leaves unused."""
+        ef, es = tree_cache.full_evictable_size(), tree_cache.swa_evictable_size()
+        full_tokens += self.full_available_size() + ef - full_budget_tokens
+        return self.can_reserve(full_tokens, swa_tokens, full_evictable_tokens=ef, swa_evictable_tokens=es)
+
+    def full_available_size(self) -> int:
+        return self.available_size()
+
+    @property
+    def size_full(self) -> int:
+        return (self.full_attn_allocator.num_pages - self.full_attn_allocator.min_page_index) * self.page_size
+
+    @property
+    def size_swa(self) -> int:
+        return self.size_full
+
+    def max_new_tokens_for_memory(self, input_tokens: int, max_new_tokens: int, *, token_capacity: int,
+                                  sliding_window_size: int | None, chunk_size: int | None) -> int | None:
+        """The most new tokens (up to ``max_new_tokens``) whose request fits
+        an empty pool, a token short of each side's size; no window limit."""
+        def fits(new: int) -> bool:
+            tokens = input_tokens + new + self.page_size
+            return tokens < min(self.size_full, self.size_swa) and self.can_reserve(tokens, tokens, empty_pool=True)
+
+        if not fits(0):
+            return None
+        return max(c for c in range(max_new_tokens + 1) if fits(c))
+
+    def reclaim_for_prealloc(self, tree_cache, full_tokens: int, swa_tokens: int) -> str | None:
+        """None when the demand fits after the cache's eviction; this pool
+        compacts eagerly, so nothing else could make room."""
+        ef, es = tree_cache.full_evictable_size(), tree_cache.swa_evictable_size()
+        if self.can_reserve(full_tokens, swa_tokens, full_evictable_tokens=ef, swa_evictable_tokens=es):
+            return None
+        return f"short of ({full_tokens}, {swa_tokens}) tokens"
+
+    def get_extend_allocation_demand(self, prefix_lens_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, *,
+                                     conservative_num_tokens: int, shard_size: int) -> int:
+        """The tokens of the whole new pages an extend touches."""
+        ps = self.page_size
+        pages = sum(-(-int(s) // ps) - -(-int(p) // ps) for p, s in zip(prefix_lens_cpu, seq_lens_cpu))
+        return ps * pages
+
+    def swa_capacity_and_available(self, *, full_capacity: int, swa_capacity: int):
+        """((full capacity, available), (SWA capacity, available)) in tokens."""
+        av = self.available_size()
+        return ((av + self.full_attn_allocator.allocated_count(), av),
+                (av + self.swa_attn_allocator.allocated_count(), av))
+
+    # -- the read paths --
+
+    def _translate(self, sub: ArenaSubPool, loc: torch.Tensor) -> torch.Tensor:
+        """Token ids through ``sub``'s page table; an unbound page reads the sink 0."""
+        ps = self.page_size
+        phys = sub.virtual_to_physical[loc // ps]
+        return torch.where(phys > 0, phys * ps + loc % ps, torch.zeros_like(loc))
+
+    def translate_kv_loc(self, loc: torch.Tensor) -> torch.Tensor:
+        return self._translate(self.full_attn_allocator, loc)
+
+    def translate_loc_from_full_to_swa(self, loc: torch.Tensor) -> torch.Tensor:
+        return self._translate(self.swa_attn_allocator, loc)
 
     def available_size(self) -> int:
         pages = 0
@@ -282,6 +406,29 @@ class SlideKeepsBindingAllocator(UnifiedSWAAllocator):
             sa._release(sa.virtual_to_physical[live].clone())
 
 
+class AdmissionIgnoresSWAAllocator(UnifiedSWAAllocator):
+    """Mutant: admission prices only the full side's pages (as if the SWA
+    side were free): ``can_reserve`` says yes to what the arena cannot
+    hold, and the reclaim plan evicts no SWA page."""
+
+    def _demand_fits(self, full: int, swa: int, reclaim_full: int = 0, reclaim_swa: int = 0) -> bool:
+        return super()._demand_fits(full, 0, reclaim_full, 0)
+
+
+class TombstoneReadWrapsAllocator(UnifiedSWAAllocator):
+    """Mutant: the SWA read path indexes with the tombstone itself: page
+    -1 is the KV buffer's last page, where the SWA pool (growing down from
+    the arena's top) keeps another request's window."""
+
+    def translate_loc_from_full_to_swa(self, loc: torch.Tensor) -> torch.Tensor:
+        ps, sa = self.page_size, self.swa_attn_allocator
+        pages = loc // ps
+        phys = sa.virtual_to_physical[pages]
+        tombstone = (phys < 0) & (self.full_attn_allocator.virtual_to_physical[pages] > 0)
+        wrapped = (sa.num_pages - 1) * ps + loc % ps
+        return torch.where(tombstone, wrapped, super().translate_loc_from_full_to_swa(loc))
+
+
 UNIFIED_SWA_MUTANTS = {
     m.name: m
     for m in (
@@ -293,5 +440,9 @@ UNIFIED_SWA_MUTANTS = {
                "free_segment() in a group queues a view of the caller's row"),
         Mutant("slide-keeps-binding", SlideKeepsBindingAllocator,
                "free_swa() frees the SWA page but leaves v2p pointing at it"),
+        Mutant("admission-ignores-swa", AdmissionIgnoresSWAAllocator,
+               "can_reserve() / reclaim_plan() price the full side only"),
+        Mutant("tombstone-read-wraps", TombstoneReadWrapsAllocator,
+               "the SWA read path sends a tombstone (v2p == -1) to the arena's last page"),
     )
 }

@@ -4,9 +4,9 @@ Python (no torch).
 sglang's ``UnifiedSWATokenToKVPoolAllocator`` (and its Mamba variant) hand
 out *virtual* page ids, minted by the full sub-pool; each sub-pool binds a
 virtual page to one of its own physical pages through a page table
-(``v2p``, with its inverse ``p2v``).  The full sub-pool grows up from the
-arena's low end, the SWA sub-pool down from its high end, and they share the
-free bytes between them.  A window slide unbinds a virtual page's SWA side
+(``v2p``, with its inverse ``p2v``).  The two sub-pools grow inward from
+the arena's two ends (sglang's factory puts full at the high end, SWA at the
+low end), and they share the free bytes between them.  A window slide unbinds a virtual page's SWA side
 (``v2p == -1``, a tombstone) and gives its bytes back to the shared gap
 while the full side stays live.
 
@@ -77,6 +77,11 @@ class Arena:
             and low_live * self.low.page_bytes + high_live * self.high.page_bytes <= self.budget_bytes
         )
 
+    def fits_sides(self, full: int, swa: int) -> bool:
+        """``fits`` named by side: ``full`` pages of the full pool and
+        ``swa`` of the SWA pool, whichever end each grows from."""
+        return self.fits(full, swa) if self.low.name.startswith("full") else self.fits(swa, full)
+
 
 # -- predicates: each returns None, or what the allocator says / what the model says --
 
@@ -137,3 +142,125 @@ def unified_bands_disjoint(arena: Arena, low_physical: list[int], high_physical:
         f"{arena.low.name}'s live bytes reach {low_top}, {arena.high.name}'s start at {high_bottom}"
         f" / disjoint byte bands"
     )
+
+
+# -- admission: what the scheduler asks before it allocates --
+
+
+@frozen
+class Demand:
+    """One admission question over the arena: ``full`` and ``swa`` new pages,
+    with at most ``evict_full`` / ``evict_swa`` pages the cache could evict
+    (already capped by the live pages), while ``live_full`` / ``live_swa``
+    are held and ``universe`` virtual ids exist."""
+
+    full: int
+    swa: int
+    live_full: int
+    live_swa: int
+    universe: int
+    evict_full: int = 0
+    evict_swa: int = 0
+
+    def fits(self, arena: Arena, reclaim_full: int = 0, reclaim_swa: int = 0) -> bool:
+        """Whether the demand fits, compacted, once ``reclaim_*`` live pages
+        of each side are evicted: a virtual id per new full page, and both
+        sides' pages in the arena's bytes."""
+        full = self.live_full - reclaim_full + self.full
+        swa = self.live_swa - reclaim_swa + self.swa
+        return full <= self.universe and swa <= self.universe and arena.fits_sides(full, swa)
+
+
+def least_reclaim(arena: Arena, demand: Demand, prefer_swa: bool) -> tuple[int, int] | None:
+    """The eviction the cache must do first, in pages (full, SWA), as sglang
+    documents its plan: nothing when the demand fits now; ``None`` when even
+    evicting all it may does not fit; else, the tree evicting full before
+    SWA, the fewest SWA pages that fit with all evictable full pages gone,
+    then the fewest full pages that fit with those (``prefer_swa``: the
+    fewest full pages first, then the fewest SWA pages)."""
+    if demand.fits(arena):
+        return (0, 0)
+    top_full, top_swa = demand.evict_full, demand.evict_swa
+    if not demand.fits(arena, top_full, top_swa):
+        return None
+
+    def fewest(top: int, ok) -> int:
+        return next(k for k in range(top + 1) if ok(k))
+
+    if prefer_swa:
+        full = fewest(top_full, lambda k: demand.fits(arena, k, top_swa))
+        return (full, fewest(top_swa, lambda k: demand.fits(arena, full, k)))
+    swa = fewest(top_swa, lambda k: demand.fits(arena, top_full, k))
+    return (fewest(top_full, lambda k: demand.fits(arena, k, swa)), swa)
+
+
+def unified_reclaim_plan_agrees(what: str, got: tuple[int, int] | None, want: tuple[int, int] | None) -> str | None:
+    """``reclaim_plan`` names the least eviction (full, SWA pages) after
+    which the demand fits the arena, or ``None`` exactly when none does."""
+    if got == want:
+        return None
+    return f"{what} = {got} pages / the arena says {want if want is not None else 'None (no eviction makes it fit)'}"
+
+
+def unified_admission_agrees(what: str, got: bool, want: bool) -> str | None:
+    """An admission query (``can_reserve``, ``prealloc_fits``,
+    ``prealloc_ceiling_fits``) says yes exactly when the arena holds the demand."""
+    if bool(got) == want:
+        return None
+    return f"{what} = {bool(got)} / the arena {'holds' if want else 'cannot hold'} the demand"
+
+
+def unified_admission_sound(what: str, got: bool, want: bool) -> str | None:
+    """Over a float chain (where the float sits is placement policy the
+    model does not predict), an admission query may say no to what the
+    arena holds, never yes to what it cannot hold."""
+    if not got or want:
+        return None
+    return f"{what} = True / the arena cannot hold the demand (an over-commit)"
+
+
+def unified_extend_demand_agrees(what: str, got: int, prefix: int, seq: int, page_size: int) -> str | None:
+    """An extend from ``prefix`` to ``seq`` tokens asks for the whole new
+    pages it touches: ``page_size`` x (pages of ``seq`` - pages of ``prefix``)."""
+    want = page_size * (-(-seq // page_size) - -(-prefix // page_size))
+    if got == want:
+        return None
+    return f"{what} = {got} tokens / {want} (the new pages from {prefix} to {seq} tokens)"
+
+
+def unified_max_new_agrees(what: str, got: int | None, most: int, fitting: list[bool]) -> str | None:
+    """``max_new_tokens_for_memory`` (``fitting[c]``: whether ``c`` new
+    tokens fit an empty pool) is ``None`` exactly when none fit, else a
+    count that fits, either ``most`` or one whose next does not."""
+    if not fitting[0]:
+        return None if got is None else f"{what} = {got} / nothing fits an empty pool: None"
+    if got is not None and 0 <= got <= most and fitting[got] and (got == most or not fitting[got + 1]):
+        return None
+    fits = [c for c in range(most + 1) if fitting[c]]
+    return f"{what} = {got} / fitting counts {_show(fits)} of 0..{most}: a fitting one, {most} or one whose next does not fit"
+
+
+def unified_allocated_agrees(side: str, allocated_tokens: int, live_pages: int, page_size: int) -> str | None:
+    """A side's capacity less what it has available (``current_*_capacity``
+    - ``*_available_size()``) is the tokens of its live pages."""
+    if allocated_tokens == live_pages * page_size:
+        return None
+    return f"{side} capacity - available = {allocated_tokens} tokens / {live_pages} live pages x {page_size}"
+
+
+def unified_read_path_agrees(side: str, tokens: list[int], got: list[int], v2p: list[int], live: set[int],
+                             page_size: int) -> str | None:
+    """The read path (``translate_kv_loc`` / ``translate_loc_from_full_to_swa``)
+    resolves each token of a live virtual page to its own physical page's
+    slot, and every other token (a tombstone, a free id) to the page-0 sink:
+    a kernel never reads another request's KV through a dead id."""
+    wrong = []
+    for t, p in zip(tokens, got):
+        v = t // page_size
+        want = v2p[v] * page_size + t % page_size if v in live else 0
+        if p != want:
+            wrong.append((t, p, want))
+    if not wrong:
+        return None
+    shown = ", ".join(f"token {t} -> {p} (want {w})" for t, p, w in wrong[:6])
+    return f"{side} read path: {shown} / live pages through v2p, every other token to the sink 0"

@@ -141,7 +141,7 @@ def test_0_5_12_loads_its_single_file_as_token_paged_swa_and_npu():
     ] + [
         f"  sglang:{kind}: unavailable: sglang 0.5.12: {kind} allocator unavailable: this release keeps its allocators"
         f" in one file, mem_cache/allocator.py, with no {kind} allocator"
-        for kind in ("pure-swa", "hisparse", "dsv4-hisparse", "mamba", "page-interleave", "multi-ended", "multi-ended-eager", "unified-swa", "unified-mamba", "unified-mamba-lazy", "unified-mamba-swa")
+        for kind in ("pure-swa", "hisparse", "dsv4-hisparse", "mamba", "page-interleave", "multi-ended", "multi-ended-eager", "unified-swa", "unified-swa-eager", "unified-mamba", "unified-mamba-eager", "unified-mamba-swa", "unified-mamba-swa-eager")
     ]
 
 

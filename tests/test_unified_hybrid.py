@@ -3,9 +3,20 @@ over virtual page ids (``harness/unified_hybrid.py``)."""
 
 import pytest
 
-from reference_model.unified_hybrid import Arena, SubPool, unified_compacted, unified_page_table_bijective
+from reference_model.unified_hybrid import (
+    Arena,
+    Demand,
+    SubPool,
+    least_reclaim,
+    unified_compacted,
+    unified_extend_demand_agrees,
+    unified_max_new_agrees,
+    unified_page_table_bijective,
+    unified_read_path_agrees,
+)
 from state_machines.harness import FAMILIES, build
 from state_machines.harness.lockstep import InvariantViolation, ids
+from state_machines.harness.unified_hybrid import _TreeStandIn
 
 FULL = SubPool("full pool", first=1, end=11, page_bytes=16, grows="up")
 SWA = SubPool("swa pool", first=2, end=22, page_bytes=8, grows="down")
@@ -120,6 +131,89 @@ def test_the_arena_counts_each_sides_bytes():
     """160 bytes hold 6 pages of both sides (24 bytes a pair) but not 7; 10 full pages alone."""
     arena = Arena(low=FULL, high=SWA)
     assert arena.fits(6, 6) and not arena.fits(7, 7) and arena.fits(10, 0)
+
+
+# -- admission and the read paths --
+
+
+def test_bytes_a_slide_frees_let_admission_say_yes():
+    """With the arena full, can_reserve of one more page is no; after a slide of two pages it is yes (judged by the arena)."""
+    state = build(target="builtin:unified-swa")
+    req = state.alloc(n=6)
+    assert not state.allocator.can_reserve(1, 1)
+    state.slide(req=req, pages=2)
+    state.reserve(full=1, swa=1, evict_full=0, evict_swa=0, prefer_swa=False)
+    assert state.allocator.can_reserve(1, 1)
+
+
+def test_the_least_reclaim_evicts_swa_first_unless_told_otherwise():
+    """Full arena (6+6 pages, 144 of 160 bytes): one more pair (24 bytes) needs 8 bytes back: one full page
+    when all full pages may go first, one SWA page when the full side is spared (prefer_swa)."""
+    arena = Arena(low=FULL, high=SWA)
+    demand = Demand(1, 1, live_full=6, live_swa=6, universe=10, evict_full=3, evict_swa=3)
+    assert least_reclaim(arena, demand, prefer_swa=False) == (1, 0)
+    assert least_reclaim(arena, demand, prefer_swa=True) == (0, 1)
+
+
+def test_no_reclaim_plan_when_eviction_cannot_make_room():
+    """A demand past the virtual ids fits after no eviction: least_reclaim says None."""
+    arena = Arena(low=FULL, high=SWA)
+    assert least_reclaim(arena, Demand(11, 0, live_full=0, live_swa=0, universe=10), prefer_swa=False) is None
+
+
+def test_admission_that_ignores_the_swa_side_is_caught():
+    """The admission-ignores-swa mutant says yes to 4 more SWA pages (32 bytes) where 16 are left."""
+    state = build(target="builtin:unified-swa", mutant="admission-ignores-swa")
+    state.alloc(n=6)
+    with pytest.raises(InvariantViolation, match="reclaim_plan_agrees"):
+        state.reserve(full=0, swa=4, evict_full=0, evict_swa=0, prefer_swa=False)
+
+
+def test_a_tombstone_read_through_the_last_page_is_caught():
+    """The tombstone-read-wraps mutant reads a slid page's SWA KV from the arena's last page: swa_read_path_agrees."""
+    state = build(target="builtin:unified-swa", mutant="tombstone-read-wraps", page_size=4)
+    req = state.alloc(n=8)
+    with pytest.raises(InvariantViolation, match="swa_read_path_agrees"):
+        state.slide(req=req, pages=1)
+
+
+def test_making_room_answers_as_the_arena_does():
+    """With the arena full, reclaim_for_prealloc names a shortfall for one more page pair; after a slide of two, None."""
+    state = build(target="builtin:unified-swa")
+    req = state.alloc(n=6)
+    state.make_room(full=1, swa=1)
+    assert state.allocator.reclaim_for_prealloc(_TreeStandIn(0, 0), 1, 1) is not None
+    state.slide(req=req, pages=2)
+    state.make_room(full=1, swa=1)
+    assert state.allocator.reclaim_for_prealloc(_TreeStandIn(0, 0), 1, 1) is None
+
+
+def test_making_room_the_arena_cannot_hold_is_caught():
+    """The admission-ignores-swa mutant says it made room for 4 SWA pages where 16 bytes are left: admission_agrees."""
+    state = build(target="builtin:unified-swa", mutant="admission-ignores-swa")
+    state.alloc(n=6)
+    with pytest.raises(InvariantViolation, match="admission_agrees"):
+        state.make_room(full=0, swa=4)
+
+
+def test_an_extend_asks_for_the_pages_it_starts():
+    """From 5 to 9 tokens at page size 4 an extend starts one page (4 tokens), not 2 (the pages of 4 new tokens)."""
+    assert unified_extend_demand_agrees("x", 4, 5, 9, 4) is None
+    assert "= 8 tokens / 4" in unified_extend_demand_agrees("x", 8, 5, 9, 4)
+
+
+def test_max_new_tokens_must_stop_where_the_next_does_not_fit():
+    """Counts 0..2 fit, 3 does not: 2 is the answer, 1 is not (2 fits too), and nothing fitting wants None."""
+    fitting = [True, True, True, False, False, False]
+    assert unified_max_new_agrees("m", 2, 4, fitting) is None
+    assert "fitting counts [0, 1, 2]" in unified_max_new_agrees("m", 1, 4, fitting)
+    assert unified_max_new_agrees("m", None, 4, [False] * 6) is None
+
+
+def test_a_dead_token_must_read_the_sink():
+    """Virtual page 2 is not live, yet its token reads physical slot 5: the predicate names it."""
+    problem = unified_read_path_agrees("swa", [2], [5], [0, 3, -1], {1}, 1)
+    assert problem and "token 2 -> 5 (want 0)" in problem
 
 
 # -- the unified Mamba pool --

@@ -100,12 +100,12 @@ def test_a_schedulable_view_that_ignores_the_full_bytes_is_caught():
 @pytest.mark.sglang
 def test_0_5_23_unified_mamba_with_lazy_compaction_passes():
     """0.5.23's Mamba composite in sglang's default mode (lazy compaction) stays in step, its views included."""
-    run = fuzz_release("0.5.23", "--page-size", "4", kind="unified-mamba-lazy")
+    run = fuzz_release("0.5.23", "--page-size", "4", kind="unified-mamba")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
 
 @pytest.mark.sglang
-@pytest.mark.parametrize("kind", ["multi-ended", "unified-mamba-lazy"])
+@pytest.mark.parametrize("kind", ["multi-ended", "unified-mamba"])
 def test_0_5_23_unified_decode_and_extend_run_above_page_size_one(kind):
     """With the kernel stand-ins, 0.5.23's own alloc_decode / alloc_extend run at page size 4: neither step is disabled."""
     run = fuzz_release("0.5.23", "--page-size", "4", "--max-examples", "20", kind=kind)
@@ -137,14 +137,14 @@ def test_0_5_23_two_segment_frees_of_one_page_in_a_group_free_it_twice():
 @pytest.mark.sglang
 def test_0_5_23_a_nested_mamba_allocation_group_drops_the_first_reserve():
     """alloc_group_begin(2) then alloc_group_begin(1), end: the first two slots are neither free nor handed out."""
-    assert hazard("group_begin_while_open", "unified-mamba-lazy") == "2 slot(s) neither free nor handed out"
+    assert hazard("group_begin_while_open", "unified-mamba") == "2 slot(s) neither free nor handed out"
 
 
 @pytest.mark.sglang
 def test_0_5_23_a_mamba_slot_free_of_minus_one_joins_the_free_ids_when_lazy():
     """free(tensor([-1])) on the Mamba slots: lazy lists -1 as a free id, eager raises."""
-    assert hazard("slot_free_of_minus_one", "unified-mamba-lazy") == "free ids now hold [-1]"
-    assert hazard("slot_free_of_minus_one", "unified-mamba").startswith("raised AssertionError")
+    assert hazard("slot_free_of_minus_one", "unified-mamba") == "free ids now hold [-1]"
+    assert hazard("slot_free_of_minus_one", "unified-mamba-eager").startswith("raised AssertionError")
 
 
 @pytest.mark.parametrize("target", ["builtin:multi-ended", "builtin:unified-mamba"])

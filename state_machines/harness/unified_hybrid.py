@@ -42,22 +42,84 @@ from reference_model import CHECKS, OwnershipModel, SWASide, invariants
 from reference_model import unified as ru
 from reference_model.invariants import available_size_agrees
 from reference_model.mamba import MambaModel
+from reference_model.unified import allocator_accounting_clean, physical_pages_owned_once, span_within_arena
 from reference_model.unified_hybrid import (
     Arena,
+    Demand,
     SubPool,
+    least_reclaim,
+    unified_admission_agrees,
+    unified_admission_sound,
+    unified_allocated_agrees,
     unified_bands_disjoint,
     unified_compacted,
+    unified_extend_demand_agrees,
+    unified_max_new_agrees,
     unified_page_table_bijective,
+    unified_read_path_agrees,
+    unified_reclaim_plan_agrees,
 )
 from state_machines.harness.lockstep import Lockstep, Pool, ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
 from state_machines.harness.swa import SWALockstep, SWAMachine
-from state_machines.harness.unified import free_empty, judge_reader_views
+from state_machines.harness.unified import arena_bytes, free_empty, judge_reader_views, page_tables
 from state_machines.targets import probe
 
 # The census checks that hold on a unified pool (see the module docstring).
 UNIFIED_CHECKS = tuple(c for c in CHECKS if c is not available_size_agrees)
+
+# What the ``reserve`` step asks of a two-ended pool (0.5.22 on).
+ADMISSION_METHODS = ("reclaim_plan", "can_reserve", "prealloc_fits", "prealloc_ceiling_fits", "swa_capacity_and_available")
+
+# Why the SWA family's other allocation steps do not run on these pools on CPU.
+DEVICE_ONLY = {
+    "extend_swa_tail": "alloc_extend_swa_tail runs the full side's alloc_extend, a Triton kernel"
+                       " (MultiEndedAllocator.alloc_extend): device-only",
+    "remap": "HiCache load-back binds pages that swa_attn_allocator.alloc_physical reserved; the reservation"
+             " clears only with the H2D copy's CUDA event (set_hicache_transfer_done_event), and until then"
+             " every compaction move asserts moves_blocked(): device-only",
+}
+
+
+class _TreeStandIn:
+    """What the allocator's admission and reclaim read off the radix cache:
+    how many tokens of each side it could evict, and whether it shares
+    prefixes.  It holds nothing to evict: ``evict_for_alloc`` evicts
+    nothing.  (0.5.20's eviction reads the allocator back off the cache,
+    ``token_to_kv_pool_allocator``.)"""
+
+    def __init__(self, full: int, swa: int, shares: bool = True, allocator=None):
+        self.full, self.swa, self.shares = full, swa, shares
+        self.token_to_kv_pool_allocator = allocator
+
+    def full_evictable_size(self) -> int:
+        return self.full
+
+    def swa_evictable_size(self) -> int:
+        return self.swa
+
+    def mamba_evictable_size(self) -> int:
+        return 0
+
+    def supports_prefix_sharing(self) -> bool:
+        return self.shares
+
+    def is_chunk_cache(self) -> bool:
+        return not self.shares
+
+    def evict_for_alloc(self, params, **_):
+        """Evicts nothing (there is nothing to evict), and says so."""
+        return _NothingEvicted()
+
+
+@define(frozen=True)
+class _NothingEvicted:
+    """What a radix cache's ``evict_for_alloc`` reports when it evicted nothing."""
+
+    num_tokens_evicted: int = 0
+    swa_num_tokens_evicted: int = 0
+    mamba_num_evicted: int = 0
 
 
 def sub_pool(allocator) -> SubPool:
@@ -95,9 +157,16 @@ class UnifiedSWALockstep(SWALockstep):
         # free_swa() and free_swa_segment() release at once, inside a group too.
         self.swa_defers = False
         self.stand_ins = list(getattr(a, "kv_lockstep_stand_ins", ()))
+        need = ("can_reserve", "prealloc_fits") if self.float_chain else ADMISSION_METHODS
+        if missing := [m for m in need if not callable(getattr(a, m, None))]:
+            self.disabled_rules["reserve"] = f"{type(a).__name__} has no {', '.join(missing)}"
+        need = ("evict_to_free_tokens",) if self.float_chain else ("reclaim_for_prealloc",)
+        if missing := [m for m in need if not callable(getattr(a, m, None))]:
+            self.disabled_rules["make_room"] = f"{type(a).__name__} has no {', '.join(missing)}"
+        if not self.lazy:
+            self.disabled_rules["flush"] = "eager compaction: every free compacts at once, a flush has nothing to do"
 
-    # PD decode's tail and HiCache's remap are not modelled over virtual
-    # page tables yet.
+    # Device-only here, each for its reason (DEVICE_ONLY).
     not_modelled = ("extend_swa_tail", "remap")
     # Its alloc_extend is a Triton kernel (no CPU path): an alloc stays alloc().
     alloc_extends = False
@@ -107,7 +176,7 @@ class UnifiedSWALockstep(SWALockstep):
         if step in probe.OPTIONAL and step in self.disabled_rules:
             return self.disabled_rules[step]
         if step in self.not_modelled:
-            return f"the {type(self).__name__} harness does not model {step}"
+            return DEVICE_ONLY[step]
         return super().why_not(step)
 
     # -- censuses --
@@ -156,13 +225,166 @@ class UnifiedSWALockstep(SWALockstep):
             self._judge(unified_page_table_bijective, pool, v2p, p2v, live[name], set(self.universe),
                         name=f"{name}_page_table_bijective")
             physical[pool.name] = [v2p[v] for v in live[name]]
-            if not self.lazy and pool.grows != "float":
+            if pool.grows == "float":
+                continue
+            if not self.lazy:
                 tokens = int(self._call(f"{name} allocated_count()", sub.allocated_count))
                 self._judge(unified_compacted, pool, physical[pool.name], tokens, self.page_size,
                             name=f"{name}_compacted")
+            # An END pool's span holds bound pages and holes (lazy frees not yet compacted), nothing else.
+            tables = self._call(f"{name} page tables", page_tables, sub)
+            self._judge(physical_pages_owned_once, tables, [], name=f"{name}_physical_pages_owned_once")
+            self._judge(span_within_arena, tables, *arena_bytes(sub), name=f"{name}_span_within_arena")
         self._judge(unified_bands_disjoint, self.arena, physical[self.arena.low.name], physical[self.arena.high.name])
+        self.check_read_path(live)
+        own = getattr(a, "verify_byte_accounting", None)
+        if callable(own):
+            self._judge(allocator_accounting_clean, self._call("verify_byte_accounting()", own))
+
+    def check_read_path(self, live: dict[str, set[int]]) -> None:
+        """Every token of every virtual page through both read paths, as an
+        attention kernel reads it: live pages to their physical slots,
+        tombstones and free ids to the sink."""
+        a, ps = self.allocator, self.page_size
+        tokens = [v * ps + k for v in sorted(self.universe) for k in range(ps)]
+        loc = torch.tensor(tokens, dtype=torch.int64, device=self.rows.device)
+        for side, name, sub in (("full", "translate_kv_loc", a.full_attn_allocator),
+                                ("swa", "translate_loc_from_full_to_swa", a.swa_attn_allocator)):
+            got = ids(self._call(f"{name}(every virtual token)", getattr(a, name), loc))
+            self._judge(unified_read_path_agrees, side, tokens, got, ids(sub.virtual_to_physical), live[side], ps,
+                        name=f"{side}_read_path_agrees")
 
     # -- steps --
+
+    @step
+    def reserve(self, full: int, swa: int, evict_full: int, evict_swa: int, prefer_swa: bool) -> None:
+        """The scheduler's admission questions for ``full`` and ``swa`` new
+        pages while the cache could evict ``evict_full`` / ``evict_swa``
+        pages: ``reclaim_plan`` (the least eviction first), ``can_reserve``,
+        ``prealloc_fits`` (a budget of what is available plus evictable),
+        ``prealloc_ceiling_fits`` (from an empty pool) and the per-side
+        capacities.  Each answer is the arena's; no page changes hands.
+        Over a float chain only ``can_reserve`` / ``prealloc_fits`` with
+        nothing evictable (its ``can_reserve`` refuses any), judged for
+        soundness: where the float sits is placement policy."""
+        a, ps = self.allocator, self.page_size
+        live_full, live_swa = (len(x) for x in self._live())
+        demand = Demand(full, swa, live_full, live_swa, len(self.universe),
+                        min(evict_full, live_full), min(evict_swa, live_swa))
+        ft, st, ef, es = full * ps, swa * ps, demand.evict_full * ps, demand.evict_swa * ps
+        self._judge_extend_demand(full, swa, evict_full, evict_swa)
+        if self.float_chain:
+            fits = demand.fits(self.arena)
+            got = self._call(f"can_reserve({ft}, {st})", a.can_reserve, ft, st)
+            self._judge(unified_admission_sound, f"can_reserve({ft}, {st})", got, fits)
+            what = f"can_reserve({ft}, {st}, full_evictable_tokens={ef}, swa_evictable_tokens={es})"
+            got = self._call(what, lambda: a.can_reserve(ft, st, full_evictable_tokens=ef, swa_evictable_tokens=es))
+            self._judge(unified_admission_sound, what, got, least_reclaim(self.arena, demand, False) is not None)
+            budget = int(self._call("full_available_size()", a.full_available_size))
+            what = f"prealloc_fits(tree, {ft}, {st}, full_budget_tokens={budget})"
+            got = self._call(what, lambda: a.prealloc_fits(_TreeStandIn(0, 0), ft, st, full_budget_tokens=budget))
+            self._judge(unified_admission_sound, what, got, fits)
+            return
+        evictable = f"full_evictable_tokens={ef}, swa_evictable_tokens={es}"
+        what = f"reclaim_plan({ft}, {st}, {evictable}, prefer_swa={prefer_swa})"
+        plan = self._call(what, lambda: a.reclaim_plan(ft, st, full_evictable_tokens=ef, swa_evictable_tokens=es,
+                                                       prefer_swa=prefer_swa))
+        want = least_reclaim(self.arena, demand, prefer_swa)
+        got = None if plan is None else (int(plan[0]) // ps, int(plan[1]) // ps)
+        self._judge(unified_reclaim_plan_agrees, what, got, want)
+        what = f"can_reserve({ft}, {st}, {evictable})"
+        got = self._call(what, lambda: a.can_reserve(ft, st, full_evictable_tokens=ef, swa_evictable_tokens=es))
+        self._judge(unified_admission_agrees, what, got, want is not None)
+        # A budget of what is available plus evictable leaves the ask as it is.
+        budget = int(self._call("full_available_size()", a.full_available_size)) + ef
+        what = f"prealloc_fits(tree, {ft}, {st}, full_budget_tokens={budget})"
+        got = self._call(what, lambda: a.prealloc_fits(_TreeStandIn(ef, es), ft, st, full_budget_tokens=budget))
+        self._judge(unified_admission_agrees, what, got, want is not None)
+        what = f"prealloc_ceiling_fits({ft}, {st})"
+        empty = Demand(full, swa, 0, 0, len(self.universe))
+        self._judge(unified_admission_agrees, what, self._call(what, a.prealloc_ceiling_fits, ft, st),
+                    empty.fits(self.arena))
+        if callable(getattr(a, "max_new_tokens_for_memory", None)):
+            self._judge_max_new(full * ps + 1, (swa + evict_full) * ps)
+        (cap_full, av_full), (cap_swa, av_swa) = self._call(
+            "swa_capacity_and_available()", lambda: a.swa_capacity_and_available(full_capacity=0, swa_capacity=0))
+        self._judge(unified_allocated_agrees, "full", int(cap_full) - int(av_full), live_full, ps, name="full_allocated_agrees")
+        self._judge(unified_allocated_agrees, "swa", int(cap_swa) - int(av_swa), live_swa, ps, name="swa_allocated_agrees")
+
+    def _judge_extend_demand(self, full: int, swa: int, evict_full: int, evict_swa: int) -> None:
+        """``get_extend_allocation_demand`` (0.5.23 on) of an extend the
+        draws describe: from a prefix that may end mid-page."""
+        a, ps = self.allocator, self.page_size
+        if not callable(getattr(a, "get_extend_allocation_demand", None)):
+            return
+        prefix = evict_full * ps + evict_swa % ps
+        seq = prefix + full * ps + swa
+        what = f"get_extend_allocation_demand([{prefix}], [{seq}], shard_size=1)"
+        got = self._call(what, lambda: a.get_extend_allocation_demand(
+            torch.tensor([prefix]), torch.tensor([seq]), conservative_num_tokens=seq, shard_size=1))
+        self._judge(unified_extend_demand_agrees, what, int(got), prefix, seq, self.page_size)
+
+    def _judge_max_new(self, prompt: int, most: int) -> None:
+        """``max_new_tokens_for_memory`` for a ``prompt``-token request, at
+        most ``most`` new tokens, with no window limit (the SWA estimate's
+        full-length branch: both sides reserve prompt + new + a page), on an
+        empty pool: the arena's answer, within the release's one-token slack
+        under ``size_full`` / ``size_swa``."""
+        a, ps = self.allocator, self.page_size
+        what = f"max_new_tokens_for_memory({prompt}, {most}, sliding_window_size=None)"
+        got = self._call(what, lambda: a.max_new_tokens_for_memory(
+            prompt, most, token_capacity=0, sliding_window_size=None, chunk_size=None))
+        size_full, size_swa = int(a.size_full), int(a.size_swa)
+
+        def fits(new: int) -> bool:
+            tokens = prompt + new + ps
+            pages = -(-tokens // ps)
+            return tokens < min(size_full, size_swa) and Demand(pages, pages, 0, 0, len(self.universe)).fits(self.arena)
+
+        self._judge(unified_max_new_agrees, what, got, most, [fits(c) for c in range(most + 2)])
+
+    @step
+    def make_room(self, full: int, swa: int) -> None:
+        """The scheduler makes room for ``full`` and ``swa`` new pages
+        (outside a free group) over a cache with nothing evictable: PD
+        decode's ``reclaim_for_prealloc`` on a two-ended pool, for a cache
+        that shares no prefix (a chunk cache: its ``evict_to_free_tokens``
+        with a sharing cache reads the server's published memory config,
+        which a bare allocator has none of); ``evict_to_free_tokens`` of
+        ``full`` pages on a float chain (its demand is one page of each side
+        per token).  No eviction; the pool may compact.  The answer is whether
+        the arena holds the demand (over a float chain: never yes to what
+        it cannot hold)."""
+        a, ps = self.allocator, self.page_size
+        live_full, live_swa = (len(x) for x in self._live())
+        tree = _TreeStandIn(0, 0, allocator=a)
+        if self.float_chain:
+            fits = Demand(full, full, live_full, live_swa, len(self.universe)).fits(self.arena)
+            what = f"evict_to_free_tokens(tree, {full * ps})"
+            got = self._call(what, a.evict_to_free_tokens, tree, full * ps)
+            self._judge(unified_admission_sound, what, bool(got), fits)
+            if callable(getattr(a, "prepare_mamba_allocation", None)):
+                # Before a Mamba state is allocated: flush the full end, move the float away if short.
+                self._call(f"prepare_mamba_allocation({swa})", a.prepare_mamba_allocation, swa)
+            return
+        fits = Demand(full, swa, live_full, live_swa, len(self.universe)).fits(self.arena)
+        what = f"reclaim_for_prealloc(chunk cache, {full * ps}, {swa * ps})"
+        shortfall = self._call(what, a.reclaim_for_prealloc, _TreeStandIn(0, 0, shares=False), full * ps, swa * ps)
+        self._judge(unified_admission_agrees, f"{what} is None", shortfall is None, fits)
+
+    @step
+    def flush(self, urgent: bool) -> None:
+        """Lazy compaction's flushes: the scheduler's idle-time
+        ``flush_opportunistic()`` on the composite, or (urgent) what an
+        allocation that falls short runs, ``flush_for_allocation()`` on each
+        sub-pool.  No virtual id changes hands; pages may move."""
+        a = self.allocator
+        if not urgent:
+            self._call("flush_opportunistic()", a.flush_opportunistic)
+            return
+        for name in ("full_attn_allocator", "swa_attn_allocator", "mamba_allocator"):
+            if (sub := getattr(a, name, None)) is not None:
+                self._call(f"{name}.flush_for_allocation()", sub.flush_for_allocation)
 
     def _short(self, pages: int) -> bool:
         """Short when the virtual ids run out, or the arena cannot hold
@@ -232,7 +454,20 @@ class UnifiedSWALockstep(SWALockstep):
 
 
 class UnifiedSWAMachine(SWAMachine):
-    """The SWA family's rules over a unified pool."""
+    """The SWA family's rules over a unified pool, plus admission questions."""
+
+    @draws(guard=lambda s: s.runs("reserve"), full=(0, MAX_PAGES), swa=(0, MAX_PAGES), evict_full=(0, MAX_PAGES),
+           evict_swa=(0, MAX_PAGES), prefer_swa=bool)
+    def reserve(self, full, swa, evict_full, evict_swa, prefer_swa):
+        self._do("reserve", full, swa, evict_full, evict_swa, prefer_swa)
+
+    @draws(guard=lambda s: s.runs("make_room") and not s.in_group, full=(0, MAX_PAGES), swa=(0, MAX_PAGES))
+    def make_room(self, full, swa):
+        self._do("make_room", full, swa)
+
+    @draws(guard=lambda s: s.runs("flush"), urgent=bool)
+    def flush(self, urgent):
+        self._do("flush", urgent)
 
 
 def is_unified_swa(allocator) -> bool:

@@ -101,6 +101,13 @@ _UNITS = {
     ("ask", "tokens"): SPAN,
     ("finish_segments", "cut"): PAGES0,
     ("resize", "pages"): PAGES,
+    # The unified SWA pool's admission questions (harness/unified_hybrid.py).
+    ("reserve", "full"): PAGES0,
+    ("reserve", "swa"): PAGES0,
+    ("reserve", "evict_full"): PAGES0,
+    ("reserve", "evict_swa"): PAGES0,
+    ("make_room", "full"): PAGES0,
+    ("make_room", "swa"): PAGES0,
 }
 
 

@@ -47,9 +47,11 @@ MODULES = {
     "multi-ended-eager": "sglang.srt.mem_cache.allocator.unified_sub_pool",
     # the unified hybrid pools (sub-pools in one byte arena).
     "unified-swa": "sglang.srt.mem_cache.allocator.unified_hybrid_swa",
+    "unified-swa-eager": "sglang.srt.mem_cache.allocator.unified_hybrid_swa",
     "unified-mamba-swa": "sglang.srt.mem_cache.allocator.unified_hybrid_swa",
+    "unified-mamba-swa-eager": "sglang.srt.mem_cache.allocator.unified_hybrid_swa",
     "unified-mamba": "sglang.srt.mem_cache.allocator.unified_mamba",
-    "unified-mamba-lazy": "sglang.srt.mem_cache.allocator.unified_mamba",
+    "unified-mamba-eager": "sglang.srt.mem_cache.allocator.unified_mamba",
 }
 # The same when mem_cache/allocator.py is one file (sglang up to 0.5.12);
 # a kind missing here is unavailable in that layout, with the reason shown.
@@ -80,7 +82,7 @@ GATE_PAGE_SIZE = 4
 # row's partial last page.
 DSV4_PAGE_SIZES = (4, 8, 16)
 GATE_PAGE_SIZES = {
-    "paged": (1, 4), "swa": (1, 4), "multi-ended": (1, 4), "unified-swa": (1, 4), "unified-mamba-lazy": (1, 4),
+    "paged": (1, 4), "swa": (1, 4), "multi-ended": (1, 4), "unified-swa": (1, 4), "unified-mamba": (1, 4),
     "dsv4-hisparse": DSV4_PAGE_SIZES,
 }
 CLASSES = {
@@ -96,9 +98,11 @@ CLASSES = {
     "multi-ended": "MultiEndedAllocator",
     "multi-ended-eager": "MultiEndedAllocator",
     "unified-swa": "UnifiedSWATokenToKVPoolAllocator",
+    "unified-swa-eager": "UnifiedSWATokenToKVPoolAllocator",
     "unified-mamba-swa": "UnifiedMambaSWATokenToKVPoolAllocator",
+    "unified-mamba-swa-eager": "UnifiedMambaSWATokenToKVPoolAllocator",
     "unified-mamba": "UnifiedMambaTokenToKVPoolAllocator",
-    "unified-mamba-lazy": "UnifiedMambaTokenToKVPoolAllocator",
+    "unified-mamba-eager": "UnifiedMambaTokenToKVPoolAllocator",
 }
 
 
@@ -785,21 +789,37 @@ def _make_unified(kind: str, directions: dict[str, str], size: int, page_size: i
     return allocator
 
 
-def make_unified_swa(size: int, page_size: int, device: str, need_sort: bool):
-    """``UnifiedSWATokenToKVPoolAllocator``: full (16-byte slots, grows up)
-    and SWA (8-byte slots, grows down); both sides together hold about two
-    thirds of what the full side alone would."""
-    return _make_unified("unified-swa", {"full": "up", "swa": "down"}, size, page_size, device, need_sort)
+def make_unified_swa(size: int, page_size: int, device: str, need_sort: bool, lazy_compaction: bool = True):
+    """``UnifiedSWATokenToKVPoolAllocator``: full (16-byte slots) at the
+    arena's high end, growing down, and SWA (8-byte slots) at its low end,
+    growing up, as sglang's factory places them (``unified_memory_pool.py``,
+    ``full_spec`` / ``swa_spec``); both sides together hold about two thirds
+    of what the full side alone would.  Lazy compaction, as sglang's server
+    builds it (``SGLANG_DISABLE_LAZY_COMPACTION`` unset)."""
+    kind = "unified-swa" if lazy_compaction else "unified-swa-eager"
+    return _make_unified(kind, {"full": "down", "swa": "up"}, size, page_size, device, need_sort, lazy_compaction)
 
 
-def make_unified_mamba_swa(size: int, page_size: int, device: str, need_sort: bool):
+def make_unified_swa_eager(size: int, page_size: int, device: str, need_sort: bool):
+    """The same with eager compaction (``SGLANG_DISABLE_LAZY_COMPACTION=1``)."""
+    return make_unified_swa(size, page_size, device, need_sort, lazy_compaction=False)
+
+
+def make_unified_mamba_swa(size: int, page_size: int, device: str, need_sort: bool, lazy_compaction: bool = True):
     """``UnifiedMambaSWATokenToKVPoolAllocator``: [mamba (32-byte slots, up)
-    | SWA (8, float) | full (16, down)], its sglang chain."""
-    return _make_unified("unified-mamba-swa", {"mamba": "up", "swa": "float", "full": "down"},
-                         size, page_size, device, need_sort)
+    | SWA (8, float) | full (16, down)], its sglang chain; lazy compaction
+    at the ends (sglang's default; the float middle never runs it)."""
+    kind = "unified-mamba-swa" if lazy_compaction else "unified-mamba-swa-eager"
+    return _make_unified(kind, {"mamba": "up", "swa": "float", "full": "down"},
+                         size, page_size, device, need_sort, lazy_compaction)
 
 
-def make_unified_mamba(size: int, page_size: int, device: str, need_sort: bool, lazy_compaction: bool = False):
+def make_unified_mamba_swa_eager(size: int, page_size: int, device: str, need_sort: bool):
+    """The same with eager compaction (``SGLANG_DISABLE_LAZY_COMPACTION=1``)."""
+    return make_unified_mamba_swa(size, page_size, device, need_sort, lazy_compaction=False)
+
+
+def make_unified_mamba(size: int, page_size: int, device: str, need_sort: bool, lazy_compaction: bool = True):
     """``UnifiedMambaTokenToKVPoolAllocator``: full (16-byte slots, up) and
     Mamba state slots (32 bytes, down, page size 1).  Two stand-ins beyond
     the arena: the parallel width ``attn_dcp_size`` set to 1 for the process
@@ -811,7 +831,7 @@ def make_unified_mamba(size: int, page_size: int, device: str, need_sort: bool, 
     import importlib
 
     runtime = importlib.import_module("sglang.srt.runtime_context")
-    kind = "unified-mamba-lazy" if lazy_compaction else "unified-mamba"
+    kind = "unified-mamba" if lazy_compaction else "unified-mamba-eager"
     parallel = runtime.get_parallel()
     for name, value in (("attn_dcp_size", 1), ("attn_dcp_rank", 0)):
         try:
@@ -826,10 +846,11 @@ def make_unified_mamba(size: int, page_size: int, device: str, need_sort: bool, 
     return allocator
 
 
-def make_unified_mamba_lazy(size: int, page_size: int, device: str, need_sort: bool):
-    """The same with lazy compaction, sglang's default (``kv_cache_configurator.py``
-    ``_should_enable_lazy_compaction``): a free leaves a hole, a flush compacts."""
-    return make_unified_mamba(size, page_size, device, need_sort, lazy_compaction=True)
+def make_unified_mamba_eager(size: int, page_size: int, device: str, need_sort: bool):
+    """The same with eager compaction (``SGLANG_DISABLE_LAZY_COMPACTION=1``;
+    lazy is sglang's default, ``kv_cache_configurator.py``
+    ``_should_enable_lazy_compaction``)."""
+    return make_unified_mamba(size, page_size, device, need_sort, lazy_compaction=False)
 
 
 def _with_mamba_slots(allocator):
@@ -858,9 +879,11 @@ KIND_TARGETS: dict[str, dict[str, Any]] = {
     "multi-ended": dict(family="unified"),
     "multi-ended-eager": dict(family="unified"),
     "unified-swa": dict(family="unified_swa"),
+    "unified-swa-eager": dict(family="unified_swa"),
     "unified-mamba-swa": dict(family="unified_swa"),
+    "unified-mamba-swa-eager": dict(family="unified_swa"),
     "unified-mamba": dict(family="unified_mamba"),
-    "unified-mamba-lazy": dict(family="unified_mamba"),
+    "unified-mamba-eager": dict(family="unified_mamba"),
 }
 
 
@@ -877,9 +900,11 @@ FACTORIES: dict[str, Callable[..., Any]] = {
     "multi-ended": make_multi_ended,
     "multi-ended-eager": make_multi_ended_eager,
     "unified-swa": make_unified_swa,
+    "unified-swa-eager": make_unified_swa_eager,
     "unified-mamba": make_unified_mamba,
-    "unified-mamba-lazy": make_unified_mamba_lazy,
+    "unified-mamba-eager": make_unified_mamba_eager,
     "unified-mamba-swa": make_unified_mamba_swa,
+    "unified-mamba-swa-eager": make_unified_mamba_swa_eager,
 }
 
 
@@ -933,9 +958,11 @@ __all__ = [
     "make_swa",
     "make_token",
     "make_unified_mamba",
-    "make_unified_mamba_lazy",
+    "make_unified_mamba_eager",
     "make_unified_mamba_swa",
+    "make_unified_mamba_swa_eager",
     "make_unified_swa",
+    "make_unified_swa_eager",
     "release_files",
     "resolve",
 ]

@@ -35,9 +35,11 @@ def test_mutant_run_fails_with_a_trace_that_replays(tmp_path):
     assert run.returncode == 1, run.stdout + run.stderr
     lines = run.stdout.splitlines()
     assert lines[0] == "kv-lockstep fuzz: builtin:token mutant=flag-drift page_size=1, up to 300 examples, seed 0"
+    # Then the steps the built-in lacks (the scheduler hooks), each with its reason.
+    rest = [line for line in lines[1:] if not line.startswith("rule ")]
     # Each failure's first example is written at once, before shrinking.
     assert re.fullmatch(r"found no_page_freed_twice \(example \d+\); shrinking it; unshrunk trace: "
-                        r"\S+/unshrunk/builtin_token_mutant_flag-drift_page_size_1-no_page_freed_twice-[0-9a-f]{8}\.json", lines[1]), lines[1]
+                        r"\S+/unshrunk/builtin_token_mutant_flag-drift_page_size_1-no_page_freed_twice-[0-9a-f]{8}\.json", rest[0]), rest[0]
     failed = next(line for line in lines if line.startswith("FAILED"))
     assert re.fullmatch(r"FAILED: first failure after [\d.]+ s \(\d+ examples\); \d distinct failure\(s\),"
                         r" shrunk in [\d.]+ s total", failed), failed

@@ -113,7 +113,8 @@ def machine_for(config: Config, record: RunRecord | None = None, *, draw_size: b
     if any(state.runs(s) for s in HOOK_STEPS):
         base = type(f"Hooks{base.__name__}", (HookRules, base), {})
     base = one_step_machine(base)
-    sizes = pool_sizes(config, _builds) if draw_size and config.caller == "harness" else (None,)
+    draws = draw_size and config.caller == "harness" and getattr(type(state), "draws_pool_size", True)
+    sizes = pool_sizes(config, _builds) if draws else (None,)
     bases = (pool_shape_rule(sizes), base) if len(sizes) > 1 else (base,)
     name = base.__name__ + "_" + "".join(c if c.isalnum() else "_" for c in config.label())
     body = {"config": config, "record": record or RunRecord(), "build": staticmethod(build), "sizes": sizes}

@@ -191,11 +191,21 @@ def _probe_steps(allocator, hooks: dict[str, str], asked: tuple[str, ...]) -> di
     if not callable(getattr(allocator, "resize", None)):
         out["resize"] = f"{name} has no resize"
     else:
+        page_size = getattr(allocator, "page_size", 1)
+        resized = copy.deepcopy(allocator)
         try:
             with quiet():
-                copy.deepcopy(allocator).resize(resize_config(1, getattr(allocator, "page_size", 1)))
+                resized.resize(resize_config(1, page_size))
         except Exception as exc:  # noqa: BLE001
             out["resize"] = f"resize: {one_line(exc)}"
+        else:
+            pages = getattr(resized, "num_pages", None)
+            if page_size == 1 and pages is not None and pages != 1:
+                # 0.5.23 base.py:261-265 updates num_pages only above page size 1;
+                # at 1 sglang builds TokenToKVPoolAllocator (kv_cache_configurator.py).
+                out["resize"] = (f"resize to 1 page leaves {name}.num_pages at {pages} at page size 1, where "
+                                 "sglang builds the token allocator instead: no caller resizes this class here "
+                                 "(a latent finding, README)")
     return out
 
 

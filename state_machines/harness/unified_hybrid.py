@@ -141,6 +141,11 @@ class UnifiedSWALockstep(SWALockstep):
     lazy: bool = False
     # Whether the last alloc's None went unjudged (``_index_tensor``).
     refused: bool = False
+    # Examples keep the configured pool: the arena model's admission answers
+    # were checked at the default pool only; at 4 pages (--size 16, page
+    # size 4) 0.5.23's Mamba-SWA can_reserve(0, 16) says yes where the model
+    # says the arena cannot hold it, not yet judged (README, Coverage).
+    draws_pool_size = False
 
     def start_models(self, defers_frees: bool) -> None:
         a = self.allocator

@@ -112,6 +112,8 @@ class Coverage:
             return
         self.steps += 1
         self.ran[name] += 1
+        if not self.applicable:
+            return  # a --caller run: its steps are not the simulated caller's orders
         for hit in self._interleavings(state, name, call):
             self._hit(hit)
 

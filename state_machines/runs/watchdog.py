@@ -294,7 +294,23 @@ def worker_signals() -> None:
     alone decides what it means; SIGTERM ends the worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with_parent()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def _die_with_parent() -> None:
+    """Have the kernel send this worker SIGTERM when the process that
+    started it dies, by SIGKILL too (Linux's ``PR_SET_PDEATHSIG``): a parent
+    killed outright would otherwise leave its worker fuzzing on, orphaned.
+    Elsewhere a no-op (the parent's own exit still ends a daemon worker)."""
+    PR_SET_PDEATHSIG = 1  # noqa: N806 - <linux/prctl.h>
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    # The parent here is the process that forked this one (under
+    # forkserver, the server, which exits with the run).
+    prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
 def start_worker(config: Config, beacon: Beacon, messages, index: int):
@@ -445,10 +461,11 @@ def fuzz_watched(config: Config, *, max_examples: int, seed: int | None, db_spec
         nonlocal done
         kind = message[0]
         if kind == "ready":
+            print(f"kv-lockstep fuzz: {config.label()}, up to {max_examples} examples,"
+                  f" seed {seed if seed is not None else 'random'}", file=out)
             for rule, reason in sorted(message[2].items()):
                 print(f"rule {rule} disabled for {config.target}: {reason}", file=out)
-            print(f"kv-lockstep fuzz: {config.label()}, up to {max_examples} examples,"
-                  f" seed {seed if seed is not None else 'random'}", file=out, flush=True)
+            out.flush()
         elif kind == "found":
             got["found"].append((message[2], message[3]))
             print(f"found {message[2]} (example {message[4]}); shrinking it; unshrunk trace: {message[3]}",

@@ -279,16 +279,10 @@ class DSV4HiSparseLockstep(PrefillOnly, ReleasesDevicePeers, SWALockstep):
 class DSV4HiSparseMachine(SWAMachine):
     """The SWA rules over a DeepSeek V4 HiSparse wrapper, plus device buffers and aborts."""
 
-    # A caller frees a request's tail up to its length, so a segment ends
-    # mid-page only in the page's unused part, past every compressed token.
-    @draws(guard=lambda s: s.with_own_pages(), which=PICKS, start=(0, 15), trim=(0, 7))
-    def free_segment(self, which, start, trim):
-        s = self.state
-        req = _pick(s.with_own_pages(), which)
-        request = s.model.requests[req.rid]
-        start_page = len(request.prefix) + start % len(request.own)
-        end = len(request.pages) * s.page_size - trim % (request.spare + 1)
-        self._do("free_segment", req, start_page * s.page_size, end - start_page * s.page_size)
+    def segment_trim_room(self, request) -> int:
+        # A caller frees a request's tail up to its length, so a segment ends
+        # mid-page only in the page's unused part, past every compressed token.
+        return request.spare + 1
 
     # The radix cache inserts whole pages, and a radix match extends a
     # prefix with entries it does not hold yet (an entry twice in one row

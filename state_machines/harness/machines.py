@@ -177,8 +177,15 @@ class FreeGroupMachine(RuleBasedStateMachine):
         req = _pick(s.with_own_pages(), which)
         request = s.model.requests[req.rid]
         start_page = len(request.prefix) + start % len(request.own)
-        end = len(request.pages) * s.page_size - trim % s.page_size
+        end = len(request.pages) * s.page_size - trim % self.segment_trim_room(request)
         self._do("free_segment", req, start_page * s.page_size, end - start_page * s.page_size)
+
+    def segment_trim_room(self, request) -> int:
+        """How many choices a segment's end has below the request's
+        page-aligned end (``trim`` is taken modulo it): anywhere in its last
+        page here; a family whose caller never cuts into written tokens
+        narrows it."""
+        return self.state.page_size
 
     @draws(guard=lambda s: s.stale_rows(), row=PICKS)
     def overwrite_row(self, row):

@@ -284,3 +284,30 @@ def rows_0_5_23(tmp_path_factory):
 def test_0_5_23_runs_each_unified_kind_clean(rows_0_5_23, kind):
     """0.5.23's unified SWA, Mamba and Mamba-SWA composites pass the gate's budget at page size 4."""
     assert rows_0_5_23[kind]["result"] == "pass", rows_0_5_23[kind]
+
+
+def composite_hazard(name: str, kind: str) -> str:
+    from tests.test_unified_mamba import hazard
+
+    return hazard(name, kind)
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("kind", ["unified-swa", "unified-mamba-swa"])
+def test_0_5_23_a_swa_tail_preallocation_binds_only_the_tail(kind):
+    """extend_swa_tail of 9 tokens, tail 1, at page size 4: of three new virtual pages only the last has an SWA side, as the model says."""
+    assert composite_hazard("swa_tail", kind) == "--b clean"
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("kind", ["unified-swa", "unified-mamba-swa"])
+def test_0_5_23_a_model_that_binds_the_whole_preallocation_is_caught(kind):
+    """Told that all three new pages have an SWA side, the SWA census check disagrees with the allocator."""
+    assert composite_hazard("swa_tail_told_all_bound", kind) == "caught swa_free_sets_agree"
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("kind", ["unified-swa", "unified-mamba-swa"])
+def test_0_5_23_the_composite_decodes_at_page_size_four_on_cpu(kind):
+    """With the full side's kernels on CPU, alloc_decode of a page-aligned request binds one new page on both sides."""
+    assert composite_hazard("composite_decode", kind) == "2 full, 2 swa clean"

@@ -82,8 +82,45 @@ def slot_free_of_minus_one(path: str, kind: str) -> str:
     return f"free ids now hold {bad}" if bad else _judged(state)
 
 
+def swa_tail(path: str, kind: str) -> str:
+    """PD decode's preallocation of 9 tokens with a 1-token SWA tail (page
+    size 4): three new virtual pages, the last bound on the SWA side; the
+    SWA v2p of each new page, then the checks' verdict."""
+    state = build(Config(target=f"sglang:{kind}", page_size=4, sglang_path=path))
+    req = state.admit()
+    state.extend_swa_tail(req, 9, 1)
+    pages = state.model.requests[req.rid].own
+    v2p = state.allocator.swa_attn_allocator.virtual_to_physical.tolist()
+    bound = "".join("b" if v2p[p] != -1 else "-" for p in pages)
+    return f"{bound} {_judged(state)}"
+
+
+def swa_tail_told_all_bound(path: str, kind: str) -> str:
+    """The same preallocation, with the model told every new page has an
+    SWA side (a binding the allocator did not make): the checks' verdict."""
+    state = build(Config(target=f"sglang:{kind}", page_size=4, sglang_path=path))
+    req = state.admit()
+    state.extend_swa_tail(req, 9, 1)
+    pages = state.model.requests[req.rid].own
+    unbound = [p for p in pages if not state.swa.live(p)]
+    state.swa.take(unbound, unbound)
+    return _judged(state)
+
+
+def composite_decode(path: str, kind: str) -> str:
+    """A request of 4 tokens decodes one token (a new page at page size 4)
+    through the composite's own alloc_decode: the pages it holds on each
+    side, then the checks' verdict."""
+    state = build(Config(target=f"sglang:{kind}", page_size=4, sglang_path=path))
+    req = state.alloc(4)
+    state.decode([req])
+    pages = state.model.requests[req.rid].own
+    swa = state.allocator.swa_attn_allocator.virtual_to_physical.tolist()
+    return f"{len(pages)} full, {sum(swa[p] != -1 for p in pages)} swa {_judged(state)}"
+
+
 HAZARDS = {f.__name__: f for f in (double_free, segment_freed_twice_in_group, group_begin_while_open,
-                                    slot_free_of_minus_one)}
+                                    slot_free_of_minus_one, swa_tail, swa_tail_told_all_bound, composite_decode)}
 
 if __name__ == "__main__":
     name, path, kind = sys.argv[1:4]

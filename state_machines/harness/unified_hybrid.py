@@ -74,8 +74,6 @@ ADMISSION_METHODS = ("reclaim_plan", "can_reserve", "prealloc_fits", "prealloc_c
 
 # Why the SWA family's other allocation steps do not run on these pools on CPU.
 DEVICE_ONLY = {
-    "extend_swa_tail": "alloc_extend_swa_tail runs the full side's alloc_extend, a Triton kernel"
-                       " (MultiEndedAllocator.alloc_extend): device-only",
     "remap": "HiCache load-back binds pages that swa_attn_allocator.alloc_physical reserved; the reservation"
              " clears only with the H2D copy's CUDA event (set_hicache_transfer_done_event), and until then"
              " every compaction move asserts moves_blocked(): device-only",
@@ -141,11 +139,6 @@ class UnifiedSWALockstep(SWALockstep):
     lazy: bool = False
     # Whether the last alloc's None went unjudged (``_index_tensor``).
     refused: bool = False
-    # Examples keep the configured pool: the arena model's admission answers
-    # were checked at the default pool only; at 4 pages (--size 16, page
-    # size 4) 0.5.23's Mamba-SWA can_reserve(0, 16) says yes where the model
-    # says the arena cannot hold it, not yet judged (README, Coverage).
-    draws_pool_size = False
 
     def start_models(self, defers_frees: bool) -> None:
         a = self.allocator
@@ -172,7 +165,7 @@ class UnifiedSWALockstep(SWALockstep):
             self.disabled_rules["flush"] = "eager compaction: every free compacts at once, a flush has nothing to do"
 
     # Device-only here, each for its reason (DEVICE_ONLY).
-    not_modelled = ("extend_swa_tail", "remap")
+    not_modelled = ("remap",)
     # Its alloc_extend is a Triton kernel (no CPU path): an alloc stays alloc().
     alloc_extends = False
 
@@ -271,8 +264,18 @@ class UnifiedSWALockstep(SWALockstep):
         capacities.  Each answer is the arena's; no page changes hands.
         Over a float chain only ``can_reserve`` / ``prealloc_fits`` with
         nothing evictable (its ``can_reserve`` refuses any), judged for
-        soundness: where the float sits is placement policy."""
+        soundness: where the float sits is placement policy; and for at
+        most ``full`` SWA pages, the demands an allocation makes there
+        (each new SWA page is the SWA side of a new virtual page, and the
+        chain's own callers ask ``ensure_capacity(n, swa <= n)``; its
+        prefill budget is the plain SWA one, which never calls
+        ``can_reserve``).  The float chain prices SWA pages by its index
+        range alone, not by the virtual ids the two-ended pool caps them
+        at, so a larger SWA-only demand is answered yes (README, Latent
+        findings)."""
         a, ps = self.allocator, self.page_size
+        if self.float_chain:
+            swa = min(swa, full)
         live_full, live_swa = (len(x) for x in self._live())
         demand = Demand(full, swa, live_full, live_swa, len(self.universe),
                         min(evict_full, live_full), min(evict_swa, live_swa))
@@ -393,10 +396,34 @@ class UnifiedSWALockstep(SWALockstep):
 
     def _short(self, pages: int) -> bool:
         """Short when the virtual ids run out, or the arena cannot hold
-        ``pages`` more on each side (the model's live counts, compacted)."""
+        ``pages`` more on the full side and as many on the SWA side (an
+        ``extend_swa_tail``: its tail's pages) at once (the model's live
+        counts, compacted)."""
         full, swa = self._live()
-        low, high = (len(full), len(swa)) if self.arena.low.name.startswith("full") else (len(swa), len(full))
-        return self.model.num_free < pages or not self.arena.fits(low + pages, high + pages)
+        swa_pages = pages if self.swa_need is None else self.swa_need
+        return self.model.num_free < pages or not self.arena.fits_sides(len(full) + pages, len(swa) + swa_pages)
+
+    @step
+    def extend_swa_tail(self, req: ReqRef, tokens: int, tail: int) -> None:
+        """PD decode's preallocation, ``alloc_extend_swa_tail`` of one
+        page-aligned request by ``tokens`` tokens: the full side mints a
+        virtual page for each new page, and the SWA side binds only the last
+        ``ceil(tail / page_size)`` of them (the tail starts on a page
+        boundary); the pages before it are born slid (``v2p == -1``).
+        ``None`` exactly when the ids run out or the arena cannot hold both
+        sides' new pages (over a float chain only a success is judged)."""
+        ps = self.page_size
+        before = len(self.model.requests[req.rid].own)
+        self.tail, self.swa_need = tail, -(-tail // ps)
+        try:
+            # The core extend, routed to alloc_extend_swa_tail (_extend_call).
+            Lockstep.extend(self, [req], [tokens])
+        finally:
+            self.tail = self.swa_need = None
+        request = self.model.requests.get(req.rid)
+        grown = request.own[before:] if request is not None else []
+        bound = grown[len(grown) - -(-tail // ps):] if tail else []
+        self.swa.take(bound, bound)
 
     @property
     def float_chain(self) -> bool:

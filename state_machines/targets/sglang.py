@@ -797,7 +797,8 @@ def make_unified_swa(size: int, page_size: int, device: str, need_sort: bool, la
     of what the full side alone would.  Lazy compaction, as sglang's server
     builds it (``SGLANG_DISABLE_LAZY_COMPACTION`` unset)."""
     kind = "unified-swa" if lazy_compaction else "unified-swa-eager"
-    return _make_unified(kind, {"full": "down", "swa": "up"}, size, page_size, device, need_sort, lazy_compaction)
+    return _with_cpu_kernels(_make_unified(kind, {"full": "down", "swa": "up"}, size, page_size, device, need_sort,
+                                           lazy_compaction))
 
 
 def make_unified_swa_eager(size: int, page_size: int, device: str, need_sort: bool):
@@ -810,8 +811,8 @@ def make_unified_mamba_swa(size: int, page_size: int, device: str, need_sort: bo
     | SWA (8, float) | full (16, down)], its sglang chain; lazy compaction
     at the ends (sglang's default; the float middle never runs it)."""
     kind = "unified-mamba-swa" if lazy_compaction else "unified-mamba-swa-eager"
-    return _make_unified(kind, {"mamba": "up", "swa": "float", "full": "down"},
-                         size, page_size, device, need_sort, lazy_compaction)
+    return _with_cpu_kernels(_make_unified(kind, {"mamba": "up", "swa": "float", "full": "down"},
+                                           size, page_size, device, need_sort, lazy_compaction))
 
 
 def make_unified_mamba_swa_eager(size: int, page_size: int, device: str, need_sort: bool):
@@ -851,6 +852,18 @@ def make_unified_mamba_eager(size: int, page_size: int, device: str, need_sort: 
     lazy is sglang's default, ``kv_cache_configurator.py``
     ``_should_enable_lazy_compaction``)."""
     return make_unified_mamba(size, page_size, device, need_sort, lazy_compaction=False)
+
+
+def _with_cpu_kernels(allocator):
+    """A unified composite whose paged ``alloc_extend`` / ``alloc_decode``
+    (and PD decode's ``alloc_extend_swa_tail``) run on CPU: they go through
+    the full sub-pool's own, whose two Triton kernels find CPU stand-ins
+    during each call (``unified_cpu_kernels``); the SWA side binds what the
+    full side took, with no kernel."""
+    full = allocator.full_attn_allocator
+    allocator.kv_lockstep_stand_ins = list(getattr(allocator, "kv_lockstep_stand_ins", ())) + unified_cpu_kernels(
+        full, full.page_size)
+    return allocator
 
 
 def _with_mamba_slots(allocator):

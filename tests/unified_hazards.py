@@ -13,6 +13,7 @@ import sys
 
 import torch
 
+from reference_model.unified_hybrid import Demand
 from state_machines.config import Config
 from state_machines.harness import build
 from state_machines.harness.lockstep import InvariantViolation
@@ -119,7 +120,22 @@ def composite_decode(path: str, kind: str) -> str:
     return f"{len(pages)} full, {sum(swa[p] != -1 for p in pages)} swa {_judged(state)}"
 
 
-HAZARDS = {f.__name__: f for f in (double_free, segment_freed_twice_in_group, group_begin_while_open,
+def swa_only_demand(path: str, kind: str) -> str:
+    """On a 16-token pool at page size 4: the composite's own
+    ``can_reserve(0, 16)`` (four SWA pages, no full page), the arena
+    model's answer (four SWA pages need four virtual ids), then the
+    ``reserve`` step of that demand judged."""
+    state = build(Config(target=f"sglang:{kind}", page_size=4, size=16, sglang_path=path))
+    said = bool(state.allocator.can_reserve(0, 16))
+    arena = Demand(0, 4, 0, 0, len(state.universe)).fits(state.arena)
+    try:
+        state.reserve(0, 4, 0, 0, False)
+    except InvariantViolation as failure:
+        return f"can_reserve {said}, arena {arena}, caught {failure.invariant}"
+    return f"can_reserve {said}, arena {arena}, {_judged(state)}"
+
+
+HAZARDS = {f.__name__: f for f in (swa_only_demand, double_free, segment_freed_twice_in_group, group_begin_while_open,
                                     slot_free_of_minus_one, swa_tail, swa_tail_told_all_bound, composite_decode)}
 
 if __name__ == "__main__":

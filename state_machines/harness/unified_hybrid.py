@@ -62,7 +62,7 @@ from reference_model.unified_hybrid import (
 from state_machines.harness.lockstep import Lockstep, Pool, ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
-from state_machines.harness.swa import SWALockstep, SWAMachine
+from state_machines.harness.swa import SWALockstep, SWAMachine, swa_steps_disabled
 from state_machines.harness.unified import arena_bytes, free_empty, judge_reader_views, page_tables
 from state_machines.targets import probe
 
@@ -163,6 +163,8 @@ class UnifiedSWALockstep(SWALockstep):
             self.disabled_rules["make_room"] = f"{type(a).__name__} has no {', '.join(missing)}"
         if not self.lazy:
             self.disabled_rules["flush"] = "eager compaction: every free compacts at once, a flush has nothing to do"
+        # extend_swa_tail above page size 1 only, where it runs here (probed).
+        self.disabled_rules.update({k: v for k, v in swa_steps_disabled(a, self.page_size).items() if k != "remap"})
 
     # Device-only here, each for its reason (DEVICE_ONLY).
     not_modelled = ("remap",)

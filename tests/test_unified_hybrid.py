@@ -311,3 +311,9 @@ def test_0_5_23_a_model_that_binds_the_whole_preallocation_is_caught(kind):
 def test_0_5_23_the_composite_decodes_at_page_size_four_on_cpu(kind):
     """With the full side's kernels on CPU, alloc_decode of a page-aligned request binds one new page on both sides."""
     assert composite_hazard("composite_decode", kind) == "2 full, 2 swa clean"
+
+
+@pytest.mark.sglang
+def test_0_5_23_the_float_chain_says_yes_to_swa_pages_no_virtual_id_backs():
+    """At 16 tokens, page size 4, Mamba-SWA's can_reserve(0, 16) is True where the arena (three virtual ids) says no; reserve asks no such demand, so nothing is judged."""
+    assert composite_hazard("swa_only_demand", "unified-mamba-swa") == "can_reserve True, arena False, clean"

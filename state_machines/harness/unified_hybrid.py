@@ -401,9 +401,11 @@ class UnifiedSWALockstep(SWALockstep):
         ``pages`` more on the full side and as many on the SWA side (an
         ``extend_swa_tail``: its tail's pages) at once (the model's live
         counts, compacted)."""
+        return self._short_sides(pages, pages if self.swa_need is None else self.swa_need)
+
+    def _short_sides(self, full_pages: int, swa_pages: int) -> bool:
         full, swa = self._live()
-        swa_pages = pages if self.swa_need is None else self.swa_need
-        return self.model.num_free < pages or not self.arena.fits_sides(len(full) + pages, len(swa) + swa_pages)
+        return self.model.num_free < full_pages or not self.arena.fits_sides(len(full) + full_pages, len(swa) + swa_pages)
 
     @step
     def extend_swa_tail(self, req: ReqRef, tokens: int, tail: int) -> None:
@@ -413,7 +415,9 @@ class UnifiedSWALockstep(SWALockstep):
         ``ceil(tail / page_size)`` of them (the tail starts on a page
         boundary); the pages before it are born slid (``v2p == -1``).
         ``None`` exactly when the ids run out or the arena cannot hold both
-        sides' new pages (over a float chain only a success is judged)."""
+        sides' new pages; a ``None`` is also accepted where pricing the SWA
+        side at the full side's page count falls short (0.5.20's documented
+        policy), and over a float chain only a success is judged."""
         ps = self.page_size
         before = len(self.model.requests[req.rid].own)
         self.tail, self.swa_need = tail, -(-tail // ps)
@@ -437,7 +441,11 @@ class UnifiedSWALockstep(SWALockstep):
         arena's bytes could have served is not judged: where the float sits
         is the release's placement policy, which the model does not predict.
         An alloc that succeeds must still fit (no over-commit)."""
-        self.refused = out is None and self.float_chain and self.model.num_free >= want_pages
+        # 0.5.20 prices alloc_extend_swa_tail's SWA side at the full side's
+        # page count, as its docstring says ("pessimistic when the tail is
+        # short"): a None that pricing explains is that policy, not a bug.
+        pessimistic = self.swa_need is not None and self._short_sides(want_pages, want_pages)
+        self.refused = out is None and self.model.num_free >= want_pages and (self.float_chain or pessimistic)
         if self.refused:
             return None
         return super()._index_tensor(what, out, length, want_pages)

@@ -6,8 +6,7 @@ send decode and extend to ``alloc()``, which every target has) is called once
 on a throwaway copy of a freshly built allocator, and a method that raises
 (``NotImplementedError`` in a base class, a device kernel, an assertion
 about the pool's shape) disables its step with the reason, which ``fuzz``
-and ``targets`` print; so does one that returns ``None`` (a pool too small
-for the probe's batch refused it before it ran anything).  It is never a failure.  Probed once per class and
+and ``targets`` print.  It is never a failure.  Probed once per class and
 pool shape.
 """
 
@@ -105,11 +104,7 @@ def _probe(allocator, page_size: int, device: str, latent: bool) -> dict[str, st
             continue
         try:
             with quiet():
-                got = call(throwaway, page_size, device)
-            if got is None:
-                # Refused for room before it ran anything (a pool smaller
-                # than the probe's batch): what it would run is unknown.
-                out[step] = f"{method}: not probed, a fresh pool this small refused the probe's batch (None)"
+                call(throwaway, page_size, device)
         except NotImplementedError:
             out[step] = f"{method}: not provided (NotImplementedError)"
         except Exception as exc:  # noqa: BLE001 - whatever stops it here disables the step

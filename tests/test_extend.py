@@ -181,12 +181,3 @@ def test_sglang_0_5_23_paged_alloc_decode_at_page_size_1_is_a_latent_finding(tmp
     assert re.search(r"^failure 1: \w+ \[latent: outside the caller's contract, not a gate failure\]$", run.stdout, re.M)
     assert "state.decode(" in run.stdout
     assert all("latent" in p.name for p in tmp_path.glob("*.json"))
-
-
-def test_a_probe_a_small_pool_refuses_disables_extend_saying_so():
-    """alloc_extend returning None on a fresh pool too small for the probe's batch ran nothing: extend is disabled with that reason, where a default pool runs it."""
-    from state_machines.targets import probe
-
-    small = PagedAllocator(size=8, page_size=4, device="cpu")
-    assert "refused the probe's batch" in probe._probe(small, 4, "cpu", False).get("extend", "")
-    assert "extend" not in probe._probe(PagedAllocator(size=64, page_size=4, device="cpu"), 4, "cpu", False)

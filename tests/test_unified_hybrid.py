@@ -317,3 +317,22 @@ def test_0_5_23_the_composite_decodes_at_page_size_four_on_cpu(kind):
 def test_0_5_23_the_float_chain_says_yes_to_swa_pages_no_virtual_id_backs():
     """At 16 tokens, page size 4, Mamba-SWA's can_reserve(0, 16) is True where the arena (three virtual ids) says no; reserve asks no such demand, so nothing is judged."""
     assert composite_hazard("swa_only_demand", "unified-mamba-swa") == "can_reserve True, arena False, clean"
+
+
+@pytest.mark.sglang
+def test_0_5_20_prices_a_swa_tail_at_the_full_sides_pages_and_that_refusal_is_no_failure():
+    """At 16 tokens, page size 4, 11 tokens with a 3-token tail: 0.5.20 refuses (both sides priced at three pages, its documented policy), 0.5.23 allocates; both check out."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_sglang import REPO, release_dir
+
+    outcomes = []
+    for version in ("0.5.20", "0.5.23"):
+        run = subprocess.run([sys.executable, "-m", "tests.unified_hazards", "swa_tail_priced_as_full",
+                              str(release_dir(version)), "unified-swa"], cwd=REPO, capture_output=True, text=True,
+                             timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)))
+        assert run.returncode == 0, run.stderr[-3000:]
+        outcomes.append(run.stdout.strip().splitlines()[-1])
+    assert outcomes == ["None clean", "allocated clean"]

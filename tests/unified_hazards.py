@@ -135,7 +135,17 @@ def swa_only_demand(path: str, kind: str) -> str:
     return f"can_reserve {said}, arena {arena}, {_judged(state)}"
 
 
-HAZARDS = {f.__name__: f for f in (swa_only_demand, double_free, segment_freed_twice_in_group, group_begin_while_open,
+def swa_tail_priced_as_full(path: str, kind: str) -> str:
+    """On a 16-token pool at page size 4: a preallocation of 11 tokens with
+    a 3-token SWA tail (three full pages, one SWA page); what the composite
+    returns, then the checks' verdict."""
+    state = build(Config(target=f"sglang:{kind}", page_size=4, size=16, sglang_path=path))
+    req = state.admit()
+    state.extend_swa_tail(req, 11, 3)
+    return f"{'None' if not state.model.requests[req.rid].own else 'allocated'} {_judged(state)}"
+
+
+HAZARDS = {f.__name__: f for f in (swa_tail_priced_as_full, swa_only_demand, double_free, segment_freed_twice_in_group, group_begin_while_open,
                                     slot_free_of_minus_one, swa_tail, swa_tail_told_all_bound, composite_decode)}
 
 if __name__ == "__main__":

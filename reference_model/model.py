@@ -202,7 +202,10 @@ class OwnershipModel:
         return len(self.owner.free)
 
     def counts(self) -> Counter:
-        return Counter(self.owner.kinds)
+        counts = Counter()
+        # dict's own update: Counter's adds its mapping key by key in Python.
+        dict.update(counts, self.owner.kinds)
+        return counts
 
     # -- requests --
 
@@ -356,8 +359,44 @@ class OwnershipModel:
 
     # -- self-check --
 
+    def _structures_agree(self) -> bool:
+        """Whether ``violations`` finds nothing in the requests, the cache and
+        the queue against the owner map (its counts and ledger aside): each
+        held page claimed once, by its owner, and nothing else claimed; each
+        lock on a live entry, each entry's lock count its holders.  Exact,
+        with C-level passes where it can; false sends ``violations`` down its
+        page-by-page path, which says what is wrong."""
+        want: dict[int, Owner] = {}
+        claims = 0
+        locks: list[int] = []
+        for req in self.requests.values():
+            want.update(dict.fromkeys(req.own, Owner(REQUEST, req.rid)))
+            claims += len(req.own)
+            locks += req.locks
+        for entry in self.cache.values():
+            want.update(dict.fromkeys(entry.pages, Owner(CACHE, entry.eid)))
+            claims += len(entry.pages)
+        queued = self.ledger.queued_pages()
+        want.update(dict.fromkeys(queued, Owner(QUEUED)))
+        claims += len(queued)
+        return (
+            len(want) == claims
+            and self.cache.keys() >= set(locks)
+            # A handful of requests and entries: counting in the list beats a Counter.
+            and all(locks.count(e.eid) == e.lock_count for e in self.cache.values())
+            and want.keys() == self.owner.held
+            and want.items() <= self.owner.items()
+        )
+
     def violations(self) -> list[str]:
         """What is inconsistent inside the model; empty when healthy."""
+        if self._structures_agree():
+            counts = self.owner.kinds
+            free = counts.get(FREE, 0)
+            held = counts.get(REQUEST, 0) + counts.get(CACHE, 0) + counts.get(QUEUED, 0)
+            problem = self.ledger.balance_problem(free)
+            if free + held == self.capacity and problem is None:
+                return []
         out = []
         want: dict[int, Owner] = {}
 

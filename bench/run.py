@@ -217,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cap", type=int, default=CAP_EXAMPLES, help=f"examples a search stops at (default {CAP_EXAMPLES}, the bar's)")
     parser.add_argument("--shrink-seeds", type=int, default=SHRINK_SEEDS, help=f"shrinking runs per bug (default {SHRINK_SEEDS}; 0: none)")
     parser.add_argument("--quick", action="store_true", help="bugs only: no clean-target throughput, costs or scaling")
+    parser.add_argument(
+        "--clean-only",
+        metavar="REGEX",
+        help="clean targets only, those whose name matches (e.g. '^builtin:token page_size=1$'): throughput, costs, scaling",
+    )
     parser.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default: 2, or 1 on one core)")
     parser.add_argument("--out", default=str(HERE), help="where results.json and RESULTS.md go (default bench/)")
     parser.add_argument("--verbose", action="store_true", help="print each run as it ends")
@@ -225,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--seeds and --processes take a positive number")
 
     started = time.monotonic()
-    bugs, skipped_bugs = targets.bugs()
-    clean, skipped_clean = ([], []) if args.quick else targets.clean()
+    if args.clean_only and args.quick:
+        parser.error("--clean-only and --quick exclude each other")
+    bugs, skipped_bugs = ([], []) if args.clean_only else targets.bugs()
+    clean, skipped_clean = ([], []) if args.quick else targets.clean(args.clean_only)
     if args.only:
         bugs = [c for c in bugs if re.search(args.only, bug_name(c))]
     for config, reason in skipped_bugs + skipped_clean:
@@ -263,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             "floor_s": FLOOR_S,
             "quick": args.quick,
             "only": args.only,
+            "clean_only": args.clean_only,
             "cap_examples": args.cap,
             "shrink_seeds": args.shrink_seeds,
             "throughput_examples": THROUGHPUT_EXAMPLES,

@@ -9,11 +9,13 @@ is installed; one that cannot be built is skipped with the reason.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 from bench.bugs import HARD
+from bench.known_shortest import bug_name
 from state_machines.config import Config
 from state_machines.harness import build
 from state_machines.targets.catalogue import clean_configs, mutant_configs
@@ -74,6 +76,10 @@ def bugs() -> tuple[list[Config], list[tuple[Config, str]]]:
     return _split([*mutant_configs(), *HARD, *(sglang_config(v) for v in SGLANG_BUGGY)])
 
 
-def clean() -> tuple[list[Config], list[tuple[Config, str]]]:
-    """Every clean built-in target and fixed sglang release; and those skipped."""
-    return _split([*clean_configs(), *(sglang_config(v) for v in SGLANG_FIXED)])
+def clean(match: str | None = None) -> tuple[list[Config], list[tuple[Config, str]]]:
+    """Every clean built-in target and fixed sglang release (only those whose
+    name ``match`` finds, if given); and those skipped."""
+    configs = [*clean_configs(), *(sglang_config(v) for v in SGLANG_FIXED)]
+    if match:
+        configs = [c for c in configs if re.search(match, bug_name(c))]
+    return _split(configs)

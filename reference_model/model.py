@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
+from functools import lru_cache
 from operator import attrgetter
 
 from attrs import define, field, frozen
@@ -33,6 +34,15 @@ class Owner:
 
 
 FREE_OWNER = Owner(FREE)
+
+
+@lru_cache(maxsize=1024)
+def owner(kind: str, ident: int | None = None) -> Owner:
+    """``Owner(kind, ident)``, the same object for the same holder while it
+    stays among the recent ones: the model's self-check then compares its
+    claims with the owner map by identity, in C (an equal but distinct
+    Owner still compares equal)."""
+    return Owner(kind, ident)
 
 
 def _refused(self, *args, **kwargs):
@@ -202,7 +212,10 @@ class OwnershipModel:
         return len(self.owner.free)
 
     def counts(self) -> Counter:
-        return Counter(self.owner.kinds)
+        counts = Counter()
+        # dict's own update: Counter's adds its mapping key by key in Python.
+        dict.update(counts, self.owner.kinds)
+        return counts
 
     # -- requests --
 
@@ -226,8 +239,9 @@ class OwnershipModel:
 
     def take(self, rid: int, pages: list[int]) -> None:
         """``pages`` were handed out to request ``rid`` (checked beforehand)."""
+        who = owner(REQUEST, rid)
         for p in pages:
-            self.owner[p] = Owner(REQUEST, rid)
+            self.owner[p] = who
         self.requests[rid].own.extend(pages)
         self.requests[rid].spare = 0
         self.ledger.allocated += len(pages)
@@ -317,8 +331,9 @@ class OwnershipModel:
     def insert(self, pages: list[int]) -> CacheEntry:
         eid, self._next_eid = self._next_eid, self._next_eid + 1
         entry = self.cache[eid] = CacheEntry(eid=eid, pages=tuple(pages))
+        who = owner(CACHE, eid)
         for p in pages:
-            self.owner[p] = Owner(CACHE, eid)
+            self.owner[p] = who
         return entry
 
     def evictable(self) -> list[int]:
@@ -346,8 +361,9 @@ class OwnershipModel:
         if not self.ledger.queue(pages, source):
             self._to_free(pages, source)
             return
+        queued = owner(QUEUED)
         for p in pages:
-            self.owner[p] = Owner(QUEUED)
+            self.owner[p] = queued
 
     def _to_free(self, pages, source: str) -> None:
         for p in pages:
@@ -356,8 +372,44 @@ class OwnershipModel:
 
     # -- self-check --
 
+    def _structures_agree(self) -> bool:
+        """Whether ``violations`` finds nothing in the requests, the cache and
+        the queue against the owner map (its counts and ledger aside): each
+        held page claimed once, by its owner, and nothing else claimed; each
+        lock on a live entry, each entry's lock count its holders.  Exact,
+        with C-level passes where it can; false sends ``violations`` down its
+        page-by-page path, which says what is wrong."""
+        want: dict[int, Owner] = {}
+        claims = 0
+        locks: list[int] = []
+        for req in self.requests.values():
+            want.update(dict.fromkeys(req.own, owner(REQUEST, req.rid)))
+            claims += len(req.own)
+            locks += req.locks
+        for entry in self.cache.values():
+            want.update(dict.fromkeys(entry.pages, owner(CACHE, entry.eid)))
+            claims += len(entry.pages)
+        queued = self.ledger.queued_pages()
+        want.update(dict.fromkeys(queued, owner(QUEUED)))
+        claims += len(queued)
+        return (
+            len(want) == claims
+            and self.cache.keys() >= set(locks)
+            # A handful of requests and entries: counting in the list beats a Counter.
+            and all(locks.count(e.eid) == e.lock_count for e in self.cache.values())
+            and want.keys() == self.owner.held
+            and want.items() <= self.owner.items()
+        )
+
     def violations(self) -> list[str]:
         """What is inconsistent inside the model; empty when healthy."""
+        if self._structures_agree():
+            counts = self.owner.kinds
+            free = counts.get(FREE, 0)
+            held = counts.get(REQUEST, 0) + counts.get(CACHE, 0) + counts.get(QUEUED, 0)
+            problem = self.ledger.balance_problem(free)
+            if free + held == self.capacity and problem is None:
+                return []
         out = []
         want: dict[int, Owner] = {}
 

@@ -29,3 +29,12 @@ def test_baseline_is_repeatable(seed):
     first = random_fuzz(Config(mutant="flag-drift"), seed=seed, max_examples=200)
     again = random_fuzz(Config(mutant="flag-drift"), seed=seed, max_examples=200)
     assert first.failure is not None and first.failure == again.failure
+
+
+def test_clean_only_picks_the_clean_targets_its_pattern_names():
+    """`python -m bench --clean-only REGEX` benches exactly the clean targets whose name matches."""
+    from bench.known_shortest import bug_name
+    from bench.targets import clean
+
+    ready, skipped = clean("^builtin:token page_size=1$")
+    assert [bug_name(c) for c in ready] == ["builtin:token page_size=1"] and skipped == []

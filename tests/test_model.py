@@ -1,5 +1,7 @@
 """The ownership model on its own, without an allocator."""
 
+import pytest
+
 from reference_model import CHECKS, OwnershipModel, no_slot_handed_out_twice
 from reference_model.invariants import eviction_accounting_balances, free_sets_agree, no_page_freed_twice
 
@@ -107,3 +109,45 @@ def test_every_check_passes_on_a_healthy_census():
     model.new_request(row=0, pages=[1, 2])
     census = sorted(model.free_pages)
     assert [c.__name__ for c in CHECKS if c(census, len(census), 1, model)] == []
+
+
+def _corrupted(how: str) -> OwnershipModel:
+    """A model with a request on pages 1-2, a cache entry on 3-4 locked by
+    it and a group queueing page 5, then broken one way (``how``)."""
+    model = fresh()
+    entry = cached(model, [3, 4])
+    model.new_request(row=0, pages=[1, 2], prefix_entry=entry.eid)
+    holder = model.new_request(row=1, pages=[5])
+    model.begin()
+    model.finish(holder.rid)
+    assert model.violations() == []
+    req = model.requests[1]
+    if how == "page claimed twice":
+        req.own.append(3)
+    elif how == "claim outside the pool":
+        req.own.append(99)
+    elif how == "held page unclaimed":
+        req.own.remove(2)
+    elif how == "owner of another kind":
+        model.owner[1] = model.owner[3]
+    elif how == "lock on an evicted entry":
+        req.locks.append(7)
+    elif how == "lock count drifts":
+        model.cache[entry.eid].lock_count += 1
+    elif how == "queued page freed in the map":
+        model.owner[5] = model.owner[6]
+    elif how == "ledger off by one":
+        model.ledger.freed += 1
+    return model
+
+
+CORRUPTIONS = (
+    "page claimed twice", "claim outside the pool", "held page unclaimed", "owner of another kind",
+    "lock on an evicted entry", "lock count drifts", "queued page freed in the map", "ledger off by one",
+)
+
+
+@pytest.mark.parametrize("how", CORRUPTIONS)
+def test_violations_report_each_inconsistency(how):
+    """violations() (its quick pass over the structures included) names each kind of model corruption."""
+    assert _corrupted(how).violations() != []

@@ -181,22 +181,26 @@ def _on_alarm(signum, frame):
     raise TimeoutError(f"no return within {CALL_TIMEOUT_S:g} s")
 
 
-@contextmanager
-def _deadline(seconds: float):
-    """Interrupt a hung allocator call (main thread only; elsewhere, no limit)."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
-        yield
-        return
+_HAS_TIMER = hasattr(signal, "setitimer")
+
+
+def _with_deadline(seconds: float, fn, args: tuple):
+    """``fn(*args)``, interrupted with ``TimeoutError`` past ``seconds`` (main
+    thread only; elsewhere, no limit).  A plain function, not a context
+    manager: it wraps every allocator call, and a generator's enter and exit
+    cost more than the timer."""
+    if not _HAS_TIMER or threading.get_ident() != threading.main_thread().ident:
+        return fn(*args)
     # Installed once; restoring another handler per call costs more than the
     # call.  _signal's getsignal returns the handler as is (signal's wraps it
     # in an enum lookup that costs more than the check).
     if _signal.getsignal(signal.SIGALRM) is not _on_alarm:
         signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    _signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        yield
+        return fn(*args)
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        _signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 # Who watches the harness's calls (``watch_calls``); None costs one test per call.
@@ -900,8 +904,7 @@ class Lockstep:
         t0 = time.perf_counter() if observer is not None else 0.0
         limit = self.config.call_timeout_s
         try:
-            with _deadline(limit):
-                return fn(*args)
+            return _with_deadline(limit, fn, args)
         except InvariantViolation:
             raise
         except TimeoutError:

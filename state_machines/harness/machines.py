@@ -241,12 +241,16 @@ def one_step_machine(base: type) -> type:
     # All of a rule's arguments in one draw: each draw through ``data`` costs
     # more than the step it feeds.
     arguments = {r.name: (tuple(r.strategies()), st.tuples(*r.strategies().values())) for r in declared}
+    # The rule's index among the applicable ones, by their number: made once
+    # (``st.integers`` looks its cache up on every call).
+    picks = [None] + [st.integers(0, n - 1) for n in range(1, len(declared) + 1)]
 
     def step(self, data):
         applicable = [r for r in declared if r.applies(self)]
-        chosen = applicable[data.draw(st.integers(0, len(applicable) - 1))]
+        chosen = applicable[data.draw(picks[len(applicable)])]
         names, values = arguments[chosen.name]
-        chosen.body(self, **dict(zip(names, data.draw(values))))
+        # A rule without arguments draws nothing: an empty draw still costs a span.
+        chosen.body(self, **dict(zip(names, data.draw(values)))) if names else chosen.body(self)
 
     body["step"] = rule(data=st.data())(step)
     return type("OneStep" + base.__name__, (base,), body)

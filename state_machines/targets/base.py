@@ -7,6 +7,7 @@ import contextlib
 import inspect
 import logging
 import warnings
+import weakref
 from typing import Any, Callable
 
 from attrs import field, frozen
@@ -56,6 +57,24 @@ def quiet():
             root.setLevel(level)
 
 
+# Each example builds its allocator anew; reading the factory's signature
+# cost a third of a build.  Weak keys: a factory made per build (a closure)
+# leaves with its build.
+_PARAMETERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _parameters(factory: Callable[..., Any]):
+    """``inspect.signature(factory).parameters``, read once per factory (one
+    that takes no weak reference, or no hash, each time)."""
+    try:
+        return _PARAMETERS[factory]
+    except KeyError:
+        params = _PARAMETERS[factory] = inspect.signature(factory).parameters
+        return params
+    except TypeError:
+        return inspect.signature(factory).parameters
+
+
 def construct(factory: Callable[..., Any], **available: Any):
     """Call ``factory`` with the parameters it names among ``available``, by
     keyword: a factory ``f(size, page_size, device, need_sort)`` and a class
@@ -63,7 +82,7 @@ def construct(factory: Callable[..., Any], **available: Any):
     need_sort)`` are both served.  A required parameter nobody can supply is
     a ``TargetError``."""
     try:
-        params = inspect.signature(factory).parameters
+        params = _parameters(factory)
     except (TypeError, ValueError):
         return factory(**available)
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import time
@@ -14,7 +15,21 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from state_machines.config import Config
 from state_machines.harness import InvariantViolation, RunRecord, Step, build, machine_for
-from state_machines.runs.trace import LIST, Trace, arg_kinds, int_bounds, run_steps
+from state_machines.runs.trace import (
+    ENTRY,
+    FLAG,
+    LIST,
+    REQ,
+    REQS,
+    RULES,
+    Trace,
+    TraceError,
+    arg_kinds,
+    int_bounds,
+    optional_args,
+    returns_kind,
+    run_steps,
+)
 from state_machines.runs.walk import walk
 
 # Steps in one example; long enough for begin .. free .. overwrite .. end.
@@ -278,13 +293,28 @@ def _smaller_ints(value: int, lo: int, multiple: int) -> list[int]:
     return sorted({v for v in (lo, half, value - multiple) if lo <= v < value})
 
 
-def _smaller_args(step: Step, config: Config, steps: tuple[Step, ...] = ()):
-    """Each copy of ``step`` with one argument made smaller: integers
-    toward their lowest, or to a smaller value the same argument has in
-    another of ``steps`` (two prompts made one), list elements each the
-    same way, True to False."""
+def _made_before(steps: tuple[Step, ...], i: int) -> dict[str, list[str]]:
+    """``{REQ: [...], ENTRY: [...]}``: the names ``steps[:i]`` create, earliest first."""
+    made: dict[str, list[str]] = {REQ: [], ENTRY: []}
+    for step in steps[:i]:
+        if step.returns:
+            made.setdefault(returns_kind(step.rule), []).append(step.returns)
+    return made
+
+
+def _smaller_args(step: Step, config: Config, steps: tuple[Step, ...] = (), i: int | None = None):
+    """Each copy of ``step`` (``steps[i]`` where ``i`` is given) with one
+    argument made simpler: an optional one left out, integers toward
+    their lowest, or to a smaller value the same argument has in another
+    of ``steps`` (two prompts made one), list elements each the same way,
+    True to False, a request or entry named by one made earlier, a batch
+    without one of its requests."""
+    made = _made_before(steps, i) if i is not None else {}
+    optional = optional_args(step.rule)
     for key, kind in arg_kinds(step.rule).items():
         value = step.args.get(key)
+        if key in optional and value is not None:
+            yield attrs.evolve(step, args={k: v for k, v in step.args.items() if k != key})
         if isinstance(value, bool):
             if value:
                 yield attrs.evolve(step, args={**step.args, key: False})
@@ -295,9 +325,78 @@ def _smaller_args(step: Step, config: Config, steps: tuple[Step, ...] = ()):
                 yield attrs.evolve(step, args={**step.args, key: v})
         elif isinstance(value, list) and kind.startswith(LIST) and all(isinstance(v, int) for v in value):
             lo, _, multiple = int_bounds(kind.removeprefix(LIST), config)
-            for i, item in enumerate(value):
+            for j, item in enumerate(value):
                 for v in _smaller_ints(item, lo, multiple):
-                    yield attrs.evolve(step, args={**step.args, key: [*value[:i], v, *value[i + 1 :]]})
+                    yield attrs.evolve(step, args={**step.args, key: [*value[:j], v, *value[j + 1 :]]})
+        elif kind in (REQ, ENTRY) and value in made.get(kind, ()):
+            for earlier in made[kind][: made[kind].index(value)]:
+                yield attrs.evolve(step, args={**step.args, key: earlier})
+        elif kind == REQS and isinstance(value, list) and len(value) > 1:
+            for j in range(len(value)):
+                # The batch without its j-th request, and the parallel list
+                # of integers (``extend``'s tokens) without its j-th entry.
+                yield attrs.evolve(step, args={
+                    k: v[:j] + v[j + 1 :] if isinstance(v, list) and len(v) == len(value) else v
+                    for k, v in step.args.items()
+                })
+
+
+def _simplicity(step: Step) -> tuple:
+    """The order replacing one step by another must descend in, so that the
+    minimiser ends: one that creates nothing, then fewer arguments, then the
+    rule's name, then the values."""
+    return (returns_kind(step.rule) is not None, len(step.args), step.rule, json.dumps(step.args, sort_keys=True))
+
+
+def _candidate_steps(rules: tuple[str, ...], config: Config, made: dict[str, list[str]], ints: set[int]):
+    """Steps of ``rules`` in their simplest forms, simplest first: each
+    integer at its lowest or one of ``ints`` (values the replaced steps
+    had), each flag either way, each request or entry one of the three
+    latest ``made``, a batch of one, an optional argument left out or given."""
+    found = []
+    for rule in rules:
+        options = []
+        for key, kind in arg_kinds(rule).items():
+            if kind in (REQ, ENTRY):
+                values = made.get(kind, [])[-3:]
+            elif kind == REQS:
+                values = [[r] for r in made.get(REQ, [])[-3:]]
+            elif kind == FLAG:
+                values = [False, True]
+            else:
+                try:
+                    lo, hi, multiple = int_bounds(kind.removeprefix(LIST), config)
+                except TraceError:
+                    values = []
+                else:
+                    values = sorted({lo} | {v for v in ints if lo <= v <= hi and v % multiple == 0})
+                    values = [[v] for v in values] if kind.startswith(LIST) else values
+            if key in optional_args(rule):
+                values = [None, *values]
+            options.append((key, values))
+        for combo in itertools.product(*(values for _, values in options)):
+            found.append(Step(rule, {key: v for (key, _), v in zip(options, combo) if v is not None}))
+    return sorted(found, key=_simplicity)
+
+
+def _ints_in(steps) -> set[int]:
+    out = set()
+    for step in steps:
+        for value in step.args.values():
+            if isinstance(value, int) and not isinstance(value, bool):
+                out.add(value)
+            elif isinstance(value, list):
+                out |= {v for v in value if isinstance(v, int)}
+    return out
+
+
+def _runnable_rules(config: Config) -> tuple[str, ...]:
+    """The rules a trace on ``config`` may hold: those its state has and runs here."""
+    try:
+        state = build(config)
+    except Exception:  # noqa: BLE001 - no state, no rules to offer
+        return ()
+    return tuple(r for r in RULES if callable(getattr(state, r, None)) and state.why_not(r) is None)
 
 
 def _without(steps: tuple[Step, ...], name: str) -> tuple[Step, ...]:
@@ -327,15 +426,19 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     fails on the same invariant: deterministic, replaying each candidate
     through the step seam.
 
-    To a fixed point: move the trace onto the first of ``configs`` (the
-    run's own pool, then smaller ones) before its own that it still fails
-    on, if any; delete a request or entry with every step that names it
-    (``_without``); delete runs of 8, 4, 2 and 1 steps (strictly shorter: a replay's
-    teardown may close a group with an ``end`` of its own, which would
-    give back the step deleted), and make each argument smaller (no
-    longer).  Each kept candidate is re-recorded, so names run ``req_0``,
-    ``req_1``, ... again.  ``stop()``, when given, is asked before each
-    replay; true raises ``KeyboardInterrupt``.
+    To a fixed point, cheap passes first: move the trace onto the first of
+    ``configs`` (the run's own pool, then smaller ones) before its own that
+    it still fails on, if any; delete a request or entry with every step
+    that names it (``_without``); delete runs of 8, 4, 2 and 1 steps
+    (strictly shorter: a replay's teardown may close a group with an
+    ``end`` of its own, which would give back the step deleted); make each
+    argument simpler (``_smaller_args``; no longer).  Where those change
+    nothing, the dearer ones, until one succeeds: delete two steps apart;
+    put one simple step (``_candidate_steps``) in place of two adjacent
+    ones, or in place of one it is simpler than (``_simplicity``), which
+    can let the cheap passes cut again.  Each kept candidate is re-recorded,
+    so names run ``req_0``, ``req_1``, ... again.  ``stop()``, when given,
+    is asked before each replay; true raises ``KeyboardInterrupt``.
     """
 
     def attempt(candidate: Trace, shorter: bool) -> bool:
@@ -348,9 +451,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         best = again
         return True
 
-    best = trace
-    changed = True
-    while changed:
+    def cheap() -> bool:
         changed = False
         for config in configs:
             if config == best.config:
@@ -374,7 +475,32 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             # A smaller argument may change which steps follow; ``best`` is re-read each time.
             while i < len(best.steps) and any(
                 attempt(attrs.evolve(best, steps=(*best.steps[:i], step, *best.steps[i + 1 :])), shorter=False)
-                for step in _smaller_args(best.steps[i], best.config, best.steps)
+                for step in _smaller_args(best.steps[i], best.config, best.steps, i)
             ):
                 changed = True
+        return changed
+
+    def dear() -> bool:
+        steps = best.steps
+        for i, j in itertools.combinations(range(len(steps)), 2):
+            if j > i + 1 and attempt(attrs.evolve(best, steps=steps[:i] + steps[i + 1 : j] + steps[j + 1 :]), True):
+                return True
+        if best.config not in rules:
+            rules[best.config] = _runnable_rules(best.config)
+        for width in (2, 1):
+            for i in range(len(steps) - width + 1):
+                replaced, made = steps[i : i + width], _made_before(steps, i)
+                names = {returns_kind(s.rule): s.returns for s in replaced if s.returns}
+                for step in _candidate_steps(rules[best.config], best.config, made, _ints_in(replaced)):
+                    if width == 1 and _simplicity(step) >= _simplicity(replaced[0]):
+                        continue
+                    step = attrs.evolve(step, returns=names.get(returns_kind(step.rule)))
+                    if attempt(attrs.evolve(best, steps=(*steps[:i], step, *steps[i + width :])), width > 1):
+                        return True
+        return False
+
+    best = trace
+    rules: dict[Config, tuple[str, ...]] = {}
+    while cheap() or dear():
+        pass
     return best

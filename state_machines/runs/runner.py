@@ -369,7 +369,9 @@ def _candidate_steps(rules: tuple[str, ...], config: Config, made: dict[str, lis
                 except TraceError:
                     values = []
                 else:
-                    values = sorted({lo} | {v for v in ints if lo <= v <= hi and v % multiple == 0})
+                    # Each value rounded up to the unit's multiple: a page where an extend took a token.
+                    up = {-(-v // multiple) * multiple for v in ints}
+                    values = sorted({lo} | {v for v in up if lo <= v <= hi})
                     values = [[v] for v in values] if kind.startswith(LIST) else values
             if key in optional_args(rule):
                 values = [None, *values]

@@ -109,7 +109,7 @@ def fuzz(
     saved in the example database (when there is one) and replayed first
     next time, as Hypothesis replays its own.  With ``shrink``,
     each failure Hypothesis found is shrunk by ``minimize`` (on the run's
-    own pool size or a smaller one where the failure still shows), not by
+    own pool shape or a smaller pool where the failure still shows), not by
     Hypothesis's shrinker, which replays whole examples through the engine
     and took 5-20 s a failure; Hypothesis still keeps the failing example
     in its database and replays it first next time.  ``stop()``, when
@@ -152,7 +152,7 @@ def fuzz(
         traces = [Trace.from_violation(v) for v in found]
         if shrink:
             traces = [watch.for_shrinking(t) for t in traces]
-            traces = [minimize(t, stop=stop, configs=_shrink_configs(t, config.size, machine.sizes)) for t in traces]
+            traces = [minimize(t, stop=stop, configs=_shrink_configs(t, config, machine.sizes)) for t in traces]
         elif watch.first_hang is not None:
             traces = [Trace.from_violation(watch.first_hang) if t.invariant == "allocator_hung" else t for t in traces]
         failures = tuple(_under_full_limit(t, config, watch.first_hang) for t in traces)
@@ -192,12 +192,16 @@ def _walk_saved(machine, database, record: RunRecord) -> None:
         database.delete(_walk_key(machine), value)
 
 
-def _shrink_configs(trace: Trace, size: int | None, sizes: tuple[int | None, ...]) -> tuple[Config, ...]:
-    """The configurations ``minimize`` tries ``trace`` on: its own at the
-    run's pool ``size``, then at each smaller size an example could draw."""
-    own = attrs.evolve(trace.config, size=size)
+def _shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> tuple[Config, ...]:
+    """The configurations ``minimize`` tries ``trace`` on, simplest first:
+    in the run's own pool shape (size, need_sort, rows of ``run``), then at
+    each smaller size an example could draw; then keeping the trace's own
+    need_sort and rows, at the run's size and the smaller ones."""
+    own = attrs.evolve(trace.config, size=run.size, need_sort=run.need_sort, rows=run.rows)
+    drawn = attrs.evolve(trace.config, size=run.size)
     smaller = sorted(s for s in sizes if s is not None and s < own.pool_size)
-    return (own, *(attrs.evolve(own, size=s) for s in smaller))
+    found = [c for base in (own, drawn) for c in (base, *(attrs.evolve(base, size=s) for s in smaller))]
+    return tuple(dict.fromkeys(found))
 
 
 def shrink_call_timeout(limit: float, slowest_step_s: float) -> float:
@@ -423,6 +427,11 @@ def _without(steps: tuple[Step, ...], name: str) -> tuple[Step, ...]:
     return tuple(out)
 
 
+# Steps the dearer passes of ``minimize`` may replay, all told: a bound on
+# its time that keeps it deterministic (a clock would not).
+DEAR_STEPS = 3000
+
+
 def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace:
     """The shortest, then simplest, trace found near ``trace`` that still
     fails on the same invariant: deterministic, replaying each candidate
@@ -438,7 +447,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     nothing, the dearer ones, until one succeeds: delete two steps apart;
     put one simple step (``_candidate_steps``) in place of two adjacent
     ones, or in place of one it is simpler than (``_simplicity``), which
-    can let the cheap passes cut again.  Each kept candidate is re-recorded,
+    can let the cheap passes cut again; these stop once candidates of
+    ``DEAR_STEPS`` steps in all have been replayed.  Each kept candidate is re-recorded,
     so names run ``req_0``, ``req_1``, ... again.  ``stop()``, when given,
     is asked before each replay; true raises ``KeyboardInterrupt``.
     """
@@ -447,7 +457,11 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         nonlocal best
         if stop is not None and stop():
             raise KeyboardInterrupt("stop requested")
-        again = _fails_like(candidate, best.invariant)
+        key = (candidate.config, json.dumps([step.to_dict() for step in candidate.steps], sort_keys=True))
+        if key not in tried:
+            tried[key] = _fails_like(candidate, best.invariant)
+            spent[0] += len(candidate.steps)
+        again = tried[key]
         if again is None or len(again.steps) > len(best.steps) - shorter:
             return False
         best = again
@@ -484,11 +498,9 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
 
     def dear() -> bool:
         steps = best.steps
-        for i, j in itertools.combinations(range(len(steps)), 2):
-            if j > i + 1 and attempt(attrs.evolve(best, steps=steps[:i] + steps[i + 1 : j] + steps[j + 1 :]), True):
-                return True
         if best.config not in rules:
             rules[best.config] = _runnable_rules(best.config)
+        candidates = []
         for width in (2, 1):
             for i in range(len(steps) - width + 1):
                 replaced, made = steps[i : i + width], _made_before(steps, i)
@@ -497,12 +509,22 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                     if width == 1 and _simplicity(step) >= _simplicity(replaced[0]):
                         continue
                     step = attrs.evolve(step, returns=names.get(returns_kind(step.rule)))
-                    if attempt(attrs.evolve(best, steps=(*steps[:i], step, *steps[i + width :])), width > 1):
-                        return True
+                    candidates.append(((*steps[:i], step, *steps[i + width :]), width > 1))
+            if width == 2:
+                pairs = itertools.combinations(range(len(steps)), 2)
+                candidates += [(steps[:i] + steps[i + 1 : j] + steps[j + 1 :], True) for i, j in pairs if j > i + 1]
+        for candidate, shorter in candidates:
+            if spent[0] > DEAR_STEPS:
+                return False
+            if attempt(attrs.evolve(best, steps=candidate), shorter):
+                return True
         return False
 
     best = trace
     rules: dict[Config, tuple[str, ...]] = {}
+    # Each candidate replayed once (its outcome kept), and the steps replayed so far.
+    tried: dict[tuple, Trace | None] = {}
+    spent = [0]
     while cheap() or dear():
         pass
     return best

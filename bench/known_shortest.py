@@ -42,6 +42,8 @@ _ALIAS_TOKEN = (_s("begin"), _s("alloc", "req_0", n=1), _s("finish", req="req_0"
 _ALIAS_PAGED = (_s("begin"), _s("alloc", "req_0", n=4), _s("finish", req="req_0"), _s("overwrite_row", row=0), _s("end"))
 # The flag-drift story: a group queues a free, and end() runs twice.
 _DRIFT_TOKEN = (_s("begin"), _s("alloc", "req_0", n=1), _s("finish", req="req_0"), _s("end"), _s("end"))
+# A page allocated and freed: the story of every bug in a plain free.
+_PAGE_FREED = (_s("alloc", "req_0", n=4), _s("finish", req="req_0"))
 _DRIFT_PAGED = (_s("begin"), _s("alloc", "req_0", n=4), _s("finish", req="req_0"), _s("end"), _s("end"))
 
 _WHY_ALIAS = (
@@ -154,7 +156,7 @@ KNOWN: tuple[KnownShortest, ...] = (
     _mutant(
         _PAGED,
         "free-no-dedup",
-        [_s("alloc", "req_0", n=4), _s("finish", req="req_0")],
+        _PAGE_FREED,
         "no_page_freed_twice",
         "an alloc of one page, then a free of its slots",
     ),
@@ -222,7 +224,7 @@ KNOWN: tuple[KnownShortest, ...] = (
     _mutant(
         _HISPARSE,
         "mapping-cleared-first",
-        [_s("alloc", "req_0", n=4), _s("finish", req="req_0")],
+        _PAGE_FREED,
         "device_free_sets_agree",
         "an alloc maps a device page, then a free leaks it",
     ),
@@ -318,7 +320,7 @@ KNOWN: tuple[KnownShortest, ...] = (
     _mutant(
         _INTERLEAVE,
         "free-wrong-class",
-        [_s("alloc", "req_0", n=4), _s("finish", req="req_0")],
+        _PAGE_FREED,
         "free_pages_in_own_class",
         "a page must be handed out before a free can file it under the wrong class",
     ),
@@ -356,7 +358,7 @@ KNOWN: tuple[KnownShortest, ...] = (
     _mutant(
         _DSV4,
         "free-keeps-device",
-        [_s("alloc", "req_0", n=4), _s("finish", req="req_0")],
+        _PAGE_FREED,
         "device_free_sets_agree",
         "an alloc maps a device page, then a free keeps it",
     ),
@@ -395,7 +397,7 @@ KNOWN: tuple[KnownShortest, ...] = (
     _mutant(
         _MULTI,
         "lazy-no-dedup",
-        [_s("alloc", "req_0", n=4), _s("finish", req="req_0")],
+        _PAGE_FREED,
         "no_page_freed_twice",
         "an alloc of one page, then a free of its slots",
     ),

@@ -35,8 +35,10 @@ def walk(machine_class, rng: random.Random, examples: int, steps: int = WALK_STE
     rules = machine_rules(machine_class)
     for _ in range(examples):
         machine = machine_class()
-        if machine.draws_shape():
-            machine.shape(*(rng.randrange(len(c)) for c in (machine.sizes, machine.sorts, machine.row_counts)))
+        # Every machine ``machine_for`` makes, a caller's too, has these three.
+        shapes = (machine.sizes, machine.sorts, machine.row_counts)
+        if max(map(len, shapes)) > 1:
+            machine.shape(*(rng.randrange(len(c)) for c in shapes))
         for _ in range(steps):
             chosen = rng.choice([r for r in rules if r.applies(machine)])
             args = {k: rng.random() < 0.5 if r is bool else rng.randint(*r) for k, r in sorted(chosen.draws.items())}

@@ -4,6 +4,7 @@ Registered at import, before Hypothesis's pytest plugin loads the one named
 on the command line (`make test` names `ci`).
 """
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 import state_machines  # noqa: F401  (sets torch's import-time environment first)
@@ -23,3 +24,18 @@ settings.register_profile(
 settings.register_profile("dev", max_examples=100, deadline=None)
 # long: a local soak of the same tests.
 settings.register_profile("long", max_examples=2000, deadline=None)
+
+
+@pytest.fixture(autouse=True)
+def no_example_database():
+    """Every test runs without an example database, whatever the profile: a
+    stale local ``.hypothesis/`` folder would otherwise replay an earlier
+    run's failures into it (``fuzz`` replays the walk's saved failures
+    first, which moves where ``minimize`` starts).  A test that needs a
+    database passes its own."""
+    before = settings.default
+    settings.register_profile("no-database", settings(before, database=None))
+    settings.load_profile("no-database")
+    yield
+    settings.register_profile("before-no-database", before)
+    settings.load_profile("before-no-database")

@@ -8,6 +8,7 @@ beside it; ``tests/test_known_shortest.py`` replays each one.
 
 from __future__ import annotations
 
+import attrs
 from attrs import frozen
 
 from state_machines.config import Config
@@ -41,6 +42,8 @@ _ALIAS_TOKEN = (_s("begin"), _s("alloc", "req_0", n=1), _s("finish", req="req_0"
 _ALIAS_PAGED = (_s("begin"), _s("alloc", "req_0", n=4), _s("finish", req="req_0"), _s("overwrite_row", row=0), _s("end"))
 # The flag-drift story: a group queues a free, and end() runs twice.
 _DRIFT_TOKEN = (_s("begin"), _s("alloc", "req_0", n=1), _s("finish", req="req_0"), _s("end"), _s("end"))
+# A page allocated and freed: the story of every bug in a plain free.
+_PAGE_FREED = (_s("alloc", "req_0", n=4), _s("finish", req="req_0"))
 _DRIFT_PAGED = (_s("begin"), _s("alloc", "req_0", n=4), _s("finish", req="req_0"), _s("end"), _s("end"))
 
 _WHY_ALIAS = (
@@ -58,6 +61,11 @@ _HISPARSE = Config(target="builtin:hisparse", page_size=4)
 _NPU = Config(target="builtin:npu", page_size=4)
 _MAMBA = Config(target="builtin:mamba")
 _INTERLEAVE = Config(target="builtin:page-interleave", page_size=4)
+_DSV4 = Config(target="builtin:dsv4-hisparse", page_size=4)
+_DSV4_8 = Config(target="builtin:dsv4-hisparse", page_size=8)
+_MULTI = Config(target="builtin:multi-ended", page_size=4)
+_UNI_MAMBA = Config(target="builtin:unified-mamba", page_size=4)
+_UNI_SWA = Config(target="builtin:unified-swa", page_size=4)
 
 
 @frozen
@@ -72,18 +80,31 @@ class KnownShortest:
     why: str
     # Targets without the bug, where the same steps must pass.
     fixed: tuple[Config, ...]
+    # The pool size the steps run on, where the bug needs one its
+    # configuration does not pin (an example draws it; see ``pool_sizes``).
+    size: int | None = None
 
     @property
     def name(self) -> str:
         return bug_name(self.config)
 
     def trace(self) -> Trace:
-        return Trace(self.config, self.steps, self.invariant)
+        return Trace(self.on(self.config), self.steps, self.invariant)
+
+    def on(self, config: Config) -> Config:
+        """``config`` on the pool the steps need."""
+        return config if self.size is None else attrs.evolve(config, size=self.size)
 
 
 def _mutant(base: Config, mutant: str, steps, invariant: str, why: str, **needs) -> KnownShortest:
     config = Config(target=base.target, mutant=mutant, page_size=base.page_size, **needs)
     return KnownShortest(config, tuple(steps), invariant, why, (Config(target=base.target, page_size=base.page_size, **needs),))
+
+
+def _hard(name: str, fixed: Config, steps, invariant: str, why: str, size: int | None = None) -> KnownShortest:
+    """A bench bug of ``bench/bugs.py``; ``fixed`` is the built-in it subclasses."""
+    config = Config(target=f"bench.bugs:{name}", page_size=fixed.page_size)
+    return KnownShortest(config, tuple(steps), invariant, why, (fixed,), size)
 
 
 def _sglang(version: str, steps, invariant: str, why: str) -> KnownShortest:
@@ -135,7 +156,7 @@ KNOWN: tuple[KnownShortest, ...] = (
     _mutant(
         _PAGED,
         "free-no-dedup",
-        [_s("alloc", "req_0", n=4), _s("finish", req="req_0")],
+        _PAGE_FREED,
         "no_page_freed_twice",
         "an alloc of one page, then a free of its slots",
     ),
@@ -203,7 +224,7 @@ KNOWN: tuple[KnownShortest, ...] = (
     _mutant(
         _HISPARSE,
         "mapping-cleared-first",
-        [_s("alloc", "req_0", n=4), _s("finish", req="req_0")],
+        _PAGE_FREED,
         "device_free_sets_agree",
         "an alloc maps a device page, then a free leaks it",
     ),
@@ -299,16 +320,16 @@ KNOWN: tuple[KnownShortest, ...] = (
     _mutant(
         _INTERLEAVE,
         "free-wrong-class",
-        [_s("alloc", "req_0", n=4), _s("finish", req="req_0")],
+        _PAGE_FREED,
         "free_pages_in_own_class",
         "a page must be handed out before a free can file it under the wrong class",
     ),
     _mutant(
         _INTERLEAVE,
         "base-keeps-page",
-        [_s("alloc", "req_0", n=4), _s("alloc", req="req_0", n=4)],
+        [_s("load_back", "req_0", n=4, start=0)],
         "free_sets_agree",
-        "a request must hold a page before it continues its chain; the continuation's page stays free",
+        "the first chain loaded back at a given class continues from its base, whose page stays free",
     ),
     _mutant(
         _INTERLEAVE,
@@ -334,6 +355,187 @@ KNOWN: tuple[KnownShortest, ...] = (
         need_sort=True, size=8,
     ),
     _mutant(_INTERLEAVE, "alias", _ALIAS_PAGED, "free_sets_agree", _WHY_ALIAS),
+    _mutant(
+        _DSV4,
+        "free-keeps-device",
+        _PAGE_FREED,
+        "device_free_sets_agree",
+        "an alloc maps a device page, then a free keeps it",
+    ),
+    _mutant(_DSV4, "group-queues-view", _ALIAS_PAGED, "free_sets_agree", _WHY_ALIAS),
+    _mutant(
+        _DSV4_8,
+        "last-loc-floor",
+        [_s("admit", "req_0"), _extend(["req_0"], [5]), _extend(["req_0"], [3])],
+        "compressed_mapping_consistent",
+        "a request must hold a partly used page and an extend then fill it: admit, an extend ending mid-page, "
+        "the extend whose last location the mutant rounds down",
+    ),
+    _mutant(
+        _DSV4_8,
+        "surplus-frees-shared",
+        [_s("alloc", "req_0", n=16), _s("device_buffer_pages", req="req_0", pages=1)],
+        "device_free_sets_agree",
+        "a request must hold more device pages than its buffer keeps: an alloc of two pages, then a one-page buffer",
+    ),
+    _mutant(
+        _MULTI,
+        "segment-view",
+        [_s("begin"), _s("alloc", "req_0", n=12), _s("free_segment", req="req_0", start=4, n=5),
+         _s("overwrite_row", row=0), _s("end")],
+        "no_page_freed_twice",
+        _WHY_ALIAS.replace("freed as a view", "freed by free_segment as a view"),
+        row_dtype="int64",
+    ),
+    _mutant(
+        _MULTI,
+        "reps-drift",
+        [_s("begin"), _s("alloc", "req_0", n=12), _s("free_segment", req="req_0", start=4, n=5), _s("end"), _s("end")],
+        "no_page_freed_twice",
+        _WHY_DRIFT.replace("a free queued", "a free_segment queued"),
+    ),
+    _mutant(
+        _MULTI,
+        "lazy-no-dedup",
+        _PAGE_FREED,
+        "no_page_freed_twice",
+        "an alloc of one page, then a free of its slots",
+    ),
+    _mutant(
+        _MULTI,
+        "move-keeps-mapping",
+        [_s("alloc_physical", n=4), _s("alloc", "req_0", n=4), _s("free_physical", loan=0), _s("flush", urgent=True)],
+        "tables_bijective",
+        "a physical loan, a logical page behind it, the loan freed (a move pending), and the urgent flush "
+        "that moves the page and keeps its old mapping",
+    ),
+    _mutant(
+        _UNI_MAMBA,
+        "reps-not-flushed",
+        [_s("begin"), _s("alloc", "req_0", n=4), _s("free_segment", req="req_0", start=0, n=1), _s("end")],
+        "free_sets_agree",
+        "a group, a page, a free_segment queued in the group, and the end that does not release it",
+    ),
+    _mutant(
+        _UNI_MAMBA,
+        "bytes-not-shared",
+        [_s("mamba_alloc", n=2), _s("mamba_alloc", n=3), _s("alloc", "req_0", n=16), _s("alloc", n=16)],
+        "alloc_none_iff_short",
+        "the shared bytes must run short on the KV side: state slots taken twice (at most 3 a call), "
+        "then KV pages (at most 4 a call) until the alloc the mutant refuses though room is left",
+    ),
+    _mutant(
+        _UNI_MAMBA,
+        "group-end-keeps-leftovers",
+        [_s("mamba_group_begin", n=1), _s("mamba_group_end")],
+        "mamba_free_sets_agree",
+        "a group must reserve a state slot and end with it undrawn",
+    ),
+    _mutant(
+        _UNI_MAMBA,
+        "prepare-closes-group",
+        [_s("begin"), _s("alloc", "req_0", n=4), _s("free", req="req_0", n=4), _s("prepare_mamba", n=1),
+         _s("alloc", req="req_0", n=4), _s("finish", req="req_0")],
+        "free_sets_agree",
+        "a free queued in a group, prepare_mamba (which the mutant lets close the group), and a page "
+        "allocated and freed after it: the group must hold a queued free before prepare, and a free after",
+    ),
+    _mutant(
+        _UNI_MAMBA,
+        "schedulable-overpromises",
+        [_s("alloc", "req_0", n=4)],
+        "mamba_capacity_view_within_room",
+        "the first alloc's capacity view is already over-promised",
+    ),
+    _mutant(
+        _UNI_SWA,
+        "no-tombstone-filter",
+        [_s("alloc", "req_0", n=4), _s("slide", req="req_0", pages=1), _s("finish", req="req_0")],
+        "swa_compacted",
+        "a page, its window slid (a tombstone), and the free that hands the tombstone back",
+    ),
+    _mutant(
+        _UNI_SWA,
+        "full-queue-not-flushed",
+        [_s("begin"), _s("alloc", "req_0", n=4), _s("rematch", "cache_0", req="req_0", dup=0), _s("finish", req="req_0"),
+         _s("evict_swa", entry="cache_0"), _s("evict", entry="cache_0"), _s("end")],
+        "free_sets_agree",
+        "the full side's free must be queued in a group by an eviction: a cached, unlocked page "
+        "(alloc, rematch, finish), its SWA side and then itself evicted in the group, then end",
+    ),
+    _mutant(
+        _UNI_SWA,
+        "segment-queues-view",
+        [_s("alloc", "req_0", n=12), _s("begin"), _s("free_segment", req="req_0", start=0, n=9),
+         _s("overwrite_row", row=0), _s("end")],
+        "no_page_freed_twice",
+        _WHY_ALIAS.replace("freed as a view", "freed by free_segment as a view"),
+    ),
+    _mutant(
+        _UNI_SWA,
+        "slide-keeps-binding",
+        [_s("alloc", "req_0", n=4), _s("slide", req="req_0", pages=1)],
+        "swa_free_sets_agree",
+        "a page, then its window slides",
+    ),
+    _mutant(
+        _UNI_SWA,
+        "admission-ignores-swa",
+        [_s("reserve", full=0, swa=11, evict_full=0, evict_swa=0, prefer_swa=False)],
+        "unified_reclaim_plan_agrees",
+        "one admission question that needs more SWA than is free",
+    ),
+    _mutant(
+        _UNI_SWA,
+        "tombstone-read-wraps",
+        [_s("alloc", "req_0", n=4), _s("slide", req="req_0", pages=1)],
+        "swa_read_path_agrees",
+        "a page, then its window slides and the read path meets the tombstone",
+    ),
+    _hard(
+        "ExactlyFull",
+        _TOKEN,
+        [_s("alloc", "req_0", n=2), _s("alloc", "req_1", n=1), _extend(["req_1", "req_0"], [4, 3])],
+        "free_sets_agree",
+        "the 10-slot pool must be taken whole by one call: a step grows one request by at most 4 slots "
+        "but an extend grows a batch, so two steps give 8 at most and three suffice",
+    ),
+    _hard(
+        "ThirdGroup",
+        _TOKEN,
+        [_s("alloc", "req_0", n=3), *[x for _ in range(3) for x in (_s("begin"), _s("free", req="req_0", n=1), _s("end"))]],
+        "free_sets_agree",
+        "three groups, each begin, a free and end (9 steps), after an alloc that gives them something to free",
+    ),
+    _hard(
+        "BigFree",
+        _TOKEN,
+        [_s("alloc", "req_0", n=2), _extend(["req_0"], [4]), _extend(["req_0"], [3]), _s("finish", req="req_0")],
+        "free_sets_agree",
+        "one free of 9 slots: a step grows a request by at most 4 slots, so three steps and the free",
+    ),
+    _hard(
+        "BigPool",
+        _TOKEN,
+        [_s("alloc", "req_0", n=1)],
+        "free_sets_agree",
+        "on a pool of 64 slots (an example draws one), the first alloc",
+        size=64,
+    ),
+    _hard(
+        "OffsetThree",
+        _PAGED,
+        [_s("alloc", "req_0", n=4), _s("free_segment", req="req_0", start=0, n=3)],
+        "free_sets_agree",
+        "an alloc, then a segment ending 3 slots into its page",
+    ),
+    _hard(
+        "TenthAlloc",
+        _TOKEN,
+        [_s("alloc", "req_0", n=1), *[_decode("req_0")] * 9],
+        "free_sets_agree",
+        "ten calls that allocate: each step makes at most one",
+    ),
     # sglang 0.5.17 has both bugs (a flag beside the queue, and a queue of
     # views); flag drift shows in as few steps as aliasing.
     _sglang("0.5.17", _DRIFT_TOKEN, "no_page_freed_twice", _WHY_DRIFT),

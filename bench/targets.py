@@ -73,7 +73,12 @@ def _split(configs) -> tuple[list[Config], list[tuple[Config, str]]]:
 def bugs() -> tuple[list[Config], list[tuple[Config, str]]]:
     """Every built-in mutant, the bench's harder bugs (``bench/bugs.py``) and
     buggy sglang releases; and those skipped, with why."""
-    return _split([*mutant_configs(), *HARD, *(sglang_config(v) for v in SGLANG_BUGGY)])
+    return _split(every_bug())
+
+
+def every_bug() -> list[Config]:
+    """Every bug the bench knows, whether or not it can be built here."""
+    return [*mutant_configs(), *HARD, *(sglang_config(v) for v in SGLANG_BUGGY)]
 
 
 def clean(match: str | None = None) -> tuple[list[Config], list[tuple[Config, str]]]:

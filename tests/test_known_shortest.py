@@ -51,7 +51,7 @@ def _marks(known):
 def test_known_shortest_trace_fails_on_its_bug(known, tmp_path):
     """The hand-written trace fails at its last step, on the invariant it names."""
     _runnable(known.config)
-    failed = _replay(known.trace(), known.config, tmp_path)
+    failed = _replay(known.trace(), known.trace().config, tmp_path)
     assert failed is not None, f"{known.name}: the known trace passed:\n{known.trace().program()}"
     assert failed == (known.invariant, len(known.steps)), "wrong invariant, or it fails before its last step"
 
@@ -63,4 +63,12 @@ def test_known_shortest_trace_fails_on_its_bug(known, tmp_path):
 def test_known_shortest_trace_passes_on_the_fixed_target(known, fixed, tmp_path):
     """The same steps run clean on a target without the bug."""
     _runnable(fixed)
-    assert _replay(known.trace(), fixed, tmp_path) is None
+    assert _replay(known.trace(), known.on(fixed), tmp_path) is None
+
+
+def test_every_bench_bug_has_a_known_shortest_trace():
+    """Each bug the bench runs (mutants, bench/bugs.py, buggy sglang releases) has a hand-written shortest trace."""
+    from bench.known_shortest import BY_NAME, bug_name
+    from bench.targets import every_bug
+
+    assert [bug_name(c) for c in every_bug() if bug_name(c) not in BY_NAME] == []

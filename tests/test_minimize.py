@@ -76,3 +76,20 @@ def test_minimize_does_not_trade_the_invariant_for_a_shorter_failure():
     assert _fails(FREED_TWICE[:4] + FREED_TWICE[5:]) == ("free_sets_agree", len(FREED_TWICE) - 1)
     shortest = minimize(Trace(TOKEN_ALIAS, FREED_TWICE, "no_page_freed_twice"))
     assert (shortest.invariant, shortest.steps) == ("no_page_freed_twice", FREED_TWICE)
+
+
+def test_minimize_puts_one_step_in_place_of_two():
+    """On the paged pool, ``admit`` then an ``extend`` of one token is one
+    ``alloc`` of a page: the six-step aliasing story comes back as five."""
+    config = Config(target="builtin:paged", mutant="alias", page_size=4)
+    six = (
+        Step("begin", {}),
+        Step("admit", {}, "req_0"),
+        Step("extend", {"reqs": ["req_0"], "tokens": [1]}),
+        Step("free", {"req": "req_0", "n": 4}),
+        Step("alloc", {"n": 4, "req": "req_0"}),
+        Step("end", {}),
+    )
+    assert replay(Trace(config, six)).invariant == "free_sets_agree"
+    shortest = minimize(Trace(config, six, "free_sets_agree"))
+    assert (shortest.invariant, len(shortest.steps)) == ("free_sets_agree", 5)

@@ -3,7 +3,7 @@
 import attrs
 import pytest
 
-from state_machines.runs.runner import fuzz, replay
+from state_machines.runs.runner import fuzz, fuzz_settings, replay
 from state_machines.runs.trace import Trace
 from state_machines.targets.catalogue import mutant_configs
 
@@ -48,3 +48,12 @@ def test_shrinking_yields_a_short_trace(config):
     shortest = min(outcome.failures, key=lambda t: len(t.steps))
     assert len(shortest.steps) <= SHRINK_CASES[(config.target, config.mutant)], shortest.program()
     assert replay(shortest) is not None
+
+
+def test_a_test_runs_without_an_example_database():
+    """Whatever the profile, a test's fuzz runs see no on-disk example database
+    (conftest), so a stale ``.hypothesis/`` cannot change what it shrinks."""
+    from hypothesis import settings
+
+    assert settings.default.database is None
+    assert fuzz_settings().database is None

@@ -2,14 +2,20 @@
 a pool size drawn per example, and a trace minimiser that shrinks on the
 run's own pool and makes arguments smaller."""
 
-import attrs
+import random
 
+import attrs
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from allocators.token import TokenAllocator
 from bench.bugs import HARD
 from state_machines.config import Config
-from state_machines.harness import Step, machine_for
-from state_machines.harness.machines import POOL_PAGES, machine_rules
-from state_machines.runs.runner import _without, fuzz, minimize, replay
+from state_machines.harness import Step, build, machine_for
+from state_machines.harness.machines import POOL_PAGES, POOL_ROWS, machine_rules
+from state_machines.runs.runner import _without, fuzz, fuzz_settings, minimize, replay
 from state_machines.runs.trace import Trace
+from state_machines.runs.walk import walk
 from tests.test_minimize import ALIAS, TOKEN_ALIAS
 
 BIG_POOL = next(c for c in HARD if c.target.endswith("BigPool"))
@@ -32,6 +38,63 @@ def test_an_unpinned_run_draws_its_pool_size_among_the_sizes_that_build():
     assert machine_for(Config()).sizes == (None, *(p for p in POOL_PAGES if p is not None))
     assert machine_for(Config(size=16)).sizes == (None,)
     assert machine_for(Config(), draw_size=False).sizes == (None,)
+
+
+def test_an_unpinned_run_draws_need_sort_and_rows_too():
+    """Without them in the configuration an example also draws need_sort and a row count; asked for, they are pinned; --size pins only the size."""
+    machine = machine_for(Config())
+    assert (machine.sorts, machine.row_counts) == ((None, True), (None, *(r for r in POOL_ROWS if r is not None)))
+    assert (machine_for(Config(need_sort=True, rows=8)).sorts, machine_for(Config(rows=8)).row_counts) == ((None,), (None,))
+    assert machine_for(Config(size=16)).sorts == (None, True)
+
+
+def _shapes_built(drive) -> set[tuple]:
+    """The (size, need_sort, rows) of each state ``drive(machine)`` builds on the default configuration."""
+    seen = set()
+
+    def spy(config):
+        seen.add((config.size, config.need_sort, config.rows))
+        return build(config)
+
+    drive(type("Spy", (machine_for(Config()),), {"build": staticmethod(spy)}))
+    return seen
+
+
+def test_the_walk_reaches_every_pool_shape():
+    """A hundred one-step walk examples build the pool in each size, need_sort and row count."""
+    seen = _shapes_built(lambda m: walk(m, random.Random(0), 100, steps=1))
+    assert {s[0] for s in seen} == {None, *(p * 1 for p in POOL_PAGES if p)}
+    assert {s[1] for s in seen} == {False, True}
+    assert {s[2] for s in seen} == {4, *(r for r in POOL_ROWS if r)}
+
+
+def test_hypothesis_draws_need_sort_and_rows_per_example():
+    """Under Hypothesis too, examples build the pool with need_sort on and off and in every row count."""
+    chosen = settings(fuzz_settings(max_examples=100, database=None, derandomize=True), stateful_step_count=2)
+    seen = _shapes_built(lambda m: run_state_machine_as_test(m, settings=chosen))
+    assert {s[1] for s in seen} == {False, True}
+    assert {s[2] for s in seen} == {4, *(r for r in POOL_ROWS if r)}
+
+
+class SortedLeak(TokenAllocator):
+    """With need_sort on, an alloc leaves its last slot on the free list: a
+    bug no example of the default configuration (need_sort off) could show
+    before need_sort was drawn."""
+
+    def alloc(self, need_size):
+        taken = super().alloc(need_size)
+        if self.need_sort and taken is not None and len(taken):
+            self.free_pages = taken[-1:].clone()
+        return taken
+
+
+def test_a_bug_that_needs_need_sort_is_found_and_its_trace_keeps_the_shape():
+    """The failure shows only with need_sort; the trace records need_sort, so its replay fails the same way."""
+    outcome = fuzz(Config(target="tests.test_search:SortedLeak"), max_examples=200, database=None, derandomize=True)
+    (failure,) = outcome.failures
+    assert failure.config.need_sort
+    assert replay(failure).invariant == failure.invariant
+    assert replay(failure, attrs.evolve(failure.config, need_sort=False)) is None
 
 
 def test_a_bug_that_needs_a_big_pool_is_found_and_shrunk_onto_it():

@@ -26,8 +26,10 @@ from state_machines.harness.machines import (
     HookRules,
     RunRecord,
     one_step_machine,
+    pool_rows,
     pool_shape_rule,
     pool_sizes,
+    pool_sorts,
 )
 from state_machines.targets import devices, probe
 
@@ -115,9 +117,13 @@ def machine_for(config: Config, record: RunRecord | None = None, *, draw_size: b
     base = one_step_machine(base)
     draws = draw_size and config.caller == "harness" and getattr(type(state), "draws_pool_size", True)
     sizes = pool_sizes(config, _builds) if draws else (None,)
-    bases = (pool_shape_rule(sizes), base) if len(sizes) > 1 else (base,)
+    sorts = pool_sorts(config, _builds) if draws else (None,)
+    row_counts = pool_rows(config, _builds) if draws else (None,)
+    shaped = max(len(sizes), len(sorts), len(row_counts)) > 1
+    bases = (pool_shape_rule(sizes, sorts, row_counts), base) if shaped else (base,)
     name = base.__name__ + "_" + "".join(c if c.isalnum() else "_" for c in config.label())
-    body = {"config": config, "record": record or RunRecord(), "build": staticmethod(build), "sizes": sizes}
+    body = {"config": config, "record": record or RunRecord(), "build": staticmethod(build),
+            "sizes": sizes, "sorts": sorts, "row_counts": row_counts}
     return type(name, bases, body)
 
 

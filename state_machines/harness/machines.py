@@ -29,6 +29,10 @@ PICKS = (0, 3)
 # example heads for; 4 is exhausted in a step or two, 64 holds more than
 # every row together (bugs that need many free pages).
 POOL_PAGES = (None, 4, 24, 64)
+# Rows of req_to_token an example may run on where the configuration asks
+# for none but the default 4: the first (None) is its own, where a shrunk
+# example heads; 1 row serves one request at a time, 16 many at once.
+POOL_ROWS = (None, 1, 16)
 
 
 @define
@@ -115,12 +119,28 @@ class FreeGroupMachine(RuleBasedStateMachine):
     # one, the example's first step (``PoolShapeRule.shape``) draws one and
     # builds the state then.
     sizes: tuple[int | None, ...] = (None,)
+    # Likewise need_sort (``None`` keeps the configuration's; ``pool_sorts``)
+    # and req_to_token's rows (``pool_rows``), drawn in the same first step.
+    sorts: tuple[bool | None, ...] = (None,)
+    row_counts: tuple[int | None, ...] = (None,)
 
     def __init__(self) -> None:
         super().__init__()
         self.record.examples += 1
-        if len(self.sizes) <= 1:
+        if not self.draws_shape():
             self.state = self.build(self.config)
+
+    @classmethod
+    def draws_shape(cls) -> bool:
+        """Whether an example's first step draws its pool shape."""
+        return max(len(cls.sizes), len(cls.sorts), len(cls.row_counts)) > 1
+
+    @classmethod
+    def shaped(cls, config: Config, size: int, need_sort: int = 0, rows: int = 0) -> Config:
+        """``config`` in the pool shape of the indices ``size``, ``need_sort``
+        and ``rows`` into ``sizes``, ``sorts`` and ``row_counts`` (0: its own)."""
+        changes = {"size": cls.sizes[size], "need_sort": cls.sorts[need_sort], "rows": cls.row_counts[rows]}
+        return attrs.evolve(config, **{k: v for k, v in changes.items() if v is not None})
 
     def _do(self, name: str, *args, **kwargs):
         """Run the harness step ``name``, counted and shown to the probe."""
@@ -277,18 +297,42 @@ def pool_sizes(config: Config, builds: Callable[[Config], bool]) -> tuple[int | 
     return (None, *(size for size in others if builds(attrs.evolve(config, size=size))))
 
 
-def pool_shape_rule(sizes: tuple[int | None, ...]) -> type:
-    """A mixin whose ``@initialize`` rule builds the example's state at one
-    of ``sizes``, drawn (index 0, the run's own size, is where a shrink
-    heads).  It builds from the machine's ``config`` as it is then, which
-    a hang watch may have changed.  Not a ``MachineRule``: the random
+def pool_sorts(config: Config, builds: Callable[[Config], bool]) -> tuple[bool | None, ...]:
+    """The need_sort values an example of ``config`` may run on: its own
+    (``None``) first, then True where ``config`` leaves it off and the
+    target's constructor takes it (it builds); only its own where
+    ``config`` asks for need_sort."""
+    if config.need_sort or not builds(attrs.evolve(config, need_sort=True)):
+        return (None,)
+    return (None, True)
+
+
+def pool_rows(config: Config, builds: Callable[[Config], bool]) -> tuple[int | None, ...]:
+    """The req_to_token row counts an example of ``config`` may run on: its
+    own (``None``) first, then each other of ``POOL_ROWS`` that ``builds``;
+    only its own where ``config`` asks for other rows than the default."""
+    if config.rows != attrs.fields(Config).rows.default:
+        return (None,)
+    others = (rows for rows in POOL_ROWS if rows is not None and rows != config.rows)
+    return (None, *(rows for rows in others if builds(attrs.evolve(config, rows=rows))))
+
+
+def pool_shape_rule(sizes: tuple[int | None, ...], sorts=(None,), row_counts=(None,)) -> type:
+    """A mixin whose ``@initialize`` rule builds the example's state in one
+    pool shape: a size of ``sizes``, need_sort of ``sorts`` and a row count
+    of ``row_counts``, each drawn (index 0 of each, the run's own, is where
+    a shrink heads).  It builds from the machine's ``config`` as it is then,
+    which a hang watch may have changed.  Not a ``MachineRule``: the random
     baseline stays on the run's own pool."""
 
     class PoolShapeRule:
-        @initialize(shape=st.integers(0, len(sizes) - 1))
-        def shape(self, shape):
-            size = sizes[shape]
-            self.state = self.build(self.config if size is None else attrs.evolve(self.config, size=size))
+        @initialize(
+            shape=st.integers(0, len(sizes) - 1),
+            need_sort=st.integers(0, len(sorts) - 1),
+            rows=st.integers(0, len(row_counts) - 1),
+        )
+        def shape(self, shape, need_sort=0, rows=0):
+            self.state = self.build(self.shaped(self.config, shape, need_sort, rows))
 
     return PoolShapeRule
 

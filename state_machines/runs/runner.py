@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import time
@@ -14,7 +15,21 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from state_machines.config import Config
 from state_machines.harness import InvariantViolation, RunRecord, Step, build, machine_for
-from state_machines.runs.trace import LIST, Trace, arg_kinds, int_bounds, run_steps
+from state_machines.runs.trace import (
+    ENTRY,
+    FLAG,
+    LIST,
+    REQ,
+    REQS,
+    RULES,
+    Trace,
+    TraceError,
+    arg_kinds,
+    int_bounds,
+    optional_args,
+    returns_kind,
+    run_steps,
+)
 from state_machines.runs.walk import walk
 
 # Steps in one example; long enough for begin .. free .. overwrite .. end.
@@ -94,7 +109,7 @@ def fuzz(
     saved in the example database (when there is one) and replayed first
     next time, as Hypothesis replays its own.  With ``shrink``,
     each failure Hypothesis found is shrunk by ``minimize`` (on the run's
-    own pool size or a smaller one where the failure still shows), not by
+    own pool shape or a smaller pool where the failure still shows), not by
     Hypothesis's shrinker, which replays whole examples through the engine
     and took 5-20 s a failure; Hypothesis still keeps the failing example
     in its database and replays it first next time.  ``stop()``, when
@@ -137,7 +152,7 @@ def fuzz(
         traces = [Trace.from_violation(v) for v in found]
         if shrink:
             traces = [watch.for_shrinking(t) for t in traces]
-            traces = [minimize(t, stop=stop, configs=_shrink_configs(t, config.size, machine.sizes)) for t in traces]
+            traces = [minimize(t, stop=stop, configs=_shrink_configs(t, config, machine.sizes)) for t in traces]
         elif watch.first_hang is not None:
             traces = [Trace.from_violation(watch.first_hang) if t.invariant == "allocator_hung" else t for t in traces]
         failures = tuple(_under_full_limit(t, config, watch.first_hang) for t in traces)
@@ -177,12 +192,16 @@ def _walk_saved(machine, database, record: RunRecord) -> None:
         database.delete(_walk_key(machine), value)
 
 
-def _shrink_configs(trace: Trace, size: int | None, sizes: tuple[int | None, ...]) -> tuple[Config, ...]:
-    """The configurations ``minimize`` tries ``trace`` on: its own at the
-    run's pool ``size``, then at each smaller size an example could draw."""
-    own = attrs.evolve(trace.config, size=size)
+def _shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> tuple[Config, ...]:
+    """The configurations ``minimize`` tries ``trace`` on, simplest first:
+    in the run's own pool shape (size, need_sort, rows of ``run``), then at
+    each smaller size an example could draw; then keeping the trace's own
+    need_sort and rows, at the run's size and the smaller ones."""
+    own = attrs.evolve(trace.config, size=run.size, need_sort=run.need_sort, rows=run.rows)
+    drawn = attrs.evolve(trace.config, size=run.size)
     smaller = sorted(s for s in sizes if s is not None and s < own.pool_size)
-    return (own, *(attrs.evolve(own, size=s) for s in smaller))
+    found = [c for base in (own, drawn) for c in (base, *(attrs.evolve(base, size=s) for s in smaller))]
+    return tuple(dict.fromkeys(found))
 
 
 def shrink_call_timeout(limit: float, slowest_step_s: float) -> float:
@@ -278,13 +297,28 @@ def _smaller_ints(value: int, lo: int, multiple: int) -> list[int]:
     return sorted({v for v in (lo, half, value - multiple) if lo <= v < value})
 
 
-def _smaller_args(step: Step, config: Config, steps: tuple[Step, ...] = ()):
-    """Each copy of ``step`` with one argument made smaller: integers
-    toward their lowest, or to a smaller value the same argument has in
-    another of ``steps`` (two prompts made one), list elements each the
-    same way, True to False."""
+def _made_before(steps: tuple[Step, ...], i: int) -> dict[str, list[str]]:
+    """``{REQ: [...], ENTRY: [...]}``: the names ``steps[:i]`` create, earliest first."""
+    made: dict[str, list[str]] = {REQ: [], ENTRY: []}
+    for step in steps[:i]:
+        if step.returns:
+            made.setdefault(returns_kind(step.rule), []).append(step.returns)
+    return made
+
+
+def _smaller_args(step: Step, config: Config, steps: tuple[Step, ...] = (), i: int | None = None):
+    """Each copy of ``step`` (``steps[i]`` where ``i`` is given) with one
+    argument made simpler: an optional one left out, integers toward
+    their lowest, or to a smaller value the same argument has in another
+    of ``steps`` (two prompts made one), list elements each the same way,
+    True to False, a request or entry named by one made earlier, a batch
+    without one of its requests."""
+    made = _made_before(steps, i) if i is not None else {}
+    optional = optional_args(step.rule)
     for key, kind in arg_kinds(step.rule).items():
         value = step.args.get(key)
+        if key in optional and value is not None:
+            yield attrs.evolve(step, args={k: v for k, v in step.args.items() if k != key})
         if isinstance(value, bool):
             if value:
                 yield attrs.evolve(step, args={**step.args, key: False})
@@ -295,9 +329,80 @@ def _smaller_args(step: Step, config: Config, steps: tuple[Step, ...] = ()):
                 yield attrs.evolve(step, args={**step.args, key: v})
         elif isinstance(value, list) and kind.startswith(LIST) and all(isinstance(v, int) for v in value):
             lo, _, multiple = int_bounds(kind.removeprefix(LIST), config)
-            for i, item in enumerate(value):
+            for j, item in enumerate(value):
                 for v in _smaller_ints(item, lo, multiple):
-                    yield attrs.evolve(step, args={**step.args, key: [*value[:i], v, *value[i + 1 :]]})
+                    yield attrs.evolve(step, args={**step.args, key: [*value[:j], v, *value[j + 1 :]]})
+        elif kind in (REQ, ENTRY) and value in made.get(kind, ()):
+            for earlier in made[kind][: made[kind].index(value)]:
+                yield attrs.evolve(step, args={**step.args, key: earlier})
+        elif kind == REQS and isinstance(value, list) and len(value) > 1:
+            for j in range(len(value)):
+                # The batch without its j-th request, and the parallel list
+                # of integers (``extend``'s tokens) without its j-th entry.
+                yield attrs.evolve(step, args={
+                    k: v[:j] + v[j + 1 :] if isinstance(v, list) and len(v) == len(value) else v
+                    for k, v in step.args.items()
+                })
+
+
+def _simplicity(step: Step) -> tuple:
+    """The order replacing one step by another must descend in, so that the
+    minimiser ends: one that creates nothing, then fewer arguments, then the
+    rule's name, then the values."""
+    return (returns_kind(step.rule) is not None, len(step.args), step.rule, json.dumps(step.args, sort_keys=True))
+
+
+def _candidate_steps(rules: tuple[str, ...], config: Config, made: dict[str, list[str]], ints: set[int]):
+    """Steps of ``rules`` in their simplest forms, simplest first: each
+    integer at its lowest or one of ``ints`` (values the replaced steps
+    had), each flag either way, each request or entry one of the three
+    latest ``made``, a batch of one, an optional argument left out or given."""
+    found = []
+    for rule in rules:
+        options = []
+        for key, kind in arg_kinds(rule).items():
+            if kind in (REQ, ENTRY):
+                values = made.get(kind, [])[-3:]
+            elif kind == REQS:
+                values = [[r] for r in made.get(REQ, [])[-3:]]
+            elif kind == FLAG:
+                values = [False, True]
+            else:
+                try:
+                    lo, hi, multiple = int_bounds(kind.removeprefix(LIST), config)
+                except TraceError:
+                    values = []
+                else:
+                    # Each value rounded up to the unit's multiple: a page where an extend took a token.
+                    up = {-(-v // multiple) * multiple for v in ints}
+                    values = sorted({lo} | {v for v in up if lo <= v <= hi})
+                    values = [[v] for v in values] if kind.startswith(LIST) else values
+            if key in optional_args(rule):
+                values = [None, *values]
+            options.append((key, values))
+        for combo in itertools.product(*(values for _, values in options)):
+            found.append(Step(rule, {key: v for (key, _), v in zip(options, combo) if v is not None}))
+    return sorted(found, key=_simplicity)
+
+
+def _ints_in(steps) -> set[int]:
+    out = set()
+    for step in steps:
+        for value in step.args.values():
+            if isinstance(value, int) and not isinstance(value, bool):
+                out.add(value)
+            elif isinstance(value, list):
+                out |= {v for v in value if isinstance(v, int)}
+    return out
+
+
+def _runnable_rules(config: Config) -> tuple[str, ...]:
+    """The rules a trace on ``config`` may hold: those its state has and runs here."""
+    try:
+        state = build(config)
+    except Exception:  # noqa: BLE001 - no state, no rules to offer
+        return ()
+    return tuple(r for r in RULES if callable(getattr(state, r, None)) and state.why_not(r) is None)
 
 
 def _without(steps: tuple[Step, ...], name: str) -> tuple[Step, ...]:
@@ -322,35 +427,47 @@ def _without(steps: tuple[Step, ...], name: str) -> tuple[Step, ...]:
     return tuple(out)
 
 
+# Steps the dearer passes of ``minimize`` may replay, all told: a bound on
+# its time that keeps it deterministic (a clock would not).
+DEAR_STEPS = 3000
+
+
 def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace:
     """The shortest, then simplest, trace found near ``trace`` that still
     fails on the same invariant: deterministic, replaying each candidate
     through the step seam.
 
-    To a fixed point: move the trace onto the first of ``configs`` (the
-    run's own pool, then smaller ones) before its own that it still fails
-    on, if any; delete a request or entry with every step that names it
-    (``_without``); delete runs of 8, 4, 2 and 1 steps (strictly shorter: a replay's
-    teardown may close a group with an ``end`` of its own, which would
-    give back the step deleted), and make each argument smaller (no
-    longer).  Each kept candidate is re-recorded, so names run ``req_0``,
-    ``req_1``, ... again.  ``stop()``, when given, is asked before each
-    replay; true raises ``KeyboardInterrupt``.
+    To a fixed point, cheap passes first: move the trace onto the first of
+    ``configs`` (the run's own pool, then smaller ones) before its own that
+    it still fails on, if any; delete a request or entry with every step
+    that names it (``_without``); delete runs of 8, 4, 2 and 1 steps
+    (strictly shorter: a replay's teardown may close a group with an
+    ``end`` of its own, which would give back the step deleted); make each
+    argument simpler (``_smaller_args``; no longer).  Where those change
+    nothing, the dearer ones, until one succeeds: delete two steps apart;
+    put one simple step (``_candidate_steps``) in place of two adjacent
+    ones, or in place of one it is simpler than (``_simplicity``), which
+    can let the cheap passes cut again; these stop once candidates of
+    ``DEAR_STEPS`` steps in all have been replayed.  Each kept candidate is re-recorded,
+    so names run ``req_0``, ``req_1``, ... again.  ``stop()``, when given,
+    is asked before each replay; true raises ``KeyboardInterrupt``.
     """
 
     def attempt(candidate: Trace, shorter: bool) -> bool:
         nonlocal best
         if stop is not None and stop():
             raise KeyboardInterrupt("stop requested")
-        again = _fails_like(candidate, best.invariant)
+        key = (candidate.config, json.dumps([step.to_dict() for step in candidate.steps], sort_keys=True))
+        if key not in tried:
+            tried[key] = _fails_like(candidate, best.invariant)
+            spent[0] += len(candidate.steps)
+        again = tried[key]
         if again is None or len(again.steps) > len(best.steps) - shorter:
             return False
         best = again
         return True
 
-    best = trace
-    changed = True
-    while changed:
+    def cheap() -> bool:
         changed = False
         for config in configs:
             if config == best.config:
@@ -374,7 +491,40 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             # A smaller argument may change which steps follow; ``best`` is re-read each time.
             while i < len(best.steps) and any(
                 attempt(attrs.evolve(best, steps=(*best.steps[:i], step, *best.steps[i + 1 :])), shorter=False)
-                for step in _smaller_args(best.steps[i], best.config, best.steps)
+                for step in _smaller_args(best.steps[i], best.config, best.steps, i)
             ):
                 changed = True
+        return changed
+
+    def dear() -> bool:
+        steps = best.steps
+        if best.config not in rules:
+            rules[best.config] = _runnable_rules(best.config)
+        candidates = []
+        for width in (2, 1):
+            for i in range(len(steps) - width + 1):
+                replaced, made = steps[i : i + width], _made_before(steps, i)
+                names = {returns_kind(s.rule): s.returns for s in replaced if s.returns}
+                for step in _candidate_steps(rules[best.config], best.config, made, _ints_in(replaced)):
+                    if width == 1 and _simplicity(step) >= _simplicity(replaced[0]):
+                        continue
+                    step = attrs.evolve(step, returns=names.get(returns_kind(step.rule)))
+                    candidates.append(((*steps[:i], step, *steps[i + width :]), width > 1))
+            if width == 2:
+                pairs = itertools.combinations(range(len(steps)), 2)
+                candidates += [(steps[:i] + steps[i + 1 : j] + steps[j + 1 :], True) for i, j in pairs if j > i + 1]
+        for candidate, shorter in candidates:
+            if spent[0] > DEAR_STEPS:
+                return False
+            if attempt(attrs.evolve(best, steps=candidate), shorter):
+                return True
+        return False
+
+    best = trace
+    rules: dict[Config, tuple[str, ...]] = {}
+    # Each candidate replayed once (its outcome kept), and the steps replayed so far.
+    tried: dict[tuple, Trace | None] = {}
+    spent = [0]
+    while cheap() or dear():
+        pass
     return best

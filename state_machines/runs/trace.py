@@ -144,6 +144,16 @@ def arg_kinds(rule: str) -> dict[str, str]:
     return {name: kind for name, (kind, _) in _rules()[rule][0].items()}
 
 
+def optional_args(rule: str) -> frozenset[str]:
+    """The arguments of a known rule that may be left out."""
+    return frozenset(name for name, (_, optional) in _rules()[rule][0].items() if optional)
+
+
+def returns_kind(rule: str) -> str | None:
+    """What a known rule may create (``REQ`` or ``ENTRY``), or None."""
+    return _rules()[rule][1]
+
+
 def int_bounds(kind: str, config: Config) -> tuple[int, int, int]:
     """(lowest, highest, multiple of) for an integer argument of ``kind``."""
     ps, row_slots = config.page_size, config.row_pages * config.page_size

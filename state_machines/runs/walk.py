@@ -4,7 +4,7 @@ Hypothesis pays several times a step's own cost per step (its engine
 records, spans and mutates every choice), so a failure a plain walk meets in
 a few examples costs it many times as long.  The walk runs the very machine
 Hypothesis runs (rules, guards, argument normalization, checks), drawing
-each example's pool size as Hypothesis would (``FreeGroupMachine.sizes``),
+each example's pool shape as Hypothesis would (``FreeGroupMachine.shaped``),
 then each step's rule uniformly among those whose guard holds and each
 argument uniformly in its declared range.  Its failures are shrunk like
 Hypothesis's (``runner.minimize``); a run it leaves clean goes on to
@@ -37,8 +37,10 @@ def walk(machine_class, rng: random.Random, examples: int, steps: int = WALK_STE
     ordered = {r.name: sorted(r.draws.items()) for r in rules}
     for _ in range(examples):
         machine = machine_class()
-        if len(machine.sizes) > 1:
-            machine.shape(rng.randrange(len(machine.sizes)))
+        # Every machine ``machine_for`` makes, a caller's too, has these three.
+        shapes = (machine.sizes, machine.sorts, machine.row_counts)
+        if max(map(len, shapes)) > 1:
+            machine.shape(*(rng.randrange(len(c)) for c in shapes))
         for _ in range(steps):
             chosen = rng.choice([r for r in rules if r.applies(machine)])
             args = {k: rng.random() < 0.5 if r is bool else rng.randint(*r) for k, r in ordered[chosen.name]}

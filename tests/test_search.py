@@ -34,6 +34,29 @@ def test_an_unpinned_run_draws_its_pool_size_among_the_sizes_that_build():
     assert machine_for(Config(), draw_size=False).sizes == (None,)
 
 
+def test_an_unpinned_run_draws_need_sort_where_the_allocator_keeps_it():
+    """Without --need-sort an example runs with need_sort off or on; with it, on only; unshaped runs keep their own."""
+    assert machine_for(Config()).sorts == (False, True)
+    assert machine_for(Config(need_sort=True)).sorts == (True,)
+    assert machine_for(Config(), draw_size=False).sorts == (False,)
+
+
+def test_an_example_that_draws_need_sort_builds_its_allocator_with_it():
+    """The first step's second draw picks need_sort: the allocator and the example's config both carry it."""
+    machine = machine_for(Config())()
+    machine.shape(0, 1)
+    assert (machine.state.allocator.need_sort, machine.state.config.need_sort) == (True, True)
+
+
+def test_a_bug_only_need_sort_shows_is_found_without_the_flag():
+    """A merge that forgets release_pages (a custom target, no declared needs) fails a run without --need-sort, on need_sort."""
+    outcome = fuzz(Config(target="allocators.token:MergeDropsReleaseTokenAllocator"), max_examples=200, database=None,
+                   derandomize=True)
+    (failure,) = outcome.failures
+    assert failure.config.need_sort is True
+    assert replay(failure).invariant == failure.invariant
+
+
 def test_a_bug_that_needs_a_big_pool_is_found_and_shrunk_onto_it():
     """BigPool (more than 48 free slots) shows on no default pool; the harness finds it and reports one alloc at 64 slots."""
     outcome = fuzz(BIG_POOL, max_examples=200, database=None, derandomize=True)

@@ -25,6 +25,7 @@ from state_machines.harness.machines import (
     FreeGroupMachine,
     HookRules,
     RunRecord,
+    need_sorts,
     one_step_machine,
     pool_shape_rule,
     pool_sizes,
@@ -115,10 +116,21 @@ def machine_for(config: Config, record: RunRecord | None = None, *, draw_size: b
     base = one_step_machine(base)
     draws = draw_size and config.caller == "harness" and getattr(type(state), "draws_pool_size", True)
     sizes = pool_sizes(config, _builds) if draws else (None,)
-    bases = (pool_shape_rule(sizes), base) if len(sizes) > 1 else (base,)
+    sorts = need_sorts(config, _sorts) if draws else (config.need_sort,)
+    bases = (pool_shape_rule(sizes, sorts), base) if len(sizes) > 1 or len(sorts) > 1 else (base,)
     name = base.__name__ + "_" + "".join(c if c.isalnum() else "_" for c in config.label())
-    body = {"config": config, "record": record or RunRecord(), "build": staticmethod(build), "sizes": sizes}
+    body = {"config": config, "record": record or RunRecord(), "build": staticmethod(build), "sizes": sizes,
+            "sorts": sorts}
     return type(name, bases, body)
+
+
+def _sorts(config: Config) -> bool:
+    """Whether ``config`` (need_sort on) builds, checks out and its
+    allocator keeps need_sort (a class that ignores it draws no setting)."""
+    try:
+        return getattr(build(config).allocator, "need_sort", False) is True
+    except Exception:  # noqa: BLE001 - a refusal draws no need_sort
+        return False
 
 
 def _builds(config: Config) -> bool:

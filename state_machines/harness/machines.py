@@ -115,11 +115,14 @@ class FreeGroupMachine(RuleBasedStateMachine):
     # one, the example's first step (``PoolShapeRule.shape``) draws one and
     # builds the state then.
     sizes: tuple[int | None, ...] = (None,)
+    # The need_sort settings an example may run with (``need_sorts``), drawn
+    # by the same first step where there are two.
+    sorts: tuple[bool, ...] = (False,)
 
     def __init__(self) -> None:
         super().__init__()
         self.record.examples += 1
-        if len(self.sizes) <= 1:
+        if len(self.sizes) <= 1 and len(self.sorts) <= 1:
             self.state = self.build(self.config)
 
     def _do(self, name: str, *args, **kwargs):
@@ -273,18 +276,31 @@ def pool_sizes(config: Config, builds: Callable[[Config], bool]) -> tuple[int | 
     return (None, *(size for size in others if builds(attrs.evolve(config, size=size))))
 
 
-def pool_shape_rule(sizes: tuple[int | None, ...]) -> type:
+def need_sorts(config: Config, honours: Callable[[Config], bool]) -> tuple[bool, ...]:
+    """The need_sort settings an example of ``config`` may run with: its own
+    first, then need_sort=True where ``config`` has it off and ``honours``
+    (the allocator built so keeps its frees apart and sorts them back in,
+    sglang's ``release_pages`` / ``merge_and_sort_free``).  Either setting is
+    the caller's to choose (``ServerArgs``: the scheduler passes it to every
+    allocator it builds), so the model predicts the same sets for both."""
+    if config.need_sort:
+        return (True,)
+    return (False, True) if honours(attrs.evolve(config, need_sort=True)) else (False,)
+
+
+def pool_shape_rule(sizes: tuple[int | None, ...], sorts: tuple[bool, ...] = (False,)) -> type:
     """A mixin whose ``@initialize`` rule builds the example's state at one
-    of ``sizes``, drawn (index 0, the run's own size, is where a shrink
-    heads).  It builds from the machine's ``config`` as it is then, which
-    a hang watch may have changed.  Not a ``MachineRule``: the random
-    baseline stays on the run's own pool."""
+    of ``sizes`` and one of ``sorts`` (need_sort), both drawn (index 0, the
+    run's own setting, is where a shrink heads).  It builds from the
+    machine's ``config`` as it is then, which a hang watch may have changed.
+    Not a ``MachineRule``: the random baseline stays on the run's own pool."""
 
     class PoolShapeRule:
-        @initialize(shape=st.integers(0, len(sizes) - 1))
-        def shape(self, shape):
-            size = sizes[shape]
-            self.state = self.build(self.config if size is None else attrs.evolve(self.config, size=size))
+        @initialize(shape=st.integers(0, len(sizes) - 1), sort=st.integers(0, len(sorts) - 1))
+        def shape(self, shape, sort=0):
+            size, config = sizes[shape], self.config
+            config = config if size is None else attrs.evolve(config, size=size)
+            self.state = self.build(attrs.evolve(config, need_sort=sorts[sort]))
 
     return PoolShapeRule
 

@@ -35,8 +35,8 @@ def walk(machine_class, rng: random.Random, examples: int, steps: int = WALK_STE
     rules = machine_rules(machine_class)
     for _ in range(examples):
         machine = machine_class()
-        if len(machine.sizes) > 1:
-            machine.shape(rng.randrange(len(machine.sizes)))
+        if len(machine.sizes) > 1 or len(machine.sorts) > 1:
+            machine.shape(rng.randrange(len(machine.sizes)), rng.randrange(len(machine.sorts)))
         for _ in range(steps):
             chosen = rng.choice([r for r in rules if r.applies(machine)])
             args = {k: rng.random() < 0.5 if r is bool else rng.randint(*r) for k, r in sorted(chosen.draws.items())}

@@ -107,6 +107,15 @@ def test_free_hisparse_frees_the_device_pages_and_keeps_the_logical_ones():
     assert state.model.requests[req.rid].own == own
 
 
+def test_a_hisparse_request_decodes_only_once_it_holds_a_device_buffer():
+    """A request still staging (no device buffer) is not decodable; once its buffer is made it is."""
+    state = _hisparse()
+    req = state.alloc(n=4)
+    assert state.decodable() == []
+    state.device_buffer(req=req, n=4)
+    assert state.decodable() == [req]
+
+
 def test_a_page_size_1_decode_maps_each_new_page_to_a_device_page():
     """At page size 1 the caller sends decode to alloc(), which maps the new slot to a device slot."""
     state = build(target="builtin:hisparse")

@@ -5,7 +5,7 @@ import pytest
 
 from reference_model.mamba import MambaModel
 from state_machines.config import Config
-from state_machines.harness import FAMILIES, Step, build
+from state_machines.harness import FAMILIES, InvariantViolation, Step, build
 from state_machines.runs.trace import TraceError, run_steps
 from state_machines.targets import TargetError
 
@@ -50,6 +50,24 @@ def test_finishing_a_slid_request_frees_each_page_once():
     state.slide(req=req, pages=1)
     state.finish(req=req)
     assert state.model.free_pages == set(state.model.owner)
+
+
+def test_finishing_a_slid_request_in_segments_frees_each_page_once():
+    """free_full_segments of the slid span releases nothing, free_segments the rest: the whole pool is free again."""
+    state = build(target="builtin:pure-swa")
+    req = state.alloc(n=3)
+    state.slide(req=req, pages=1)
+    state.finish_segments(req=req, cut=1)
+    assert state.model.free_pages == set(state.model.owner)
+
+
+def test_finishing_in_segments_catches_a_free_full_that_releases_the_slid_span():
+    """A free_full_segment that frees (the free-full-releases mutant) gives the slid page back twice."""
+    state = build(target="builtin:pure-swa", mutant="free-full-releases")
+    req = state.alloc(n=3)
+    state.slide(req=req, pages=1)
+    with pytest.raises(InvariantViolation):
+        state.finish_segments(req=req, cut=0)
 
 
 def test_a_request_whose_window_slid_is_not_rematched_on_replay():

@@ -202,3 +202,22 @@ def test_mamba_takes_page_size_1_only():
 
 def _replay(config, steps):
     run_steps(build(config), steps)
+
+
+# -- empty frees --
+
+
+def test_an_swa_pool_takes_an_empty_span_through_each_of_its_six_frees():
+    """free, free_segment and the SWA and full halves of each, of an empty view, release nothing on either pool."""
+    state = build(target="builtin:swa", page_size=4)
+    req = state.alloc(n=8)
+    assert state.empty_free_methods() == ["free", "free_segment", "free_swa", "free_swa_segment", "free_full", "free_full_segment"]
+    before = (set(state.model.free_pages), set(state.swa.free_pages))
+    for how in range(6):
+        state.free_empty_span(req=req, how=how)
+    assert (set(state.model.free_pages), set(state.swa.free_pages)) == before
+
+
+def test_a_unified_pool_draws_no_empty_span_free_of_the_core():
+    """The unified families have their own empty free (free_nothing): the core's is never drawn there."""
+    assert build(target="builtin:unified-swa").empty_frees == ()

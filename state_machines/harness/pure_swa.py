@@ -26,7 +26,7 @@ from state_machines.harness.drawing import rematch_among
 from state_machines.harness.lockstep import Lockstep, Pool, ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, _pick, draws
 from state_machines.harness.steps import ReqRef, step
-from state_machines.harness.swa import free_swa_view
+from state_machines.harness.swa import EMPTY_FREES, free_swa_view
 
 
 @define
@@ -39,6 +39,7 @@ class PureSWALockstep(Lockstep):
     # The scheduler's hooks, the SWA ones too: one pool answers for both sides.
     hook_steps = hooks.HOOK_STEPS
     asked_hooks = hooks.CORE_HOOKS + hooks.SWA_HOOKS
+    empty_frees = EMPTY_FREES
 
     def start_models(self, defers_frees: bool) -> None:
         super().start_models(defers_frees)

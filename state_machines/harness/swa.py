@@ -48,6 +48,11 @@ from state_machines.targets.base import one_line, quiet
 TAIL_AT_PAGE_SIZE_ONE = "at page size 1 PD decode's preallocation calls alloc(), not alloc_extend_swa_tail"
 
 
+# The frees an SWA caller sends a span to, each of which may be empty (a
+# window with nothing to slide, a row with nothing dead): ``free_empty_span``.
+EMPTY_FREES = ("free", "free_segment", "free_swa", "free_swa_segment", "free_full", "free_full_segment")
+
+
 @define
 class SWALockstep(Lockstep):
     swa: SWASide | None = None
@@ -69,6 +74,7 @@ class SWALockstep(Lockstep):
     alloc_extends = True
     hook_steps = hooks.HOOK_STEPS
     asked_hooks = hooks.CORE_HOOKS + hooks.SWA_HOOKS
+    empty_frees = EMPTY_FREES
 
     def start_models(self, defers_frees: bool) -> None:
         super().start_models(defers_frees)

@@ -26,7 +26,7 @@ from state_machines.harness.drawing import rematch_among
 from state_machines.harness.lockstep import Lockstep, Pool, ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, _pick, draws
 from state_machines.harness.steps import ReqRef, step
-from state_machines.harness.swa import EMPTY_FREES, free_swa_view
+from state_machines.harness.swa import EMPTY_FREES, free_swa_view, judge_swa_counts
 
 
 @define
@@ -106,20 +106,12 @@ class PureSWALockstep(Lockstep):
         """The SWA hooks over one pool: both sides report its counts, a
         transfer addresses the full ids themselves (no mapping), and a PD
         preallocation reclaims the SWA side only."""
-        capacity = self.model.capacity * self.page_size
-        if hook == "swa_capacity_and_available":
-            got = tuple(tuple(int(v) for v in pair) for pair in got)
-            self._judge(hook_checks.hook_answer_agrees, hook, got, ((tokens, full), (tokens, swa)))
-        elif hook == "reclaim_for_prealloc":
-            self._judge(hook_checks.hook_answer_agrees, f"{hook}: reports a shortfall", got is not None, tokens > swa)
-            self._judge(hook_checks.eviction_asks_shortfall, hook, asked, [(0, tokens - swa)] if tokens > swa else [])
-        elif hook == "translate_swa_indices_for_transfer":
+        if judge_swa_counts(self, hook, got, tokens, full, swa, asked):
+            return True
+        if hook == "translate_swa_indices_for_transfer":
             self._judge(hook_checks.hook_answer_agrees, hook, ids(got), ids(self._transfer_ids()[0]))
         elif hook in ("size_swa", "size"):
-            self._judge(hook_checks.hook_answer_agrees, hook, got, capacity)
-        elif hook == "debug_print":
-            mentions = [n for n in (swa, full) if str(n) in got]
-            self._judge(hook_checks.hook_answer_agrees, f"{hook}(): the free counts it shows", mentions, [swa, full])
+            self._judge(hook_checks.hook_answer_agrees, hook, got, self.model.capacity * self.page_size)
         else:
             return False
         return True

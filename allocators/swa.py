@@ -366,6 +366,12 @@ class PureSWAAllocator(TokenAllocator):
     def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
         return
 
+    def free_full_segments(self, segments) -> None:
+        """``free_full_segment`` of each segment, as sglang's base class has it
+        (``free_kv_row_segments`` sends a finished row's slid span here)."""
+        for free_index, start_pos in segments:
+            self.free_full_segment(free_index, start_pos=start_pos)
+
 
 class AliasPureSWAAllocator(AliasMixin, PureSWAAllocator):
     pass

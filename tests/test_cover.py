@@ -77,3 +77,15 @@ def test_cover_counts_the_lines_run_at_import(covered_run):
     init = next(r for r in table_rows(covered_run.stdout) if r["name"] == "allocators/__init__.py")
     assert int(init["statements"]) > 0
     assert init["executed"] == init["statements"]
+
+
+def test_missed_ranges_name_each_file_and_the_statements_it_never_ran(tmp_path):
+    """A file whose statements on lines 1 and 3 ran and 2, 4, 5 did not reads `name: 2, 4-5`; a file run whole is left out."""
+    pytest.importorskip("coverage", reason="--cover needs coverage.py: pip install 'kv-lockstep[cover]'")
+    from state_machines.runs.cover import missed_ranges, tally
+
+    partly, wholly = tmp_path / "partly.py", tmp_path / "wholly.py"
+    partly.write_text("a = 1\nb = 2\nc = 3\nd = 4\ne = 5\n")
+    wholly.write_text("a = 1\n")
+    rows = tally([partly, wholly], {str(partly): [1, 3], str(wholly): [1]}, tmp_path)
+    assert missed_ranges(rows) == "partly.py: 2, 4-5"

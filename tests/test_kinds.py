@@ -5,7 +5,7 @@ import pytest
 
 from reference_model.mamba import MambaModel
 from state_machines.config import Config
-from state_machines.harness import FAMILIES, Step, build
+from state_machines.harness import FAMILIES, InvariantViolation, Step, build
 from state_machines.runs.trace import TraceError, run_steps
 from state_machines.targets import TargetError
 
@@ -50,6 +50,24 @@ def test_finishing_a_slid_request_frees_each_page_once():
     state.slide(req=req, pages=1)
     state.finish(req=req)
     assert state.model.free_pages == set(state.model.owner)
+
+
+def test_finishing_a_slid_request_in_segments_frees_each_page_once():
+    """free_full_segments of the slid span releases nothing, free_segments the rest: the whole pool is free again."""
+    state = build(target="builtin:pure-swa")
+    req = state.alloc(n=3)
+    state.slide(req=req, pages=1)
+    state.finish_segments(req=req, cut=1)
+    assert state.model.free_pages == set(state.model.owner)
+
+
+def test_finishing_in_segments_catches_a_free_full_that_releases_the_slid_span():
+    """A free_full_segment that frees (the free-full-releases mutant) gives the slid page back twice."""
+    state = build(target="builtin:pure-swa", mutant="free-full-releases")
+    req = state.alloc(n=3)
+    state.slide(req=req, pages=1)
+    with pytest.raises(InvariantViolation):
+        state.finish_segments(req=req, cut=0)
 
 
 def test_a_request_whose_window_slid_is_not_rematched_on_replay():
@@ -105,6 +123,15 @@ def test_free_hisparse_frees_the_device_pages_and_keeps_the_logical_ones():
     state.free_hisparse(req=req)
     assert state.device.free_pages == set(state.device.universe)
     assert state.model.requests[req.rid].own == own
+
+
+def test_a_hisparse_request_decodes_only_once_it_holds_a_device_buffer():
+    """A request still staging (no device buffer) is not decodable; once its buffer is made it is."""
+    state = _hisparse()
+    req = state.alloc(n=4)
+    assert state.decodable() == []
+    state.device_buffer(req=req, n=4)
+    assert state.decodable() == [req]
 
 
 def test_a_page_size_1_decode_maps_each_new_page_to_a_device_page():
@@ -175,3 +202,22 @@ def test_mamba_takes_page_size_1_only():
 
 def _replay(config, steps):
     run_steps(build(config), steps)
+
+
+# -- empty frees --
+
+
+def test_an_swa_pool_takes_an_empty_span_through_each_of_its_six_frees():
+    """free, free_segment and the SWA and full halves of each, of an empty view, release nothing on either pool."""
+    state = build(target="builtin:swa", page_size=4)
+    req = state.alloc(n=8)
+    assert state.empty_free_methods() == ["free", "free_segment", "free_swa", "free_swa_segment", "free_full", "free_full_segment"]
+    before = (set(state.model.free_pages), set(state.swa.free_pages))
+    for how in range(6):
+        state.free_empty_span(req=req, how=how)
+    assert (set(state.model.free_pages), set(state.swa.free_pages)) == before
+
+
+def test_a_unified_pool_draws_no_empty_span_free_of_the_core():
+    """The unified families have their own empty free (free_nothing): the core's is never drawn there."""
+    assert build(target="builtin:unified-swa").empty_frees == ()

@@ -97,6 +97,14 @@ def test_a_bug_that_needs_need_sort_is_found_and_its_trace_keeps_the_shape():
     assert replay(failure, attrs.evolve(failure.config, need_sort=False)) is None
 
 
+def test_a_bug_only_need_sort_shows_is_found_without_the_flag():
+    """A merge that forgets release_pages (a custom target, no declared needs) fails a run without --need-sort, on need_sort."""
+    outcome = fuzz(Config(target="allocators.token:MergeDropsReleaseTokenAllocator"), max_examples=200, database=None,
+                   derandomize=True)
+    (failure,) = outcome.failures
+    assert failure.config.need_sort is True
+    assert replay(failure).invariant == failure.invariant
+
 def test_a_bug_that_needs_a_big_pool_is_found_and_shrunk_onto_it():
     """BigPool (more than 48 free slots) shows on no default pool; the harness finds it and reports one alloc at 64 slots."""
     outcome = fuzz(BIG_POOL, max_examples=200, database=None, derandomize=True)

@@ -117,7 +117,7 @@ def machine_for(config: Config, record: RunRecord | None = None, *, draw_size: b
     base = one_step_machine(base)
     draws = draw_size and config.caller == "harness" and getattr(type(state), "draws_pool_size", True)
     sizes = pool_sizes(config, _builds) if draws else (None,)
-    sorts = pool_sorts(config, _builds) if draws else (None,)
+    sorts = pool_sorts(config, _sorts) if draws else (None,)
     row_counts = pool_rows(config, _builds) if draws else (None,)
     shaped = max(len(sizes), len(sorts), len(row_counts)) > 1
     bases = (pool_shape_rule(sizes, sorts, row_counts), base) if shaped else (base,)
@@ -125,6 +125,15 @@ def machine_for(config: Config, record: RunRecord | None = None, *, draw_size: b
     body = {"config": config, "record": record or RunRecord(), "build": staticmethod(build),
             "sizes": sizes, "sorts": sorts, "row_counts": row_counts}
     return type(name, bases, body)
+
+
+def _sorts(config: Config) -> bool:
+    """Whether ``config`` (need_sort on) builds, checks out and its
+    allocator keeps need_sort (a class that ignores it draws no setting)."""
+    try:
+        return getattr(build(config).allocator, "need_sort", False) is True
+    except Exception:  # noqa: BLE001 - a refusal draws no need_sort
+        return False
 
 
 def _builds(config: Config) -> bool:

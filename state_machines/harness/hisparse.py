@@ -15,9 +15,12 @@ go, its logical pages stay).  A request with a device buffer gives it back
 ``HiSparseMachine``).  At a page size above 1, where sglang's
 ``alloc()`` is page-size-1 only, ``alloc`` goes through ``alloc_extend``
 (one request, its row page-aligned) when the allocator has one.  ``decode``
-runs as the core's; the batched ``extend`` maps token by token, so a page
-an extend leaves partly used maps only its tokens' slots, and a request is
-extended only in its prefill (before a logical-only decode, its device
+runs as the core's, on requests holding a device buffer (the coordinator
+decodes a request only once staged: a logical-only decode page in a row
+still mapped would leave a partly mapped page before its last, which no
+caller hands ``alloc_device_buffer``); the batched ``extend`` maps token
+by token, so a page an extend leaves partly used maps only its tokens'
+slots, and a request is extended only in its prefill (before its device
 buffer or an abort), as the coordinator orders it.
 """
 
@@ -184,6 +187,13 @@ class HiSparseLockstep(PrefillOnly, ReleasesDevicePeers, Lockstep):
 
     # -- what the rules may act on --
 
+    def decodable(self) -> list[ReqRef]:
+        """Requests holding a device buffer: the coordinator stages a
+        request after its prefill and admits it to the running batch only
+        once ``collect_ready_reqs`` made its buffer (``hisparse_coordinator.py``);
+        an aborted one (``free_hisparse``) never decodes."""
+        return [r for r in super().decodable() if r.rid in self.device.buffers]
+
     def unbuffered(self) -> list[ReqRef]:
         return [r for r in self.live() if r.rid not in self.device.buffers]
 
@@ -202,6 +212,8 @@ class HiSparseLockstep(PrefillOnly, ReleasesDevicePeers, Lockstep):
             return f"{req!r} already holds {entry!r} in its row"
         if why := self.prefill_step_not_applicable(rule, args):
             return why
+        if rule == "decode" and (staging := [r for r in args["reqs"] if r.rid not in self.device.buffers]):
+            return f"{staging[0]!r} has no device buffer yet: the coordinator decodes a request once it is staged"
         if rule in ("device_buffer", "free_hisparse") and req.rid in self.device.buffers:
             return f"{req!r} already has a device buffer"
         if rule == "device_buffer" and self.buffer_shortfall(req, args["n"]) > self.device.num_free:

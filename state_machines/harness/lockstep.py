@@ -288,6 +288,10 @@ class Lockstep:
     hook_steps = hooks.HOOK_STEPS
     # The hooks ``ask`` asks, where the allocator has them.
     asked_hooks = hooks.CORE_HOOKS
+    # The frees a caller sends an empty span to (``free_empty_span``), where the
+    # allocator has them; a family with more free methods names them, one
+    # with its own empty-free step (the unified ones: ``free_nothing``) none.
+    empty_frees = ("free", "free_segment")
 
     @classmethod
     def create(cls, config: Config, allocator, *, defers_frees: bool, disabled: dict[str, str]) -> Lockstep:
@@ -556,6 +560,26 @@ class Lockstep:
         row, length = self._row_of(req)
         self._give_back(row, start, start + n, self.model.requests[req.rid].pages[start // ps :], segment=True)
         self.model.release_tail(req.rid, length // ps - start // ps)
+
+    @step
+    def free_empty_span(self, req: ReqRef, how: int) -> None:
+        """A caller frees an empty span: ``row[end:end]`` at the request's
+        cached-prefix end (page-aligned), as ``cache_finished_req`` frees the
+        span its insert found already cached (``radix_cache.py``), empty when
+        none was.  The method is the ``how``-th (modulo) of ``empty_frees``
+        the allocator has; a segment free gets ``start_pos=end``.  Nothing
+        is released, inside a group or out: the checks after the step see
+        every pool as it was."""
+        methods = self.empty_free_methods()
+        name = methods[how % len(methods)]
+        row, end = self.model.requests[req.rid].row, len(self.model.requests[req.rid].prefix) * self.page_size
+        view, fn = self.rows[row, end:end], getattr(self.allocator, name)
+        what = f"{name}(req_to_token[{row}, {end}:{end}]{f', start_pos={end}' if 'segment' in name else ''})"
+        self._call(what, (lambda: fn(view, start_pos=end)) if "segment" in name else (lambda: fn(view)))
+
+    def empty_free_methods(self) -> list[str]:
+        """The ``empty_frees`` the allocator has (``free`` always)."""
+        return [n for n in self.empty_frees if callable(getattr(self.allocator, n, None))] or ["free"]
 
     @step
     def overwrite_row(self, row: int) -> None:

@@ -200,6 +200,10 @@ class FreeGroupMachine(RuleBasedStateMachine):
         end = len(request.pages) * s.page_size - trim % self.segment_trim_room(request)
         self._do("free_segment", req, start_page * s.page_size, end - start_page * s.page_size)
 
+    @draws(guard=lambda s: s.empty_frees and s.live(), which=PICKS, how=(0, 5))
+    def free_empty_span(self, which, how):
+        self._do("free_empty_span", _pick(self.state.live(), which), how)
+
     def segment_trim_room(self, request) -> int:
         """How many choices a segment's end has below the request's
         page-aligned end (``trim`` is taken modulo it): anywhere in its last

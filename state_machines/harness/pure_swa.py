@@ -17,14 +17,16 @@ import copy
 
 from attrs import define, field
 
+from reference_model import hooks as hook_checks
 from reference_model import invariants
 from reference_model import pure_swa as windows
 from reference_model.census import Census
+from state_machines.harness import hooks
 from state_machines.harness.drawing import rematch_among
-from state_machines.harness.lockstep import Lockstep, Pool
+from state_machines.harness.lockstep import Lockstep, Pool, ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, _pick, draws
 from state_machines.harness.steps import ReqRef, step
-from state_machines.harness.swa import free_swa_view
+from state_machines.harness.swa import EMPTY_FREES, free_swa_view, judge_swa_counts
 
 
 @define
@@ -34,6 +36,10 @@ class PureSWALockstep(Lockstep):
     slid: dict[int, int] = field(factory=dict)
     # Whether free_swa() inside an open group queues (see window_free_defers).
     swa_defers: bool = True
+    # The scheduler's hooks, the SWA ones too: one pool answers for both sides.
+    hook_steps = hooks.HOOK_STEPS
+    asked_hooks = hooks.CORE_HOOKS + hooks.SWA_HOOKS
+    empty_frees = EMPTY_FREES
 
     def start_models(self, defers_frees: bool) -> None:
         super().start_models(defers_frees)
@@ -89,6 +95,39 @@ class PureSWALockstep(Lockstep):
             else:
                 self._call(f"free_full(req_to_token[{row}, {start}:{end}])", self.allocator.free_full, view)
         super().finish(req)
+
+    # -- the scheduler's hooks: the full and SWA sides are one pool --
+
+    def _available_tokens(self) -> tuple[int, int | None]:
+        free = self.model.num_free * self.page_size
+        return free, free
+
+    def _judge_family_hook(self, hook: str, got, tokens: int, full: int, swa: int | None, asked) -> bool:
+        """The SWA hooks over one pool: both sides report its counts, a
+        transfer addresses the full ids themselves (no mapping), and a PD
+        preallocation reclaims the SWA side only."""
+        if judge_swa_counts(self, hook, got, tokens, full, swa, asked):
+            return True
+        if hook == "translate_swa_indices_for_transfer":
+            self._judge(hook_checks.hook_answer_agrees, hook, ids(got), ids(self._transfer_ids()[0]))
+        elif hook in ("size_swa", "size"):
+            self._judge(hook_checks.hook_answer_agrees, hook, got, self.model.capacity * self.page_size)
+        else:
+            return False
+        return True
+
+    def _give_back_segments(self, row: int, start: int, end: int, pages: list[int], cut: int) -> None:
+        """As ``free_kv_row_segments`` splits a row: the slid span (the end
+        of the model's prefix) goes to ``free_full_segments``, which must
+        release nothing, the rest to ``free_segments``."""
+        slid = self.slid.pop(self.row_holder[row], 0)
+        if slid and callable(getattr(self.allocator, "free_full_segments", None)):
+            self._free_segments("free_full_segments", row, start - slid * self.page_size, start, 0)
+        self._free_segments("free_segments", row, start, end, cut)
+
+    def _rebuilt(self, free_pages: list[int]) -> None:
+        super()._rebuilt(free_pages)
+        self.slid.clear()
 
     # -- what the rules may act on --
 

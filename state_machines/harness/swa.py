@@ -48,6 +48,30 @@ from state_machines.targets.base import one_line, quiet
 TAIL_AT_PAGE_SIZE_ONE = "at page size 1 PD decode's preallocation calls alloc(), not alloc_extend_swa_tail"
 
 
+def judge_swa_counts(state: Lockstep, hook: str, got, tokens: int, full: int, swa: int, asked) -> bool:
+    """Judge an SWA hook that reports the two sides' free counts (``full``,
+    ``swa`` by the model): ``swa_capacity_and_available``,
+    ``reclaim_for_prealloc`` (only the SWA side is reclaimed; None means
+    ready) and ``debug_print``.  False when ``hook`` is none of them."""
+    if hook == "swa_capacity_and_available":
+        got = tuple(tuple(int(v) for v in pair) for pair in got)
+        state._judge(hook_checks.hook_answer_agrees, hook, got, ((tokens, full), (tokens, swa)))
+    elif hook == "reclaim_for_prealloc":
+        state._judge(hook_checks.hook_answer_agrees, f"{hook}: reports a shortfall", got is not None, tokens > swa)
+        state._judge(hook_checks.eviction_asks_shortfall, hook, asked, [(0, tokens - swa)] if tokens > swa else [])
+    elif hook == "debug_print":
+        mentions = [n for n in (swa, full) if str(n) in got]
+        state._judge(hook_checks.hook_answer_agrees, f"{hook}(): the free counts it shows", mentions, [swa, full])
+    else:
+        return False
+    return True
+
+
+# The frees an SWA caller sends a span to, each of which may be empty (a
+# window with nothing to slide, a row with nothing dead): ``free_empty_span``.
+EMPTY_FREES = ("free", "free_segment", "free_swa", "free_swa_segment", "free_full", "free_full_segment")
+
+
 @define
 class SWALockstep(Lockstep):
     swa: SWASide | None = None
@@ -69,6 +93,7 @@ class SWALockstep(Lockstep):
     alloc_extends = True
     hook_steps = hooks.HOOK_STEPS
     asked_hooks = hooks.CORE_HOOKS + hooks.SWA_HOOKS
+    empty_frees = EMPTY_FREES
 
     def start_models(self, defers_frees: bool) -> None:
         super().start_models(defers_frees)
@@ -200,14 +225,9 @@ class SWALockstep(Lockstep):
         preallocation, and the SWA ids a transfer addresses (the model's
         mapping; a slot whose window slid maps to nothing, 0)."""
         ps = self.page_size
-        if hook == "swa_capacity_and_available":
-            got = tuple(tuple(int(v) for v in pair) for pair in got)
-            self._judge(hook_checks.hook_answer_agrees, hook, got, ((tokens, full), (tokens, swa)))
-        elif hook == "reclaim_for_prealloc":
-            # Separate buffers: only the SWA side is reclaimed; None means ready.
-            self._judge(hook_checks.hook_answer_agrees, f"{hook}: reports a shortfall", got is not None, tokens > swa)
-            self._judge(hook_checks.eviction_asks_shortfall, hook, asked, [(0, tokens - swa)] if tokens > swa else [])
-        elif hook == "translate_swa_indices_for_transfer":
+        if judge_swa_counts(self, hook, got, tokens, full, swa, asked):
+            return True
+        if hook == "translate_swa_indices_for_transfer":
             slots, _ = self._transfer_ids()
             want = []
             for s in ids(slots):
@@ -220,9 +240,6 @@ class SWALockstep(Lockstep):
             self._judge(hook_checks.hook_answer_agrees, hook, got, self.swa.capacity * ps)
         elif hook == "size":
             self._judge(hook_checks.hook_answer_agrees, hook, got, min(self.model.capacity, self.swa.capacity) * ps)
-        elif hook == "debug_print":
-            mentions = [n for n in (swa, full) if str(n) in got]
-            self._judge(hook_checks.hook_answer_agrees, f"{hook}(): the free counts it shows", mentions, [swa, full])
         else:
             return False
         return True

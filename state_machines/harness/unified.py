@@ -91,6 +91,8 @@ def judge_reader_views(state: Lockstep, allocator, universe, live: set[int], poo
 
 @define
 class UnifiedLockstep(Lockstep):
+    # An empty free is its own step here (``free_nothing``, drawn in a group).
+    empty_frees = ()
     # Physical pages lent out by alloc_physical, by handle.
     loans: ru.Loans = field(factory=ru.Loans)
     # Each loan's token ids as alloc_physical returned them (handed back as is).

@@ -133,6 +133,8 @@ def sub_pool(allocator) -> SubPool:
 
 @define
 class UnifiedSWALockstep(SWALockstep):
+    # An empty free is its own step here (``free_nothing``, drawn in a group).
+    empty_frees = ()
     arena: Arena | None = None
     universe: frozenset[int] = frozenset()
     # Whether the pools compact lazily (holes allowed): compaction is then not checked.
@@ -532,6 +534,8 @@ class UnifiedMambaLockstep(Lockstep):
     with allocation groups), against a ``MambaModel``.  The two sides share
     the arena's bytes: each step checks both page tables, eager compaction,
     disjoint bands, and judges each alloc's ``None`` against the arena."""
+    # An empty free is its own step here (``free_nothing``, drawn in a group).
+    empty_frees = ()
 
     arena: Arena | None = None
     universe: frozenset[int] = frozenset()

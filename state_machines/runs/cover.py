@@ -111,6 +111,7 @@ class FileCoverage:
     name: str  # shown relative to the table's root
     statements: int
     executed: int
+    missed: str = ""  # the statements never run, as ranges of line numbers ("" when none)
 
     @property
     def percent(self) -> float:
@@ -121,6 +122,7 @@ def tally(files: list[Path], lines: dict[str, list[int]], root: Path) -> list[Fi
     """Per file of ``files``: its statements, and how many of them ``lines``
     (file -> executed line numbers) ran; a file absent from ``lines`` ran none."""
     import coverage
+    from coverage.results import format_lines
 
     cov = coverage.Coverage(data_file=None, config_file=False)
     data = cov.get_data()
@@ -133,8 +135,15 @@ def tally(files: list[Path], lines: dict[str, list[int]], root: Path) -> list[Fi
             name = str(f.relative_to(root))
         except ValueError:
             name = str(f)
-        out.append(FileCoverage(name, len(statements), len(statements) - len(missed)))
+        out.append(FileCoverage(name, len(statements), len(statements) - len(missed), format_lines(statements, missed)))
     return out
+
+
+def missed_ranges(rows: list[FileCoverage]) -> str:
+    """One line per file with a statement that never ran: its name, then those
+    statements as coverage.py writes them (``12-15``: every statement from
+    line 12 to 15 missed, none between them run)."""
+    return "\n".join(f"{r.name}: {r.missed}" for r in rows if r.missed)
 
 
 def table(rows: list[FileCoverage]) -> str:
@@ -176,10 +185,12 @@ def _summary(text: str, code: int) -> str:
     return f"exit {code}"
 
 
-def cover_release(release: Path, *, max_examples: int, seed: int, trace_dir: str, out=None, kinds: str | None = None) -> int:
+def cover_release(release: Path, *, max_examples: int, seed: int, trace_dir: str, out=None, kinds: str | None = None,
+                  show_missed: bool = False) -> int:
     """Fuzz every kind of ``release`` (or those ``kinds`` names: ``KIND`` or
     ``KIND:PAGE_SIZE``, comma-separated) with coverage, each in its own
-    worker, and print the per-kind results and one table of the union."""
+    worker, and print the per-kind results and one table of the union (then,
+    with ``show_missed``, the statements no kind ran, per file)."""
     from state_machines.runs.watchdog import fuzz_watched
     from state_machines.targets import sglang
 
@@ -198,7 +209,11 @@ def cover_release(release: Path, *, max_examples: int, seed: int, trace_dir: str
         code = fuzz_watched(config, max_examples=max_examples, seed=seed, db_spec=None, trace_dir=trace_dir,
                             out=buffer, err=buffer, cover=Recorder(files), on_cover=lambda got: union(seen, got))
         print(f"  {config.label()}: {_summary(buffer.getvalue(), code)} ({time.monotonic() - started:.0f} s)", file=out)
-    print(table(tally(files, {f: sorted(s) for f, s in seen.items()}, release)), file=out)
+    rows = tally(files, {f: sorted(s) for f, s in seen.items()}, release)
+    print(table(rows), file=out)
+    if show_missed:
+        print("statements never run:", file=out)
+        print(missed_ranges(rows), file=out)
     return 0
 
 
@@ -209,6 +224,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trace-dir", default=".kv-lockstep/traces/coverage")
     parser.add_argument("--kinds", help="only these kinds, comma-separated: KIND (each gated page size) or KIND:PAGE_SIZE")
+    parser.add_argument("--missed", action="store_true", help="after the table, the statements no kind ran, per file")
     args = parser.parse_args(argv)
     if reason := missing():
         print(f"kv-lockstep: error: {reason}", file=sys.stderr)
@@ -219,7 +235,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     return cover_release(release.resolve(), max_examples=args.max_examples, seed=args.seed, trace_dir=args.trace_dir,
-                         kinds=args.kinds)
+                         kinds=args.kinds, show_missed=args.missed)
 
 
 if __name__ == "__main__":

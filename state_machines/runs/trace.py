@@ -76,6 +76,7 @@ _UNITS = {
     ("free", "n"): SLOTS,
     ("free_segment", "start"): OFFSET,
     ("free_segment", "n"): SPAN,
+    ("free_empty_span", "how"): PAGES0,  # a free method, taken modulo those the allocator has
     ("overwrite_row", "row"): ROW,
     ("rematch", "dup"): PAGES0,
     ("slide", "pages"): PAGES,

@@ -515,7 +515,10 @@ def make_pure_swa(size: int, page_size: int, device: str, need_sort: bool):
     if base is None:
         raise TargetError(f"sglang {_info().version}: swa allocator module exposes no BaseSWAKVPool")
     args = _common(size, page_size, device, need_sort)
-    args.update(size_swa=size, kvcache=_swa_standin(base))
+    kvcache = _swa_standin(base)
+    # One stamp per slot, for the offload step's round trip (KVCopyStandIn).
+    kvcache.kv_lockstep_init(size + 2 * page_size)
+    args.update(size_swa=size, kvcache=kvcache)
     return _construct(cls, **args)
 
 

@@ -89,3 +89,14 @@ def test_0_5_23_device_buffer_hands_a_slot_out_twice_at_compressed_page_4():
     with pytest.raises(InvariantViolation) as caught:
         state.device_buffer_pages(req=req, pages=1)
     assert caught.value.invariant == "device_buffer_slots_distinct"
+
+
+def test_a_replayed_segment_that_cuts_into_written_tokens_is_refused():
+    """The rules end a DSV4 segment past every written token; a minimiser's candidate cutting one short is not replayed."""
+    from state_machines.harness import Step
+    from state_machines.runs.trace import TraceError, run_steps
+
+    state = build(target="builtin:dsv4-hisparse", page_size=8)
+    steps = [Step("alloc", {"n": 8}, "req_0"), Step("free_segment", {"req": "req_0", "start": 0, "n": 1})]
+    with pytest.raises(TraceError, match="past every written token"):
+        run_steps(state, steps)

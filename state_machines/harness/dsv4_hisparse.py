@@ -265,6 +265,8 @@ class DSV4HiSparseLockstep(PrefillOnly, ReleasesDevicePeers, SWALockstep):
         req = args.get("req")
         if why := self.prefill_step_not_applicable(rule, args):
             return why
+        if rule == "free_segment" and args["start"] + args["n"] < self.model.tokens(req.rid, self.page_size):
+            return "a caller frees a request's tail up to its length: a segment ends past every written token"
         if rule == "decode" and any(r not in self.decodable() for r in args["reqs"]):
             return "a request decodes once the coordinator made it ready (its device buffer)"
         if rule in ("device_buffer_pages", "free_hisparse") and req.rid in self.device.buffers:

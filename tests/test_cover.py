@@ -89,3 +89,29 @@ def test_missed_ranges_name_each_file_and_the_statements_it_never_ran(tmp_path):
     wholly.write_text("a = 1\n")
     rows = tally([partly, wholly], {str(partly): [1, 3], str(wholly): [1]}, tmp_path)
     assert missed_ranges(rows) == "partly.py: 2, 4-5"
+
+
+def test_lines_json_keeps_each_kinds_lines_apart(tmp_path):
+    """`cover --lines-json` writes one entry per kind run, whose lines union to the table's total."""
+    pytest.importorskip("coverage", reason="--cover needs coverage.py: pip install 'kv-lockstep[cover]'")
+    import io
+    import json
+
+    from state_machines.runs.cover import cover_release, newest_release, tally
+    from state_machines.targets import sglang
+
+    release = newest_release()
+    if release is None:
+        pytest.skip("no sglang release under .sglang/ (make sglang V=...)")
+    out, path = io.StringIO(), tmp_path / "lines.json"
+    cover_release(release.resolve(), max_examples=5, seed=0, trace_dir=str(tmp_path), out=out, kinds="token,mamba",
+                  lines_json=str(path))
+    per_kind = json.loads(path.read_text())
+    assert set(per_kind) == {"token:1", "mamba:1"}
+    merged: dict[str, set[int]] = {}
+    for lines in per_kind.values():
+        for f, got in lines.items():
+            merged.setdefault(f, set()).update(got)
+    rows = tally(sglang.release_files(str(release.resolve())), {f: sorted(v) for f, v in merged.items()}, release.resolve())
+    total = sum(r.executed for r in rows)
+    assert f"| **total** | {sum(r.statements for r in rows)} | {total} |" in out.getvalue()

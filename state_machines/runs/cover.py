@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import re
 import sys
 import time
@@ -186,17 +187,21 @@ def _summary(text: str, code: int) -> str:
 
 
 def cover_release(release: Path, *, max_examples: int, seed: int, trace_dir: str, out=None, kinds: str | None = None,
-                  show_missed: bool = False) -> int:
+                  show_missed: bool = False, lines_json: str | None = None) -> int:
     """Fuzz every kind of ``release`` (or those ``kinds`` names: ``KIND`` or
     ``KIND:PAGE_SIZE``, comma-separated) with coverage, each in its own
     worker, and print the per-kind results and one table of the union (then,
-    with ``show_missed``, the statements no kind ran, per file)."""
+    with ``show_missed``, the statements no kind ran, per file).  With
+    ``lines_json``, each kind's executed lines per file go to that file as
+    ``{"KIND:PAGE_SIZE": {file: [line, ...]}}``, so the union of any subset
+    of kinds can be tallied after one run."""
     from state_machines.runs.watchdog import fuzz_watched
     from state_machines.targets import sglang
 
     out = out or sys.stdout
     files = sglang.release_files(str(release))
     seen: dict[str, set[int]] = {}
+    per_kind: dict[str, dict[str, set[int]]] = {}
     print(f"statement coverage of sglang {release.name}'s allocator code, {max_examples} examples per kind, seed {seed}",
           file=out)
     wanted = [k.strip() for k in kinds.split(",")] if kinds else None
@@ -207,13 +212,17 @@ def cover_release(release: Path, *, max_examples: int, seed: int, trace_dir: str
         buffer = io.StringIO()
         started = time.monotonic()
         code = fuzz_watched(config, max_examples=max_examples, seed=seed, db_spec=None, trace_dir=trace_dir,
-                            out=buffer, err=buffer, cover=Recorder(files), on_cover=lambda got: union(seen, got))
+                            out=buffer, err=buffer, cover=Recorder(files),
+                            on_cover=lambda got, key=f"{kind}:{page_size}": (union(seen, got),
+                                                                              union(per_kind.setdefault(key, {}), got)))
         print(f"  {config.label()}: {_summary(buffer.getvalue(), code)} ({time.monotonic() - started:.0f} s)", file=out)
     rows = tally(files, {f: sorted(s) for f, s in seen.items()}, release)
     print(table(rows), file=out)
     if show_missed:
         print("statements never run:", file=out)
         print(missed_ranges(rows), file=out)
+    if lines_json:
+        Path(lines_json).write_text(json.dumps({k: {f: sorted(v) for f, v in d.items()} for k, d in per_kind.items()}))
     return 0
 
 
@@ -225,6 +234,7 @@ def main(argv=None) -> int:
     parser.add_argument("--trace-dir", default=".kv-lockstep/traces/coverage")
     parser.add_argument("--kinds", help="only these kinds, comma-separated: KIND (each gated page size) or KIND:PAGE_SIZE")
     parser.add_argument("--missed", action="store_true", help="after the table, the statements no kind ran, per file")
+    parser.add_argument("--lines-json", help="write each kind's executed lines per file here (to tally any subset)")
     args = parser.parse_args(argv)
     if reason := missing():
         print(f"kv-lockstep: error: {reason}", file=sys.stderr)
@@ -235,7 +245,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     return cover_release(release.resolve(), max_examples=args.max_examples, seed=args.seed, trace_dir=args.trace_dir,
-                         kinds=args.kinds, show_missed=args.missed)
+                         kinds=args.kinds, show_missed=args.missed, lines_json=args.lines_json)
 
 
 if __name__ == "__main__":

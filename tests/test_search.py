@@ -8,6 +8,7 @@ import attrs
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from allocators.base import AliasMixin, FlagDriftMixin
 from allocators.token import TokenAllocator
 from bench.bugs import HARD
 from state_machines.config import Config
@@ -148,3 +149,14 @@ def test_the_same_seed_finds_the_same_failure():
     """Two runs with one seed (walk, then Hypothesis) report the same unshrunk trace."""
     first, again = (fuzz(TOKEN_ALIAS, max_examples=40, seed=5, database=None, shrink=False) for _ in range(2))
     assert first.failures and first.failures == again.failures
+
+
+class AliasAndFlagDrift(AliasMixin, FlagDriftMixin, TokenAllocator):
+    """sglang 0.5.17's pair of bugs in one allocator: the queue keeps row
+    views, and a repeated end frees again."""
+
+
+def test_a_walk_reports_each_distinct_failure_it_meets():
+    """After its first failure the walk runs on a while: an allocator with both seed bugs fails a run on both invariants."""
+    outcome = fuzz(Config(target="tests.test_search:AliasAndFlagDrift"), max_examples=300, seed=0, database=None)
+    assert {t.invariant for t in outcome.failures} >= {"free_sets_agree", "no_page_freed_twice"}

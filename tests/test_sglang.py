@@ -166,8 +166,8 @@ def test_targets_lists_every_kind_of_a_release_with_its_steps():
     # At page size 1 the caller sends decode and extend to alloc(), which the token allocator has.
     assert lines[at + 1 : at + 4] == [
         "    at page size 1: harness Lockstep",
-        "    steps: admit, alloc, ask, begin, decode, end, evict, extend, finish, finish_segments, free, free_segment,"
-        " offload, overwrite_row, rematch, resize",
+        "    steps: admit, alloc, ask, begin, decode, end, evict, extend, finish, finish_segments, free, free_empty_span,"
+        " free_segment, offload, overwrite_row, rematch, resize",
         "  sglang:paged: PagedTokenToKVPoolAllocator (sglang.srt.mem_cache.allocator.paged), any page size",
     ]
     # Gated at 1 and 4; at 1 a resize is outside the caller's contract (the token allocator is built there).
@@ -176,8 +176,8 @@ def test_targets_lists_every_kind_of_a_release_with_its_steps():
     assert lines[at + 3].startswith("    disabled: resize: resize to 1 page leaves PagedTokenToKVPoolAllocator.num_pages")
     assert lines[at + 4 : at + 6] == [
         "    at page size 4: harness Lockstep",
-        "    steps: admit, alloc, ask, begin, decode, end, evict, extend, finish, finish_segments, free, free_segment,"
-        " offload, overwrite_row, rematch, resize",
+        "    steps: admit, alloc, ask, begin, decode, end, evict, extend, finish, finish_segments, free, free_empty_span,"
+        " free_segment, offload, overwrite_row, rematch, resize",
     ]
     at = lines.index("  sglang:swa: SWATokenToKVPoolAllocator (sglang.srt.mem_cache.allocator.swa), any page size")
     assert [line for line in lines[at + 1 :] if line.startswith("    at page size")][:2] == [
@@ -195,7 +195,8 @@ def test_targets_lists_page_interleave_from_page_size_2_with_decode_disabled():
                      " (sglang.srt.mem_cache.allocator.page_interleave), page size 2 or more")
     assert lines[at + 1 : at + 3] == [
         "    at page size 4: harness PageInterleaveLockstep",
-        "    steps: admit, alloc, begin, end, evict, extend, finish, free, free_segment, load_back, overwrite_row, rematch",
+        "    steps: admit, alloc, begin, end, evict, extend, finish, free, free_empty_span, free_segment, load_back,"
+            " overwrite_row, rematch",
     ]
     assert "    disabled: decode: alloc_decode: not provided (NotImplementedError)" in lines[at + 3 : at + 8]
 

@@ -30,7 +30,7 @@ from state_machines.runs.trace import (
     returns_kind,
     run_steps,
 )
-from state_machines.runs.walk import walk
+from state_machines.runs.walk import WalkFailures, walk
 
 # Steps in one example; long enough for begin .. free .. overwrite .. end.
 STEPS_PER_EXAMPLE = 20
@@ -138,10 +138,11 @@ def fuzz(
         _walk_saved(machine, chosen.database, record)
         try:
             walk(machine, random.Random(seed if seed is not None else 0 if chosen.derandomize else None), walked)
-        except InvariantViolation as exc:
+        except (InvariantViolation, WalkFailures) as exc:
             if chosen.database is not None:
                 # Saved before shrinking, so an interrupt there loses nothing.
-                chosen.database.save(_walk_key(machine), Trace.from_violation(exc).to_json().encode())
+                for violation in violations_in(exc):
+                    chosen.database.save(_walk_key(machine), Trace.from_violation(violation).to_json().encode())
             raise
         if chosen.max_examples > walked:
             run_state_machine_as_test(machine, settings=settings(chosen, max_examples=chosen.max_examples - walked))
@@ -405,6 +406,17 @@ def _runnable_rules(config: Config) -> tuple[str, ...]:
     return tuple(r for r in RULES if callable(getattr(state, r, None)) and state.why_not(r) is None)
 
 
+def _rows_retargeted(steps: tuple[Step, ...], config: Config):
+    """``steps`` with one ``overwrite_row`` aimed at another of the
+    configuration's rows, each in turn (after ``_without`` a later request
+    may sit in the row an earlier one left)."""
+    for i, step in enumerate(steps):
+        if step.rule == "overwrite_row":
+            for row in range(config.rows):
+                if row != step.args["row"]:
+                    yield (*steps[:i], attrs.evolve(step, args={**step.args, "row": row}), *steps[i + 1 :])
+
+
 def _without(steps: tuple[Step, ...], name: str) -> tuple[Step, ...]:
     """``steps`` as if ``name`` (a request or entry) had never been made:
     the step that made it and every step naming it go, and it leaves each
@@ -479,7 +491,11 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             # A request and all it touched at once: deleting the step that
             # made it alone breaks every later step that names it.
             if name in {step.returns for step in best.steps}:
-                changed |= attempt(attrs.evolve(best, steps=_without(best.steps, name)), shorter=True)
+                without = _without(best.steps, name)
+                # Without a request, later ones may take other rows: an
+                # overwrite of the row it freed then names another row.
+                changed |= any(attempt(attrs.evolve(best, steps=steps), shorter=True)
+                               for steps in (without, *_rows_retargeted(without, best.config)))
         for width in (8, 4, 2, 1):
             i = 0
             while i + width <= len(best.steps):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 
+from state_machines.harness.lockstep import InvariantViolation
 from state_machines.harness.machines import machine_rules
 
 # Steps in one walk example: longer than Hypothesis's (a failure that needs
@@ -23,26 +24,58 @@ from state_machines.harness.machines import machine_rules
 # a failure at step k is shrunk the same whether the example ran on or not.
 WALK_STEPS = 40
 
+# Examples the walk runs on, at least, after its first failure, for others.
+MORE_AFTER_FAILURE = 20
+
+
+class WalkFailures(Exception):
+    """Distinct invariant violations one walk met, first found first
+    (``exceptions``, as in an exception group)."""
+
+    def __init__(self, exceptions: list[InvariantViolation]):
+        super().__init__(f"the walk found {len(exceptions)} distinct failures: "
+                         + ", ".join(e.invariant for e in exceptions))
+        self.exceptions = exceptions
+
 
 def walk(machine_class, rng: random.Random, examples: int, steps: int = WALK_STEPS) -> None:
     """Run ``examples`` examples of ``steps`` steps each on fresh machines
     of ``machine_class``.
 
-    Returns when all ran clean; raises what a step raised, the first
-    ``InvariantViolation`` included (the machine's ``record`` counts the
-    examples and steps, and the time to it, as under Hypothesis).
+    Returns when all ran clean.  An ``InvariantViolation`` does not end the
+    walk at once: it goes on for as many examples again as the first took
+    (at least ``MORE_AFTER_FAILURE``, within ``examples``), keeping the first
+    violation of each invariant, then raises the one it kept or
+    ``WalkFailures`` holding them, first found first, as Hypothesis reports
+    distinct bugs (0.5.17 frees twice and frees an overwritten view: a run
+    shows both).  Anything else a step raises ends the walk at once.  The
+    machine's ``record`` counts examples and steps, and the time to the
+    first failure, as under Hypothesis.
     """
     rules = machine_rules(machine_class)
     # Each rule's arguments in the order they are drawn, sorted once.
     ordered = {r.name: sorted(r.draws.items()) for r in rules}
-    for _ in range(examples):
+    found: dict[str, InvariantViolation] = {}
+    stop = examples
+    for index in range(examples):
+        if index >= stop:
+            break
         machine = machine_class()
-        # Every machine ``machine_for`` makes, a caller's too, has these three.
-        shapes = (machine.sizes, machine.sorts, machine.row_counts)
-        if max(map(len, shapes)) > 1:
-            machine.shape(*(rng.randrange(len(c)) for c in shapes))
-        for _ in range(steps):
-            chosen = rng.choice([r for r in rules if r.applies(machine)])
-            args = {k: rng.random() < 0.5 if r is bool else rng.randint(*r) for k, r in ordered[chosen.name]}
-            chosen.body(machine, **args)
-        machine.teardown()
+        try:
+            # Every machine ``machine_for`` makes, a caller's too, has these three.
+            shapes = (machine.sizes, machine.sorts, machine.row_counts)
+            if max(map(len, shapes)) > 1:
+                machine.shape(*(rng.randrange(len(c)) for c in shapes))
+            for _ in range(steps):
+                chosen = rng.choice([r for r in rules if r.applies(machine)])
+                args = {k: rng.random() < 0.5 if r is bool else rng.randint(*r) for k, r in ordered[chosen.name]}
+                chosen.body(machine, **args)
+            machine.teardown()
+        except InvariantViolation as exc:
+            if not found:
+                stop = min(examples, index + 1 + max(index + 1, MORE_AFTER_FAILURE))
+            found.setdefault(exc.invariant, exc)
+    if len(found) == 1:
+        raise next(iter(found.values()))
+    if found:
+        raise WalkFailures(list(found.values()))

@@ -30,7 +30,7 @@ from state_machines.runs.trace import (
     returns_kind,
     run_steps,
 )
-from state_machines.runs.walk import WalkFailures, walk
+from state_machines.runs.walk import walk
 
 # Steps in one example; long enough for begin .. free .. overwrite .. end.
 STEPS_PER_EXAMPLE = 20
@@ -136,14 +136,12 @@ def fuzz(
     walked = chosen.max_examples // 2
     try:
         _walk_saved(machine, chosen.database, record)
-        try:
-            walk(machine, random.Random(seed if seed is not None else 0 if chosen.derandomize else None), walked)
-        except (InvariantViolation, WalkFailures) as exc:
-            if chosen.database is not None:
-                # Saved before shrinking, so an interrupt there loses nothing.
-                for violation in violations_in(exc):
-                    chosen.database.save(_walk_key(machine), Trace.from_violation(violation).to_json().encode())
-            raise
+        # Each failure is saved as the walk meets it, so an interrupt later
+        # (the walk running on, or shrinking) loses nothing.
+        save = None if chosen.database is None else lambda violation: chosen.database.save(
+            _walk_key(machine), Trace.from_violation(violation).to_json().encode())
+        walk(machine, random.Random(seed if seed is not None else 0 if chosen.derandomize else None), walked,
+             on_failure=save)
         if chosen.max_examples > walked:
             run_state_machine_as_test(machine, settings=settings(chosen, max_examples=chosen.max_examples - walked))
     except Exception as exc:

@@ -38,7 +38,7 @@ class WalkFailures(Exception):
         self.exceptions = exceptions
 
 
-def walk(machine_class, rng: random.Random, examples: int, steps: int = WALK_STEPS) -> None:
+def walk(machine_class, rng: random.Random, examples: int, steps: int = WALK_STEPS, on_failure=None) -> None:
     """Run ``examples`` examples of ``steps`` steps each on fresh machines
     of ``machine_class``.
 
@@ -50,7 +50,9 @@ def walk(machine_class, rng: random.Random, examples: int, steps: int = WALK_STE
     distinct bugs (0.5.17 frees twice and frees an overwritten view: a run
     shows both).  Anything else a step raises ends the walk at once.  The
     machine's ``record`` counts examples and steps, and the time to the
-    first failure, as under Hypothesis.
+    first failure, as under Hypothesis.  ``on_failure(violation)``, when
+    given, is called at once with each distinct violation (to save it before
+    the walk runs on: an interrupt then loses nothing).
     """
     rules = machine_rules(machine_class)
     # Each rule's arguments in the order they are drawn, sorted once.
@@ -74,7 +76,10 @@ def walk(machine_class, rng: random.Random, examples: int, steps: int = WALK_STE
         except InvariantViolation as exc:
             if not found:
                 stop = min(examples, index + 1 + max(index + 1, MORE_AFTER_FAILURE))
-            found.setdefault(exc.invariant, exc)
+            if exc.invariant not in found:
+                found[exc.invariant] = exc
+                if on_failure is not None:
+                    on_failure(exc)
     if len(found) == 1:
         raise next(iter(found.values()))
     if found:

@@ -336,3 +336,37 @@ def test_0_5_20_prices_a_swa_tail_at_the_full_sides_pages_and_that_refusal_is_no
         assert run.returncode == 0, run.stderr[-3000:]
         outcomes.append(run.stdout.strip().splitlines()[-1])
     assert outcomes == ["None clean", "allocated clean"]
+
+
+@pytest.mark.sglang
+def test_0_5_20_crashes_sorting_frees_under_pd_and_0_5_22_does_not(tmp_path):
+    """A finding: with need_sort (PD disaggregation), 0.5.20's alloc_extend short of virtual ids calls the base's
+    merge_and_sort_free, whose release_pages the unified pool never sets (TypeError, base.py:136); 0.5.22 dropped the call."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_sglang import REPO, release_dir
+
+    config = {"target": "sglang:unified-mamba-swa", "page_size": 4, "need_sort": True, "size": 16}
+    steps = [{"rule": "admit", "args": {}, "returns": "req_0"}, {"rule": "extend", "args": {"reqs": ["req_0"], "tokens": [8]}}]
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"format": "kv-lockstep-trace/1", "config": config, "steps": steps}))
+    results = []
+    for version in ("0.5.20", "0.5.22"):
+        run = subprocess.run([sys.executable, "-m", "state_machines.cli", "replay", str(trace), "--sglang-path",
+                              str(release_dir(version))], cwd=REPO, capture_output=True, text=True, timeout=600,
+                             env=dict(os.environ, PYTHONPATH=str(REPO)))
+        results.append((run.returncode, "TypeError" in run.stdout and "base.py:136" in run.stdout))
+    assert results == [(1, True), (0, False)]
+
+
+def test_eager_compaction_refuses_need_sort():
+    """No server sorts frees with eager compaction (PD disaggregation requires lazy): the eager kinds refuse need_sort."""
+    from state_machines.targets import TargetError
+    from state_machines.targets.sglang import _sorting_needs_lazy
+
+    _sorting_needs_lazy("multi-ended", True, True)
+    with pytest.raises(TargetError, match="requires lazy compaction"):
+        _sorting_needs_lazy("multi-ended-eager", True, False)

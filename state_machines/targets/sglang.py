@@ -671,11 +671,24 @@ class _StampedKVStandIn:
         return "KV pool stand-in: a stamp per physical page, carried by move_physical_pages / move_kv_cache"
 
 
+def _sorting_needs_lazy(kind: str, need_sort: bool, lazy_compaction: bool) -> None:
+    """Refuse need_sort with eager compaction: no server builds it.  sglang
+    sorts frees only under PD disaggregation (``need_sort`` is
+    ``disaggregation_mode in ("decode", "prefill")``,
+    ``kv_cache_configurator.py``), and the unified pool asserts lazy
+    compaction there (``handle_unified_memory_pool``,
+    ``arg_groups/kv_cache_hook.py``, 0.5.20 on)."""
+    if need_sort and not lazy_compaction:
+        raise TargetError(f"sglang:{kind}: need_sort with eager compaction is no server's: sglang sorts frees only under "
+                          "PD disaggregation, where the unified pool requires lazy compaction (kv_cache_hook.py)")
+
+
 def make_multi_ended(size: int, page_size: int, device: str, need_sort: bool, lazy_compaction: bool = True):
     """``MultiEndedAllocator``: the id-owning, grow-up sub-pool of ``size``
     slots (plus the reserved first page), over the stand-ins above; lazy
     compaction is sglang's default (``SGLANG_DISABLE_LAZY_COMPACTION`` unset)."""
     kind = "multi-ended" if lazy_compaction else "multi-ended-eager"
+    _sorting_needs_lazy(kind, need_sort, lazy_compaction)
     args = _common(size, page_size, device, need_sort)
     args.update(
         kvcache=_StampedKVStandIn(page_size),
@@ -772,6 +785,7 @@ def _make_unified(kind: str, directions: dict[str, str], size: int, page_size: i
     grow direction) in ``(size + page_size) * 16`` bytes, so the full side
     alone would hold ``size`` tokens; eager compaction unless
     ``lazy_compaction`` (sglang's default, ``SGLANG_DISABLE_LAZY_COMPACTION`` unset)."""
+    _sorting_needs_lazy(kind, need_sort, lazy_compaction)
     cls = _cls(kind)
     if device != "cpu" and not device.startswith("cpu"):
         raise TargetError(f"device {device!r}: sglang targets run on cpu only")

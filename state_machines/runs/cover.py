@@ -200,7 +200,6 @@ def cover_release(release: Path, *, max_examples: int, seed: int, trace_dir: str
 
     out = out or sys.stdout
     files = sglang.release_files(str(release))
-    seen: dict[str, set[int]] = {}
     per_kind: dict[str, dict[str, set[int]]] = {}
     print(f"statement coverage of sglang {release.name}'s allocator code, {max_examples} examples per kind, seed {seed}",
           file=out)
@@ -213,9 +212,11 @@ def cover_release(release: Path, *, max_examples: int, seed: int, trace_dir: str
         started = time.monotonic()
         code = fuzz_watched(config, max_examples=max_examples, seed=seed, db_spec=None, trace_dir=trace_dir,
                             out=buffer, err=buffer, cover=Recorder(files),
-                            on_cover=lambda got, key=f"{kind}:{page_size}": (union(seen, got),
-                                                                              union(per_kind.setdefault(key, {}), got)))
+                            on_cover=lambda got, key=f"{kind}:{page_size}": union(per_kind.setdefault(key, {}), got))
         print(f"  {config.label()}: {_summary(buffer.getvalue(), code)} ({time.monotonic() - started:.0f} s)", file=out)
+    seen: dict[str, set[int]] = {}
+    for lines in per_kind.values():
+        union(seen, lines)
     rows = tally(files, {f: sorted(s) for f, s in seen.items()}, release)
     print(table(rows), file=out)
     if show_missed:

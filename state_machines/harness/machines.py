@@ -301,12 +301,12 @@ def pool_sizes(config: Config, builds: Callable[[Config], bool]) -> tuple[int | 
     return (None, *(size for size in others if builds(attrs.evolve(config, size=size))))
 
 
-def pool_sorts(config: Config, builds: Callable[[Config], bool]) -> tuple[bool | None, ...]:
+def pool_sorts(config: Config, keeps: Callable[[Config], bool]) -> tuple[bool | None, ...]:
     """The need_sort values an example of ``config`` may run on: its own
-    (``None``) first, then True where ``config`` leaves it off and the
-    target's constructor takes it (it builds); only its own where
-    ``config`` asks for need_sort."""
-    if config.need_sort or not builds(attrs.evolve(config, need_sort=True)):
+    (``None``) first, then True where ``config`` leaves it off and
+    ``keeps`` it (the target builds with it and its allocator keeps the
+    setting); only its own where ``config`` asks for need_sort."""
+    if config.need_sort or not keeps(attrs.evolve(config, need_sort=True)):
         return (None,)
     return (None, True)
 

@@ -481,9 +481,12 @@ KNOWN: tuple[KnownShortest, ...] = (
     _mutant(
         _UNI_SWA,
         "admission-ignores-swa",
-        [_s("reserve", full=0, swa=11, evict_full=0, evict_swa=0, prefer_swa=False)],
+        [_s("reserve", full=3, swa=3, evict_full=0, evict_swa=0, prefer_swa=False)],
         "unified_reclaim_plan_agrees",
-        "one admission question that needs more SWA than is free",
+        "one admission question that needs more SWA than is free: on a 4-page pool (--size 16) "
+        "3 pages of each do, where the rule draws at most MAX_PAGES of each (on the default pool "
+        "it takes an alloc first)",
+        size=16,
     ),
     _mutant(
         _UNI_SWA,

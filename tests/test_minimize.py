@@ -1,5 +1,7 @@
 """The trace minimiser deletes steps a failure does not need, and only those."""
 
+import attrs
+
 from state_machines.config import Config
 from state_machines.harness import Step
 from state_machines.runs.runner import minimize, replay
@@ -93,3 +95,47 @@ def test_minimize_puts_one_step_in_place_of_two():
     assert replay(Trace(config, six)).invariant == "free_sets_agree"
     shortest = minimize(Trace(config, six, "free_sets_agree"))
     assert (shortest.invariant, len(shortest.steps)) == ("free_sets_agree", 5)
+
+
+def test_minimize_carries_a_deleted_requests_slots_onto_other_allocs():
+    """hisparse short-leaks needs the pool short: of allocs of 12, 12, 8 and
+    12 slots, the 8 is carried onto the first two (16 each, one draw's most)
+    and three steps remain."""
+    config = Config(target="builtin:hisparse", mutant="short-leaks", page_size=4)
+    four = tuple(Step("alloc", {"n": n}, f"req_{i}") for i, n in enumerate((12, 12, 8))) + (Step("alloc", {"n": 12}),)
+    shortest = minimize(Trace(config, four, "free_sets_agree"))
+    assert (shortest.invariant, [s.args["n"] for s in shortest.steps]) == ("free_sets_agree", [16, 16, 12])
+
+
+def test_minimize_merges_two_requests_into_one():
+    """BigFree drops a slot of a free of 9 or more: three requests of 4, 2
+    and 3 slots freed in one group become one request grown twice and
+    finished, with no group (four steps, the known shortest)."""
+    config = Config(target="bench.bugs:BigFree")
+    eight = (
+        Step("alloc", {"n": 4}, "req_0"),
+        Step("begin", {}),
+        Step("finish", {"req": "req_0"}),
+        Step("alloc", {"n": 2}, "req_1"),
+        Step("finish", {"req": "req_1"}),
+        Step("alloc", {"n": 3}, "req_2"),
+        Step("finish", {"req": "req_2"}),
+        Step("end", {}),
+    )
+    assert replay(Trace(config, eight)).invariant == "free_sets_agree"
+    shortest = minimize(Trace(config, eight, "free_sets_agree"))
+    assert (shortest.invariant, len(shortest.steps)) == ("free_sets_agree", 4)
+
+
+def test_minimize_moves_to_a_smaller_pool_where_a_step_fewer_fails():
+    """On unified-swa admission-ignores-swa, an alloc of the whole row then a
+    reserve fails on the default pool; on a 16-slot pool the reserve alone
+    does, and the minimiser finds it among its configurations."""
+    config = Config(target="builtin:unified-swa", mutant="admission-ignores-swa", page_size=4)
+    reserve = Step("reserve", {"full": 3, "swa": 3, "evict_full": 0, "evict_swa": 0, "prefer_swa": False})
+    two = (Step("alloc", {"n": 16}, "req_0"), reserve)
+    assert replay(Trace(config, two)).invariant == "unified_reclaim_plan_agrees"
+    assert replay(Trace(config, (reserve,))) is None
+    small = attrs.evolve(config, size=16)
+    shortest = minimize(Trace(config, two, "unified_reclaim_plan_agrees"), configs=(config, small))
+    assert (shortest.config, shortest.steps) == (small, (reserve,))

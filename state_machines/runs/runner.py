@@ -15,6 +15,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from state_machines.config import Config
 from state_machines.harness import InvariantViolation, RunRecord, Step, build, machine_for
+from state_machines.harness.machines import EXTEND_TOKENS_PAGES, MAX_PAGES
 from state_machines.runs.trace import (
     ENTRY,
     FLAG,
@@ -353,8 +354,7 @@ def _simplicity(step: Step) -> tuple:
 
 def _candidate_steps(rules: tuple[str, ...], config: Config, made: dict[str, list[str]], ints: set[int]):
     """Steps of ``rules`` in their simplest forms, simplest first: each
-    integer at its lowest or one of ``ints`` (values the replaced steps
-    had), each flag either way, each request or entry one of the three
+    integer at its lowest or one of ``ints`` (values the replaced steps had), each flag either way, each request or entry one of the three
     latest ``made``, a batch of one, an optional argument left out or given."""
     found = []
     for rule in rules:
@@ -437,9 +437,103 @@ def _without(steps: tuple[Step, ...], name: str) -> tuple[Step, ...]:
     return tuple(out)
 
 
+
+# The quantities a request is grown by, and the most pages one step of the
+# machine's rule draws for each: what ``_carried`` may move between steps.
+_CARRIED = {("alloc", "n"): MAX_PAGES, ("extend", "tokens"): EXTEND_TOKENS_PAGES}
+
+
+def _carried(steps: tuple[Step, ...], name: str, config: Config, backward: bool = False) -> tuple[Step, ...]:
+    """``_without(steps, name)``, with the slots its deleted steps asked for
+    (``alloc``'s ``n``, its share of an ``extend``'s tokens) added to the
+    remaining steps of the same rule and argument, earliest first (latest
+    first with ``backward``), each up to what one draw of the rule takes
+    (``_CARRIED``, in pages); what does not fit is dropped.  Two requests
+    that only filled the pool become one: the pool still fills."""
+    moved: dict[tuple[str, str], int] = {}
+    for step in steps:
+        gone = step.returns == name or name in step.args.values()
+        listed = next((v.index(name) for v in step.args.values() if isinstance(v, list) and name in v), None)
+        for key, value in step.args.items():
+            if (step.rule, key) not in _CARRIED:
+                continue
+            if gone and isinstance(value, int):
+                moved[step.rule, key] = moved.get((step.rule, key), 0) + value
+            elif not gone and listed is not None and isinstance(value, list):
+                moved[step.rule, key] = moved.get((step.rule, key), 0) + value[listed]
+    out = list(_without(steps, name))
+    order = range(len(out) - 1, -1, -1) if backward else range(len(out))
+    for i in order:
+        step = out[i]
+        args = dict(step.args)
+        for key, value in step.args.items():
+            left = moved.get((step.rule, key), 0)
+            if not left:
+                continue
+            _, hi, multiple = int_bounds(arg_kinds(step.rule)[key].removeprefix(LIST), config)
+            cap = min(hi, _CARRIED[step.rule, key] * config.page_size)
+            values = value if isinstance(value, list) else [value]
+            grown = []
+            for v in values:
+                more = max(0, min(left, cap - v)) // multiple * multiple
+                grown.append(v + more)
+                left -= more
+            moved[step.rule, key] = left
+            args[key] = grown if isinstance(value, list) else grown[0]
+        out[i] = attrs.evolve(step, args=args) if args != step.args else step
+    return tuple(out)
+
+
+
+def _merged(steps: tuple[Step, ...], first: str, second: str, config: Config,
+            fold: bool = False, keep: bool = False) -> tuple[Step, ...] | None:
+    """``steps`` with request ``second`` made part of ``first``, made
+    earlier: ``second``'s plain ``admit`` goes; its plain ``alloc`` grows
+    ``first`` instead, where it stood (``alloc(n, req=first)``) or, with
+    ``fold``, in ``first``'s own plain alloc (their ``n`` summed, at most
+    one draw's ``MAX_PAGES`` pages); every later step names ``first``; and
+    each ``finish`` of ``first`` before ``second``'s last step goes, or with
+    ``keep`` frees one page of it instead (the one request lives on).  None
+    where the two cannot merge: a step names both in one batch, ``second``
+    was made another way, or the fold does not fit."""
+    names_second = [i for i, step in enumerate(steps) if second in (step.returns, *step.args.values())
+                    or any(isinstance(v, list) and second in v for v in step.args.values())]
+    made = next((step for step in steps if step.returns == second), None)
+    if first == second or made is None:
+        return None
+    out = []
+    for i, step in enumerate(steps):
+        if step.returns == second:
+            if step.rule == "admit" and not step.args:
+                continue
+            if step.rule != "alloc" or set(step.args) != {"n"}:
+                return None
+            if not fold:
+                out.append(Step("alloc", {"n": step.args["n"], "req": first}))
+            continue
+        if step.rule == "finish" and step.args.get("req") == first and i < names_second[-1]:
+            if keep:
+                out.append(Step("free", {"req": first, "n": config.page_size}))
+            continue
+        args = {}
+        for key, value in step.args.items():
+            if isinstance(value, list) and second in value:
+                if first in value:
+                    return None
+                value = [first if v == second else v for v in value]
+            args[key] = first if value == second else value
+        if fold and step.returns == first and made.rule == "alloc":
+            if step.rule != "alloc" or set(step.args) != {"n"}:
+                return None
+            args["n"] += made.args["n"]
+            if args["n"] > MAX_PAGES * config.page_size:
+                return None
+        out.append(attrs.evolve(step, args=args) if args != step.args else step)
+    return tuple(out)
+
 # Steps the dearer passes of ``minimize`` may replay, all told: a bound on
 # its time that keeps it deterministic (a clock would not).
-DEAR_STEPS = 3000
+DEAR_STEPS = 10000
 
 
 def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace:
@@ -452,9 +546,12 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     it still fails on, if any; delete a request or entry with every step
     that names it (``_without``); delete runs of 8, 4, 2 and 1 steps
     (strictly shorter: a replay's teardown may close a group with an
-    ``end`` of its own, which would give back the step deleted); make each
-    argument simpler (``_smaller_args``; no longer).  Where those change
-    nothing, the dearer ones, until one succeeds: delete two steps apart;
+    ``end`` of its own, which would give back the step deleted); delete a
+    request and let other allocs carry its slots (``_carried``); merge two
+    requests into one (``_merged``); make each argument simpler
+    (``_smaller_args``; no longer).  Where those change nothing, the dearer
+    ones, until one succeeds: delete one step on another of ``configs``
+    (strictly shorter, so in any order); delete two steps apart;
     put one simple step (``_candidate_steps``) in place of two adjacent
     ones, or in place of one it is simpler than (``_simplicity``), which
     can let the cheap passes cut again; these stop once candidates of
@@ -501,6 +598,19 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                     changed = True
                 else:
                     i += 1
+        for name in [step.returns for step in best.steps if step.returns]:
+            # A request the failure needs only for the slots it holds: other
+            # allocs take them on (after the plain deletions, which keep more).
+            if name in {step.returns for step in best.steps}:
+                changed |= any(attempt(attrs.evolve(best, steps=_carried(best.steps, name, best.config, back)), shorter=True)
+                               for back in (False, True))
+        for first, second in itertools.combinations([s.returns for s in best.steps if returns_kind(s.rule) == REQ and s.returns], 2):
+            # Two requests as one: one finish and one admit fewer.
+            names = {step.returns for step in best.steps}
+            if first in names and second in names:
+                merged = (_merged(best.steps, first, second, best.config, fold, keep)
+                          for fold in (False, True) for keep in (False, True))
+                changed |= any(attempt(attrs.evolve(best, steps=m), shorter=True) for m in merged if m is not None)
         for i in range(len(best.steps)):
             # A smaller argument may change which steps follow; ``best`` is re-read each time.
             while i < len(best.steps) and any(
@@ -514,7 +624,10 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         steps = best.steps
         if best.config not in rules:
             rules[best.config] = _runnable_rules(best.config)
-        candidates = []
+        # Another pool shape of ``configs`` where the failure needs a step
+        # fewer (a smaller pool fills sooner); strictly shorter, so in any order.
+        candidates = [(config, steps[:i] + steps[i + 1 :], True)
+                      for config in configs if config != best.config for i in range(len(steps))]
         for width in (2, 1):
             for i in range(len(steps) - width + 1):
                 replaced, made = steps[i : i + width], _made_before(steps, i)
@@ -523,14 +636,15 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                     if width == 1 and _simplicity(step) >= _simplicity(replaced[0]):
                         continue
                     step = attrs.evolve(step, returns=names.get(returns_kind(step.rule)))
-                    candidates.append(((*steps[:i], step, *steps[i + width :]), width > 1))
+                    candidates.append((best.config, (*steps[:i], step, *steps[i + width :]), width > 1))
             if width == 2:
                 pairs = itertools.combinations(range(len(steps)), 2)
-                candidates += [(steps[:i] + steps[i + 1 : j] + steps[j + 1 :], True) for i, j in pairs if j > i + 1]
-        for candidate, shorter in candidates:
+                candidates += [(best.config, steps[:i] + steps[i + 1 : j] + steps[j + 1 :], True)
+                               for i, j in pairs if j > i + 1]
+        for config, candidate, shorter in candidates:
             if spent[0] > DEAR_STEPS:
                 return False
-            if attempt(attrs.evolve(best, steps=candidate), shorter):
+            if attempt(attrs.evolve(best, config=config, steps=candidate), shorter):
                 return True
         return False
 

@@ -485,21 +485,17 @@ def _carried(steps: tuple[Step, ...], name: str, config: Config, backward: bool 
 
 
 
-def _merged(steps: tuple[Step, ...], first: str, second: str, config: Config,
-            fold: bool = False, keep: bool = False) -> tuple[Step, ...] | None:
+def _merged(steps: tuple[Step, ...], first: str, second: str) -> tuple[Step, ...] | None:
     """``steps`` with request ``second`` made part of ``first``, made
-    earlier: ``second``'s plain ``admit`` goes; its plain ``alloc`` grows
-    ``first`` instead, where it stood (``alloc(n, req=first)``) or, with
-    ``fold``, in ``first``'s own plain alloc (their ``n`` summed, at most
-    one draw's ``MAX_PAGES`` pages); every later step names ``first``; and
-    each ``finish`` of ``first`` before ``second``'s last step goes, or with
-    ``keep`` frees one page of it instead (the one request lives on).  None
-    where the two cannot merge: a step names both in one batch, ``second``
-    was made another way, or the fold does not fit."""
-    names_second = [i for i, step in enumerate(steps) if second in (step.returns, *step.args.values())
-                    or any(isinstance(v, list) and second in v for v in step.args.values())]
-    made = next((step for step in steps if step.returns == second), None)
-    if first == second or made is None:
+    earlier: ``second``'s plain ``admit`` goes, its plain ``alloc`` grows
+    ``first`` instead where it stood (``alloc(n, req=first)``), every later
+    step names ``first``, and each ``finish`` of ``first`` before
+    ``second``'s last step goes (the one request lives on).  None where the
+    two cannot merge: a step names both in one batch, or ``second`` was
+    made another way."""
+    uses = [i for i, step in enumerate(steps) if second in (step.returns, *step.args.values())
+            or any(isinstance(v, list) and second in v for v in step.args.values())]
+    if first == second or not uses:
         return None
     out = []
     for i, step in enumerate(steps):
@@ -508,12 +504,9 @@ def _merged(steps: tuple[Step, ...], first: str, second: str, config: Config,
                 continue
             if step.rule != "alloc" or set(step.args) != {"n"}:
                 return None
-            if not fold:
-                out.append(Step("alloc", {"n": step.args["n"], "req": first}))
+            out.append(Step("alloc", {"n": step.args["n"], "req": first}))
             continue
-        if step.rule == "finish" and step.args.get("req") == first and i < names_second[-1]:
-            if keep:
-                out.append(Step("free", {"req": first, "n": config.page_size}))
+        if step.rule == "finish" and step.args.get("req") == first and i < uses[-1]:
             continue
         args = {}
         for key, value in step.args.items():
@@ -522,12 +515,6 @@ def _merged(steps: tuple[Step, ...], first: str, second: str, config: Config,
                     return None
                 value = [first if v == second else v for v in value]
             args[key] = first if value == second else value
-        if fold and step.returns == first and made.rule == "alloc":
-            if step.rule != "alloc" or set(step.args) != {"n"}:
-                return None
-            args["n"] += made.args["n"]
-            if args["n"] > MAX_PAGES * config.page_size:
-                return None
         out.append(attrs.evolve(step, args=args) if args != step.args else step)
     return tuple(out)
 
@@ -607,10 +594,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         for first, second in itertools.combinations([s.returns for s in best.steps if returns_kind(s.rule) == REQ and s.returns], 2):
             # Two requests as one: one finish and one admit fewer.
             names = {step.returns for step in best.steps}
-            if first in names and second in names:
-                merged = (_merged(best.steps, first, second, best.config, fold, keep)
-                          for fold in (False, True) for keep in (False, True))
-                changed |= any(attempt(attrs.evolve(best, steps=m), shorter=True) for m in merged if m is not None)
+            if first in names and second in names and (merged := _merged(best.steps, first, second)) is not None:
+                changed |= attempt(attrs.evolve(best, steps=merged), shorter=True)
         for i in range(len(best.steps)):
             # A smaller argument may change which steps follow; ``best`` is re-read each time.
             while i < len(best.steps) and any(

@@ -120,6 +120,45 @@ class _NothingEvicted:
     mamba_num_evicted: int = 0
 
 
+class _EvictingTree(_TreeStandIn):
+    """The radix cache as a reclaim sees it, over the harness's own cache:
+    each side's evictable tokens are those of its unlocked entries (the SWA
+    side's where still live), and ``evict_for_alloc`` evicts them in entry
+    order, each as the ``evict`` step does, until it has evicted the
+    tokens asked of each side or the allocator says the reclaim is
+    satisfied.  ``evicted`` names the entries it evicted."""
+
+    def __init__(self, state: UnifiedSWALockstep):
+        super().__init__(0, 0, allocator=state.allocator)
+        self.state = state
+        self.evicted: list[EntryRef] = []
+
+    def _tokens(self, entries: list[EntryRef]) -> tuple[int, int]:
+        s = self.state
+        pages = [p for e in entries for p in s.model.cache[e.eid].pages]
+        return len(pages) * s.page_size, sum(s.swa.live(p) for p in pages) * s.page_size
+
+    def full_evictable_size(self) -> int:
+        return self._tokens(self.state.evictable())[0]
+
+    def swa_evictable_size(self) -> int:
+        return self._tokens(self.state.evictable())[1]
+
+    def evict_for_alloc(self, params, allocation_reclaim_satisfied=None, **_):
+        s = self.state
+        want_full, want_swa = getattr(params, "num_tokens", 0) or 0, getattr(params, "swa_num_tokens", 0) or 0
+        full = swa = 0
+        for entry in s.evictable():
+            if (full >= want_full and swa >= want_swa) or (allocation_reclaim_satisfied and allocation_reclaim_satisfied()):
+                break
+            f, w = self._tokens([entry])
+            s._evict_slots(entry, s.entry_slots.pop(entry.eid), s.model.cache[entry.eid].pages)
+            s.model.evict(entry.eid)
+            self.evicted.append(entry)
+            full, swa = full + f, swa + w
+        return _NothingEvicted(full, swa, 0)
+
+
 def judge_mamba_donor(state: Lockstep, n: int, schedulable: int) -> None:
     """What the radix cache asks before it evicts for ``n`` Mamba slots
     (``unified_radix_cache.py`` ``_target_met``), of the donor
@@ -385,23 +424,24 @@ class UnifiedSWALockstep(Clears, SWALockstep):
     @step
     def make_room(self, full: int, swa: int) -> None:
         """The scheduler makes room for ``full`` and ``swa`` new pages
-        (outside a free group) over a cache with nothing evictable: PD
-        decode's ``reclaim_for_prealloc`` on a two-ended pool, for a cache
-        that shares no prefix (a chunk cache: its ``evict_to_free_tokens``
-        with a sharing cache reads the server's published memory config,
-        which a bare allocator has none of); ``evict_to_free_tokens`` of
-        ``full`` pages on a float chain (its demand is one page of each side
-        per token).  No eviction; the pool may compact.  The answer is whether
-        the arena holds the demand (over a float chain: never yes to what
-        it cannot hold)."""
+        (outside a free group): PD decode's ``reclaim_for_prealloc`` on a
+        two-ended pool, over a cache that shares no prefix and has nothing
+        evictable (a chunk cache: its ``evict_to_free_tokens`` with a
+        sharing cache reads the server's published memory config, which a
+        bare allocator has none of); ``evict_to_free_tokens`` of ``full``
+        pages on a float chain (its demand is one page of each side per
+        token), over the harness's cache (``_EvictingTree``): the entries
+        the allocator has evicted are gone.  The pool may compact.  The
+        answer is whether the arena holds the demand (over a float chain,
+        after the evictions: never yes to what it cannot hold)."""
         a, ps = self.allocator, self.page_size
-        live_full, live_swa = (len(x) for x in self._live())
-        tree = _TreeStandIn(0, 0, allocator=a)
         if self.float_chain:
-            fits = Demand(full, full, live_full, live_swa, len(self.universe)).fits(self.arena)
+            tree = _EvictingTree(self)
             what = f"evict_to_free_tokens(tree, {full * ps})"
             got = self._call(what, a.evict_to_free_tokens, tree, full * ps)
-            self._judge(unified_admission_sound, what, bool(got), fits)
+            live_full, live_swa = (len(x) for x in self._live())
+            fits = Demand(full, full, live_full, live_swa, len(self.universe)).fits(self.arena)
+            self._judge(unified_admission_sound, f"{what}, after evicting {tree.evicted}", bool(got), fits)
             if callable(getattr(a, "full_tokens_before_mamba_recheck", None)):
                 # Before a Mamba state is allocated: flush the full end, move the float away if short.
                 schedulable = int(self._call("mamba schedulable_available_size()",
@@ -410,6 +450,7 @@ class UnifiedSWALockstep(Clears, SWALockstep):
             elif callable(getattr(a, "prepare_mamba_allocation", None)):
                 self._call(f"prepare_mamba_allocation({swa})", a.prepare_mamba_allocation, swa)
             return
+        live_full, live_swa = (len(x) for x in self._live())
         fits = Demand(full, swa, live_full, live_swa, len(self.universe)).fits(self.arena)
         what = f"reclaim_for_prealloc(chunk cache, {full * ps}, {swa * ps})"
         shortfall = self._call(what, a.reclaim_for_prealloc, _TreeStandIn(0, 0, shares=False), full * ps, swa * ps)

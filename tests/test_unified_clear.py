@@ -10,8 +10,9 @@ import sys
 import pytest
 
 from reference_model import OwnershipModel
-from state_machines.harness import build
+from state_machines.harness import Step, build
 from state_machines.harness.lockstep import InvariantViolation
+from state_machines.runs.trace import TraceError, run_steps
 from tests.test_sglang import REPO, release_dir
 
 TWINS = ["builtin:multi-ended", "builtin:unified-swa", "builtin:unified-mamba"]
@@ -55,6 +56,13 @@ def test_a_clear_waits_for_the_scheduler_to_be_idle(target):
     assert not state.clearable()
     state.end()
     assert state.clearable()
+
+
+def test_replay_refuses_a_clear_while_a_request_is_live():
+    """A trace that clears with a request live is refused, not run: the scheduler flushes only when idle."""
+    steps = (Step("alloc", {"n": 4}, "req_0"), Step("clear", {}))
+    with pytest.raises(TraceError, match="flushes only when idle"):
+        run_steps(build(target="builtin:unified-swa", page_size=4), steps)
 
 
 def test_a_clear_waits_for_the_loans_to_come_back():

@@ -261,6 +261,18 @@ class MoveKeepsMappingAllocator(MultiEndedAllocator):
         self.physical_to_virtual[src] = -1
 
 
+class ClearKeepsFreeIdsAllocator(MultiEndedAllocator):
+    """Mutant: ``clear()`` empties the page tables but keeps the free
+    virtual ids as they were: the pages the cache held are never handed
+    out again."""
+
+    def clear(self) -> None:
+        kept = getattr(self, "free_virtual_ids", None)
+        super().clear()
+        if kept is not None:
+            self.free_virtual_ids = kept
+
+
 MULTI_ENDED_MUTANTS = {
     m.name: m
     for m in (
@@ -271,5 +283,6 @@ MULTI_ENDED_MUTANTS = {
         Mutant("reps-drift", RepsDriftAllocator, "free_group_end leaves the page-reps list in place", {"min_page_size": 2}),
         Mutant("lazy-no-dedup", LazyNoDedupAllocator, "the lazy free unbinds a page once per token", {"min_page_size": 2}),
         Mutant("move-keeps-mapping", MoveKeepsMappingAllocator, "compaction moves the KV but not the mapping"),
+        Mutant("clear-keeps-free-ids", ClearKeepsFreeIdsAllocator, "clear() empties the tables but keeps the free ids"),
     )
 }

@@ -93,8 +93,18 @@ class UnifiedMambaAllocator:
         self.arena = Arena(self.full_attn_allocator, self.mamba_allocator,
                            slots * MAMBA_SLOT_BYTES - FULL_SLOT_BYTES * page_size)
         self.mamba_slots = MambaSlots(self)
+        self.clear()
+
+    def clear(self) -> None:
+        """The scheduler's flush: both sub-pools as built, no group open."""
+        for sub in self._cleared_pools():
+            sub.clear()
+        self.mamba_slots.batch = None
         self.free_group: list[torch.Tensor] | None = None
         self.free_page_reps_group: list[torch.Tensor] | None = None
+
+    def _cleared_pools(self) -> tuple[ArenaSubPool, ...]:
+        return self.full_attn_allocator, self.mamba_allocator
 
     def available_size(self) -> int:
         pages = 0
@@ -220,6 +230,15 @@ class SchedulableOverpromisesAllocator(UnifiedMambaAllocator):
         self.mamba_slots = SlotsIgnoreFullBytesSlots(self)
 
 
+class ClearKeepsMambaAllocator(UnifiedMambaAllocator):
+    """Mutant: ``clear()`` resets the full sub-pool and forgets the Mamba
+    end (the fan-out sglang's tri-pool adds in its own override): the
+    Mamba states the cache held stay taken."""
+
+    def _cleared_pools(self) -> tuple[ArenaSubPool, ...]:
+        return (self.full_attn_allocator,)
+
+
 UNIFIED_MAMBA_MUTANTS = {
     m.name: m
     for m in (
@@ -233,5 +252,7 @@ UNIFIED_MAMBA_MUTANTS = {
                "prepare_mamba_allocation() applies the queued frees and leaves the free group closed"),
         Mutant("schedulable-overpromises", SchedulableOverpromisesAllocator,
                "the Mamba slots' schedulable_available_size() ignores the full side's bytes"),
+        Mutant("clear-keeps-mamba", ClearKeepsMambaAllocator,
+               "clear() resets the full sub-pool only: the Mamba slots stay taken"),
     )
 }

@@ -32,11 +32,19 @@ class ArenaSubPool:
         self.num_pages, self.min_page_index, self.entry_bytes_per_page = num_pages, min_page_index, page_bytes
         self.page_size, self.device = page_size, device
         # Row 0 is the padding sink (virtual 0 <-> physical 0); the last row a -1 sentinel.
-        self.virtual_to_physical = torch.full((num_virtual + 1,), -1, dtype=torch.int64, device=device)
-        self.physical_to_virtual = torch.full((num_pages + 1,), -1, dtype=torch.int64, device=device)
+        self.num_virtual = num_virtual
+        self.clear()
+
+    def clear(self) -> None:
+        """Every page unbound, the band empty; an id owner's ids all free."""
+        self.virtual_to_physical = torch.full((self.num_virtual + 1,), -1, dtype=torch.int64, device=self.device)
+        self.physical_to_virtual = torch.full((self.num_pages + 1,), -1, dtype=torch.int64, device=self.device)
         self.virtual_to_physical[0] = 0
         self.physical_to_virtual[0] = 0
         self.live = 0
+        if hasattr(self, "free_virtual_ids"):
+            self.free_virtual_ids = torch.arange(self.min_page_index, self.num_pages, dtype=torch.int64,
+                                                 device=self.device)
 
     def allocated_count(self) -> int:
         return self.live * self.page_size
@@ -128,10 +136,19 @@ class UnifiedSWAAllocator:
                                                full_pages, page_size, device)
         self.full_attn_allocator.free_virtual_ids = torch.arange(1, full_pages, dtype=torch.int64, device=device)
         self.budget = total - FULL_SLOT_BYTES * page_size
+        self.clear()
+
+    def clear(self) -> None:
+        """The scheduler's flush: both sub-pools as built, no group open."""
+        for sub in self._cleared_pools():
+            sub.clear()
         self.free_group: list[torch.Tensor] | None = None
         self.free_page_reps_group: list[torch.Tensor] | None = None
         self.full_free_group: list[torch.Tensor] = []
         self.full_page_reps_group: list[torch.Tensor] = []
+
+    def _cleared_pools(self) -> tuple[ArenaSubPool, ...]:
+        return self.full_attn_allocator, self.swa_attn_allocator
 
     # -- capacity --
 
@@ -429,6 +446,15 @@ class TombstoneReadWrapsAllocator(UnifiedSWAAllocator):
         return torch.where(tombstone, wrapped, super().translate_loc_from_full_to_swa(loc))
 
 
+class ClearKeepsSWAAllocator(UnifiedSWAAllocator):
+    """Mutant: ``clear()`` resets the full sub-pool and forgets the SWA one
+    (a composite that does not fan out to every sub-pool): the SWA side of
+    every page the cache held stays bound."""
+
+    def _cleared_pools(self) -> tuple[ArenaSubPool, ...]:
+        return (self.full_attn_allocator,)
+
+
 UNIFIED_SWA_MUTANTS = {
     m.name: m
     for m in (
@@ -444,5 +470,7 @@ UNIFIED_SWA_MUTANTS = {
                "can_reserve() / reclaim_plan() price the full side only"),
         Mutant("tombstone-read-wraps", TombstoneReadWrapsAllocator,
                "the SWA read path sends a tombstone (v2p == -1) to the arena's last page"),
+        Mutant("clear-keeps-swa", ClearKeepsSWAAllocator,
+               "clear() resets the full sub-pool only: the SWA side keeps its bindings"),
     )
 }

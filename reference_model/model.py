@@ -237,6 +237,15 @@ class OwnershipModel:
         self.owner = OwnerMap({p: FREE_OWNER for p in free_pages})
         self.ledger = Ledger(len(free_pages), defers=self.ledger.defers)
 
+    def clear(self) -> None:
+        """The scheduler's ``flush_cache`` with no request live and no group
+        open: the prefix cache's entries are dropped (not freed one by one),
+        and every page of the pool is free again, the counts started again.
+        Request and entry numbers go on."""
+        assert not self.requests and self.ledger.group is None, "a clear with a request live or a group open"
+        self.cache.clear()
+        self.rebuild(sorted(self.owner))
+
     def take(self, rid: int, pages: list[int]) -> None:
         """``pages`` were handed out to request ``rid`` (checked beforehand)."""
         who = owner(REQUEST, rid)

@@ -263,3 +263,15 @@ def recheck_bound_zero_iff_room(bound: int, schedulable: int, target: int) -> st
         return None
     return (f"allocator full_tokens_before_mamba_recheck({target}) = {bound}"
             f" / model: 0 iff Mamba schedulable {schedulable} >= {target}, else > 0")
+
+
+def slot_cost_covers_state(cost: int, state_bytes: int, token_bytes: int) -> str | None:
+    """``mamba_slot_full_token_cost()``: the full tokens the prefill planner
+    reserves per new Mamba state, so admission stays inside the arena's
+    joint budget: the fewest whose bytes (``token_bytes`` each, every
+    attention side's) hold one state's ``state_bytes``."""
+    want = -(-state_bytes // token_bytes)
+    if cost == want:
+        return None
+    return (f"allocator mamba_slot_full_token_cost() = {cost} / model: a state's {state_bytes} bytes"
+            f" need {want} tokens of {token_bytes} bytes")

@@ -1,6 +1,10 @@
 """The unified hybrid SWA family: full and SWA sub-pools in one byte arena,
 over virtual page ids (``harness/unified_hybrid.py``)."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from reference_model.unified_hybrid import (
@@ -17,6 +21,7 @@ from reference_model.unified_hybrid import (
 from state_machines.harness import FAMILIES, build
 from state_machines.harness.lockstep import InvariantViolation, ids
 from state_machines.harness.unified_hybrid import _TreeStandIn
+from tests.test_sglang import REPO, release_dir
 
 FULL = SubPool("full pool", first=1, end=11, page_bytes=16, grows="up")
 SWA = SubPool("swa pool", first=2, end=22, page_bytes=8, grows="down")
@@ -370,3 +375,27 @@ def test_eager_compaction_refuses_need_sort():
     _sorting_needs_lazy("multi-ended", True, True)
     with pytest.raises(TargetError, match="requires lazy compaction"):
         _sorting_needs_lazy("multi-ended-eager", True, False)
+
+
+EVICT_SCRIPT = """
+import sys
+from state_machines.config import Config
+from state_machines.harness import build
+state = build(Config(target="sglang:unified-mamba-swa", page_size=4, size=16, sglang_path=sys.argv[1]))
+req = state.alloc(n=8)
+state.rematch(req=req, dup=0)
+state.finish(req=req)
+state.alloc(n=4)
+state.make_room(full=1, swa=0)
+print("cache", len(state.model.cache))
+"""
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("version", ["0.5.20", "0.5.22", "0.5.23"])
+def test_a_float_chain_short_of_bytes_evicts_the_cache_to_make_room(version):
+    """With the arena full and a cached entry unlocked, each release's Mamba-SWA evict_to_free_tokens evicts it through the cache; the checks agree."""
+    run = subprocess.run([sys.executable, "-c", EVICT_SCRIPT, str(release_dir(version))], cwd=REPO, capture_output=True,
+                         text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split()[-2:] == ["cache", "0"]

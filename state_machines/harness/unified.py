@@ -89,8 +89,50 @@ def judge_reader_views(state: Lockstep, allocator, universe, live: set[int], poo
         state._judge(ru.translation_follows_tables, probes, got, v2p, ps)
 
 
+class Clears:
+    """The ``clear`` step, for a harness whose models can start again
+    (``_cleared``).  The scheduler's ``flush_cache`` (``scheduler.py``)
+    runs only when it is fully idle: no request running or waiting, so no
+    free or allocation group open and no HiCache load in flight; it resets
+    the prefix cache (``tree_cache.reset()`` drops the entries, freeing
+    nothing) and then calls the allocator's ``clear()``."""
+
+    __slots__ = ()
+
+    @step
+    def clear(self) -> None:
+        """``flush_cache``: the cache's entries dropped, then ``clear()``;
+        afterwards every page of every pool is free again, as when the
+        allocator was built, and every table is empty."""
+        self._call("clear()", self.allocator.clear)
+        self.model.clear()
+        self.entry_slots.clear()
+        self._cleared()
+
+    def _cleared(self) -> None:
+        """The family's other models after a clear (the core's is done)."""
+
+    def clearable(self) -> bool:
+        """Whether the scheduler may flush: no request live, no group open
+        (a family adds what else must be idle)."""
+        return not self.model.requests and not self.in_group
+
+    def disable_clear(self) -> None:
+        """Disable ``clear`` where the allocator has no ``clear()``."""
+        if not callable(getattr(self.allocator, "clear", None)):
+            self.disabled_rules["clear"] = f"{type(self.allocator).__name__} has no clear"
+
+
+class ClearRules:
+    """The machine rule for ``Clears``: drawn only where the scheduler may flush."""
+
+    @draws(guard=lambda s: s.runs("clear") and s.clearable())
+    def clear(self):
+        self._do("clear")
+
+
 @define
-class UnifiedLockstep(Lockstep):
+class UnifiedLockstep(Clears, Lockstep):
     # An empty free is its own step here (``free_nothing``, drawn in a group).
     empty_frees = ()
     # Physical pages lent out by alloc_physical, by handle.
@@ -118,6 +160,15 @@ class UnifiedLockstep(Lockstep):
                 self.disabled_rules.setdefault(rule, "HiCache's physical loans need lazy compaction (install_move_gate asserts it)")
         initial = self._call("free_virtual_ids", virtual_census, self.allocator)
         self.model = OwnershipModel.from_census(sorted(set(initial)), defers_frees=defers_frees)
+        self.disable_clear()
+
+    def clearable(self) -> bool:
+        """Idle also means no HiCache load-back holds a physical loan."""
+        return super().clearable() and not self.loans.loans
+
+    def _cleared(self) -> None:
+        # The KV stand-in keeps its stamps: no page is live to judge them by.
+        self.written.clear()
 
     def _short(self, pages: int) -> bool:
         """A lent page has no virtual id but takes a physical page."""
@@ -221,8 +272,8 @@ class UnifiedLockstep(Lockstep):
         return None
 
 
-class UnifiedMachine(FreeGroupMachine):
-    """The core rules, plus flushes and physical loans."""
+class UnifiedMachine(ClearRules, FreeGroupMachine):
+    """The core rules, plus flushes, physical loans and the scheduler's ``clear``."""
 
     @draws(guard=lambda s: s.runs("flush"), urgent=bool)
     def flush(self, urgent):

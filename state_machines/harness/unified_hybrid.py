@@ -63,7 +63,7 @@ from state_machines.harness.lockstep import Lockstep, Pool, ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
 from state_machines.harness.swa import SWALockstep, SWAMachine, swa_steps_disabled
-from state_machines.harness.unified import arena_bytes, free_empty, judge_reader_views, page_tables
+from state_machines.harness.unified import ClearRules, Clears, arena_bytes, free_empty, judge_reader_views, page_tables
 from state_machines.targets import probe
 
 # The census checks that hold on a unified pool (see the module docstring).
@@ -120,6 +120,67 @@ class _NothingEvicted:
     mamba_num_evicted: int = 0
 
 
+class _EvictingTree(_TreeStandIn):
+    """The radix cache as a reclaim sees it, over the harness's own cache:
+    each side's evictable tokens are those of its unlocked entries (the SWA
+    side's where still live), and ``evict_for_alloc`` evicts them in entry
+    order, each as the ``evict`` step does, until it has evicted the
+    tokens asked of each side or the allocator says the reclaim is
+    satisfied.  ``evicted`` names the entries it evicted."""
+
+    def __init__(self, state: UnifiedSWALockstep):
+        super().__init__(0, 0, allocator=state.allocator)
+        self.state = state
+        self.evicted: list[EntryRef] = []
+
+    def _tokens(self, entries: list[EntryRef]) -> tuple[int, int]:
+        s = self.state
+        pages = [p for e in entries for p in s.model.cache[e.eid].pages]
+        return len(pages) * s.page_size, sum(s.swa.live(p) for p in pages) * s.page_size
+
+    def full_evictable_size(self) -> int:
+        return self._tokens(self.state.evictable())[0]
+
+    def swa_evictable_size(self) -> int:
+        return self._tokens(self.state.evictable())[1]
+
+    def evict_for_alloc(self, params, allocation_reclaim_satisfied=None, **_):
+        s = self.state
+        want_full, want_swa = getattr(params, "num_tokens", 0) or 0, getattr(params, "swa_num_tokens", 0) or 0
+        full = swa = 0
+        for entry in s.evictable():
+            if (full >= want_full and swa >= want_swa) or (allocation_reclaim_satisfied and allocation_reclaim_satisfied()):
+                break
+            f, w = self._tokens([entry])
+            s._evict_slots(entry, s.entry_slots.pop(entry.eid), s.model.cache[entry.eid].pages)
+            s.model.evict(entry.eid)
+            self.evicted.append(entry)
+            full, swa = full + f, swa + w
+        return _NothingEvicted(full, swa, 0)
+
+
+def judge_mamba_donor(state: Lockstep, n: int, schedulable: int) -> None:
+    """What the radix cache asks before it evicts for ``n`` Mamba slots
+    (``unified_radix_cache.py`` ``_target_met``), of the donor
+    ``mamba_full_cache_donor()`` names (the composite itself where it has
+    no such method): ``full_tokens_before_mamba_recheck(n)``, 0 exactly
+    when ``schedulable`` slots reach ``n``, then
+    ``prepare_mamba_allocation(n)``; and the prefill planner's
+    ``mamba_slot_full_token_cost()``, the fewest full tokens (one page of
+    each attention side per token) whose bytes hold one Mamba state."""
+    a = state.allocator
+    named = getattr(a, "mamba_full_cache_donor", None)
+    donor = state._call("mamba_full_cache_donor()", named) if callable(named) else a
+    bound = int(state._call(f"full_tokens_before_mamba_recheck({n})", donor.full_tokens_before_mamba_recheck, n))
+    state._judge(ru.recheck_bound_zero_iff_room, bound, schedulable, n)
+    state._call(f"prepare_mamba_allocation({n})", donor.prepare_mamba_allocation, n)
+    if callable(cost := getattr(a, "mamba_slot_full_token_cost", None)):
+        sides = [a.full_attn_allocator] + [x for x in (getattr(a, "swa_attn_allocator", None),) if x is not None]
+        token_bytes = sum(sub_pool(x).page_bytes for x in sides) // state.page_size
+        state._judge(ru.slot_cost_covers_state, int(state._call("mamba_slot_full_token_cost()", cost)),
+                     sub_pool(a.mamba_allocator).page_bytes, token_bytes)
+
+
 def sub_pool(allocator) -> SubPool:
     """A ``MultiEndedAllocator``'s fixed geometry, read once."""
     return SubPool(
@@ -132,7 +193,7 @@ def sub_pool(allocator) -> SubPool:
 
 
 @define
-class UnifiedSWALockstep(SWALockstep):
+class UnifiedSWALockstep(Clears, SWALockstep):
     # An empty free is its own step here (``free_nothing``, drawn in a group).
     empty_frees = ()
     arena: Arena | None = None
@@ -167,6 +228,11 @@ class UnifiedSWALockstep(SWALockstep):
             self.disabled_rules["flush"] = "eager compaction: every free compacts at once, a flush has nothing to do"
         # extend_swa_tail above page size 1 only, where it runs here (probed).
         self.disabled_rules.update({k: v for k, v in swa_steps_disabled(a, self.page_size).items() if k != "remap"})
+        self.disable_clear()
+
+    def _cleared(self) -> None:
+        # Every virtual page's SWA side unbound again, as built.
+        self.swa = SWASide.from_census(self.model, sorted(self.universe))
 
     # Device-only here, each for its reason (DEVICE_ONLY).
     not_modelled = ("remap",)
@@ -358,27 +424,33 @@ class UnifiedSWALockstep(SWALockstep):
     @step
     def make_room(self, full: int, swa: int) -> None:
         """The scheduler makes room for ``full`` and ``swa`` new pages
-        (outside a free group) over a cache with nothing evictable: PD
-        decode's ``reclaim_for_prealloc`` on a two-ended pool, for a cache
-        that shares no prefix (a chunk cache: its ``evict_to_free_tokens``
-        with a sharing cache reads the server's published memory config,
-        which a bare allocator has none of); ``evict_to_free_tokens`` of
-        ``full`` pages on a float chain (its demand is one page of each side
-        per token).  No eviction; the pool may compact.  The answer is whether
-        the arena holds the demand (over a float chain: never yes to what
-        it cannot hold)."""
+        (outside a free group): PD decode's ``reclaim_for_prealloc`` on a
+        two-ended pool, over a cache that shares no prefix and has nothing
+        evictable (a chunk cache: its ``evict_to_free_tokens`` with a
+        sharing cache reads the server's published memory config, which a
+        bare allocator has none of); ``evict_to_free_tokens`` of ``full``
+        pages on a float chain (its demand is one page of each side per
+        token), over the harness's cache (``_EvictingTree``): the entries
+        the allocator has evicted are gone.  The pool may compact.  The
+        answer is whether the arena holds the demand (over a float chain,
+        after the evictions: never yes to what it cannot hold)."""
         a, ps = self.allocator, self.page_size
-        live_full, live_swa = (len(x) for x in self._live())
-        tree = _TreeStandIn(0, 0, allocator=a)
         if self.float_chain:
-            fits = Demand(full, full, live_full, live_swa, len(self.universe)).fits(self.arena)
+            tree = _EvictingTree(self)
             what = f"evict_to_free_tokens(tree, {full * ps})"
             got = self._call(what, a.evict_to_free_tokens, tree, full * ps)
-            self._judge(unified_admission_sound, what, bool(got), fits)
-            if callable(getattr(a, "prepare_mamba_allocation", None)):
+            live_full, live_swa = (len(x) for x in self._live())
+            fits = Demand(full, full, live_full, live_swa, len(self.universe)).fits(self.arena)
+            self._judge(unified_admission_sound, f"{what}, after evicting {tree.evicted}", bool(got), fits)
+            if callable(getattr(a, "full_tokens_before_mamba_recheck", None)):
                 # Before a Mamba state is allocated: flush the full end, move the float away if short.
+                schedulable = int(self._call("mamba schedulable_available_size()",
+                                             a.mamba_allocator.schedulable_available_size))
+                judge_mamba_donor(self, swa, schedulable)
+            elif callable(getattr(a, "prepare_mamba_allocation", None)):
                 self._call(f"prepare_mamba_allocation({swa})", a.prepare_mamba_allocation, swa)
             return
+        live_full, live_swa = (len(x) for x in self._live())
         fits = Demand(full, swa, live_full, live_swa, len(self.universe)).fits(self.arena)
         what = f"reclaim_for_prealloc(chunk cache, {full * ps}, {swa * ps})"
         shortfall = self._call(what, a.reclaim_for_prealloc, _TreeStandIn(0, 0, shares=False), full * ps, swa * ps)
@@ -497,8 +569,8 @@ class UnifiedSWALockstep(SWALockstep):
         self.swa.release(pages, "free")
 
 
-class UnifiedSWAMachine(SWAMachine):
-    """The SWA family's rules over a unified pool, plus admission questions."""
+class UnifiedSWAMachine(ClearRules, SWAMachine):
+    """The SWA family's rules over a unified pool, plus admission questions and the scheduler's ``clear``."""
 
     @draws(guard=lambda s: s.runs("reserve"), full=(0, MAX_PAGES), swa=(0, MAX_PAGES), evict_full=(0, MAX_PAGES),
            evict_swa=(0, MAX_PAGES), prefer_swa=bool)
@@ -526,7 +598,7 @@ def is_unified_swa(allocator) -> bool:
 
 
 @define
-class UnifiedMambaLockstep(Lockstep):
+class UnifiedMambaLockstep(Clears, Lockstep):
     """sglang's ``UnifiedMambaTokenToKVPoolAllocator``: the core steps on
     its full side (virtual page ids, census ``free_virtual_ids``), and the
     Mamba state slots of ``mamba_allocator`` through the slot allocator the
@@ -559,6 +631,18 @@ class UnifiedMambaLockstep(Lockstep):
         for rule, methods in self.STEP_METHODS.items():
             if missing := [m for m in methods if not callable(getattr(a, m, None))]:
                 self.disabled_rules[rule] = f"{self.config.target} has no {', '.join(missing)}"
+        self.disable_clear()
+
+    def clearable(self) -> bool:
+        """Idle also means no Mamba allocation group open (one prefill batch's)."""
+        return super().clearable() and not self.in_alloc_group
+
+    def _cleared(self) -> None:
+        """The Mamba slots start again too.  With no request live, a state
+        still out is the radix cache's (a finished request's, kept in the
+        tree): the tree's reset drops it with the rest."""
+        self.mamba = MambaModel.from_census(sorted(self.mamba_universe))
+        self.states.clear()
 
     # The composite's methods a step calls (the radix cache's and the scheduler's).
     STEP_METHODS = {
@@ -743,11 +827,9 @@ class UnifiedMambaLockstep(Lockstep):
         ``prepare_mamba_allocation(n)``, which applies the frees an open free
         group holds (ends and reopens it) and, where the Mamba side needs
         them, compacts the full side's holes.  Nothing changes owner."""
-        a = self.allocator
-        schedulable = int(self._call("mamba schedulable_available_size()", a.mamba_slots.schedulable_available_size))
-        bound = int(self._call(f"full_tokens_before_mamba_recheck({n})", a.full_tokens_before_mamba_recheck, n))
-        self._judge(ru.recheck_bound_zero_iff_room, bound, schedulable, n)
-        self._call(f"prepare_mamba_allocation({n})", a.prepare_mamba_allocation, n)
+        schedulable = int(self._call("mamba schedulable_available_size()",
+                                     self.allocator.mamba_slots.schedulable_available_size))
+        judge_mamba_donor(self, n, schedulable)
         if self.in_group:
             # The queued frees apply now; the group stays open.
             self.model.end()
@@ -766,8 +848,8 @@ class UnifiedMambaLockstep(Lockstep):
         return None
 
 
-class UnifiedMambaMachine(FreeGroupMachine):
-    """The core rules on the full side, and Mamba states with allocation groups."""
+class UnifiedMambaMachine(ClearRules, FreeGroupMachine):
+    """The core rules on the full side, Mamba states with allocation groups, and the scheduler's ``clear``."""
 
     @draws(n=(1, 3))
     def mamba_alloc(self, n):

@@ -578,6 +578,10 @@ def _not_applicable(state: Lockstep, rule: str, args: dict) -> str | None:
             return "a resize comes before any request: something is live, cached or queued"
         if args["pages"] > state.config.pool_size // ps:
             return f"a resize past the pool's first {state.config.pool_size // ps} pages: the caller caps it there"
+    if rule == "clear":
+        clearable = getattr(state, "clearable", None)
+        if clearable is None or not clearable():
+            return "the scheduler flushes only when idle: a request is live, or a group or loan is open"
     if rule == "finish_segments" and args["cut"] > len(request.own):
         return f"{req!r} holds {len(request.own)} pages of its own, not {args['cut']}"
     if rule == "decode":

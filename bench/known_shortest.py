@@ -410,6 +410,31 @@ KNOWN: tuple[KnownShortest, ...] = (
         "that moves the page and keeps its old mapping",
     ),
     _mutant(
+        _MULTI,
+        "clear-keeps-free-ids",
+        [_s("alloc", "req_0", n=4), _s("rematch", "cache_0", req="req_0", dup=0), _s("finish", req="req_0"),
+         _s("clear")],
+        "free_sets_agree",
+        "a clear runs only idle, so a page must be held by the cache (a page, its rematch, the request's "
+        "finish) for the kept free ids to lack it",
+    ),
+    _mutant(
+        _UNI_MAMBA,
+        "clear-keeps-mamba",
+        [_s("mamba_alloc", n=1), _s("clear")],
+        "mamba_free_sets_agree",
+        "a Mamba state the cache holds, then the clear that leaves it taken",
+    ),
+    _mutant(
+        _UNI_SWA,
+        "clear-keeps-swa",
+        [_s("alloc", "req_0", n=4), _s("rematch", "cache_0", req="req_0", dup=0), _s("finish", req="req_0"),
+         _s("clear")],
+        "swa_free_sets_agree",
+        "a clear runs only idle, so a page must be held by the cache (a page, its rematch, the request's "
+        "finish) for its SWA side to stay bound",
+    ),
+    _mutant(
         _UNI_MAMBA,
         "reps-not-flushed",
         [_s("begin"), _s("alloc", "req_0", n=4), _s("free_segment", req="req_0", start=0, n=1), _s("end")],

@@ -48,3 +48,21 @@ def test_an_allocator_call_past_the_limit_is_an_allocator_hung_failure():
     (trace,) = outcome.failures
     assert trace.detail == "alloc(1) hung: no return within 0.2 s"
     assert trace.steps == (Step("alloc", {"n": 1}),)
+
+
+def test_a_call_made_inside_a_timed_call_leaves_the_outer_deadline_standing():
+    """A nested timed call (an allocator calling back into the harness) returning does not switch the outer timer off."""
+    from state_machines.harness.lockstep import _with_deadline
+
+    def outer():
+        _with_deadline(5.0, lambda: None, ())
+        time.sleep(2)  # past the outer call's 0.2 s: must be interrupted
+
+    t0 = time.perf_counter()
+    try:
+        _with_deadline(0.2, outer, ())
+    except TimeoutError:
+        pass
+    else:
+        raise AssertionError("the outer call ran past its deadline")
+    assert time.perf_counter() - t0 < 1.5

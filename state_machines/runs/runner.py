@@ -437,7 +437,6 @@ def _without(steps: tuple[Step, ...], name: str) -> tuple[Step, ...]:
     return tuple(out)
 
 
-
 # The quantities a request is grown by, and the most pages one step of the
 # machine's rule draws for each: what ``_carried`` may move between steps.
 _CARRIED = {("alloc", "n"): MAX_PAGES, ("extend", "tokens"): EXTEND_TOKENS_PAGES}
@@ -484,7 +483,6 @@ def _carried(steps: tuple[Step, ...], name: str, config: Config, backward: bool 
     return tuple(out)
 
 
-
 def _merged(steps: tuple[Step, ...], first: str, second: str) -> tuple[Step, ...] | None:
     """``steps`` with request ``second`` made part of ``first``, made
     earlier: ``second``'s plain ``admit`` goes, its plain ``alloc`` grows
@@ -517,6 +515,7 @@ def _merged(steps: tuple[Step, ...], first: str, second: str) -> tuple[Step, ...
             args[key] = first if value == second else value
         out.append(attrs.evolve(step, args=args) if args != step.args else step)
     return tuple(out)
+
 
 # Steps the dearer passes of ``minimize`` may replay, all told: a bound on
 # its time that keeps it deterministic (a clock would not).

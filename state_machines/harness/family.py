@@ -26,11 +26,11 @@ from state_machines.harness.machines import (
     ExtendRules,
     FreeGroupMachine,
     HookRules,
+    PoolShapeRule,
     PoolShapes,
     RunRecord,
     one_step_machine,
     pool_rows,
-    pool_shape_rule,
     pool_sizes,
     pool_sorts,
 )
@@ -129,7 +129,7 @@ def machine_for(config: Config, record: RunRecord | None = None, *, draw_size: b
     # The shapes offered before probing which build: whether an example draws one at all.
     offered = PoolShapes(pool_sizes(config, _any), pool_sorts(config, _any), pool_rows(config, _any))
     shaped = draws and offered != OWN_SHAPE
-    bases = (pool_shape_rule(probe), base) if shaped else (base,)
+    bases = (PoolShapeRule, base) if shaped else (base,)
     name = base.__name__ + "_" + "".join(c if c.isalnum() else "_" for c in config.label())
     body = {"config": config, "record": record or RunRecord(), "build": staticmethod(build),
             "draws_shape": shaped, "shape_probe": staticmethod(probe)}

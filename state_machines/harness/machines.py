@@ -135,7 +135,7 @@ class FreeGroupMachine(RuleBasedStateMachine):
     config: Config = Config()
     record: RunRecord = RunRecord()
     build: Callable[[Config], Any]
-    # Whether an example's first step (``PoolShapeRule.shape``) draws its
+    # Whether an example's first step (``PoolShapeRule.draw_shape``) draws its
     # pool shape among ``shapes()`` and builds the state then: where the
     # configuration leaves some of size, need_sort and rows open.
     draws_shape: bool = False
@@ -344,23 +344,25 @@ def pool_rows(config: Config, builds: Callable[[Config], bool]) -> tuple[int | N
     return (None, *(rows for rows in others if builds(attrs.evolve(config, rows=rows))))
 
 
-def pool_shape_rule(shapes: Callable[[], PoolShapes]) -> type:
-    """A mixin whose ``@initialize`` rule builds the example's state in one
-    pool shape of ``shapes()``: a size, need_sort and a row count, each
-    drawn (index 0 of each, the run's own, is where a shrink heads);
-    ``shapes`` is called when Hypothesis first draws.  It builds from the
-    machine's ``config`` as it is then, which a hang watch may have changed.
-    Not a ``MachineRule``: the random baseline stays on the run's own pool."""
+class PoolShapeRule:
+    """Mixed into a machine that draws its pool shape (``draws_shape``):
+    its ``@initialize`` rule draws an index into each of ``shapes()``
+    (index 0 of each, the run's own, is where a shrink heads) and builds the
+    example's state there, from the machine's ``config`` as it is then,
+    which a hang watch may have changed.  One class for every machine (the
+    shapes are read when the rule runs), so making a machine builds no
+    strategies for it.  Not a ``MachineRule``: the random baseline stays on
+    the run's own pool."""
 
-    def index(axis: str):
-        return st.deferred(lambda: st.integers(0, len(getattr(shapes(), axis)) - 1))
+    @initialize(data=st.data())
+    def draw_shape(self, data):
+        shapes = self.shapes()
+        axes = (shapes.sizes, shapes.sorts, shapes.row_counts)
+        self.shape(*(data.draw(st.integers(0, len(axis) - 1)) for axis in axes))
 
-    class PoolShapeRule:
-        @initialize(shape=index("sizes"), need_sort=index("sorts"), rows=index("row_counts"))
-        def shape(self, shape, need_sort=0, rows=0):
-            self.state = self.build(self.shaped(self.config, shape, need_sort, rows))
-
-    return PoolShapeRule
+    def shape(self, size: int = 0, need_sort: int = 0, rows: int = 0) -> None:
+        """Build the example's state in the shape of these indices (``shaped``)."""
+        self.state = self.build(self.shaped(self.config, size, need_sort, rows))
 
 
 class DecodeRules:

@@ -47,7 +47,7 @@ def run(job: dict) -> dict:
 def _harness(config: Config, job: dict) -> dict:
     """Hypothesis up to the first failure, shrinking off."""
     settings.load_profile("bench-timing")
-    outcome = fuzz(config, max_examples=job["max_examples"], seed=job["seed"])
+    outcome = fuzz(config, max_examples=job["max_examples"], seed=job["seed"], shrink=False)
     return _first_failure(outcome.record, outcome.failures[0] if outcome.failures else None, outcome.elapsed_s)
 
 

@@ -38,3 +38,26 @@ def test_clean_only_picks_the_clean_targets_its_pattern_names():
 
     ready, skipped = clean("^builtin:token page_size=1$")
     assert [bug_name(c) for c in ready] == ["builtin:token page_size=1"] and skipped == []
+
+
+@pytest.mark.parametrize("side", ["harness", "baseline"])
+def test_both_clocks_cover_making_the_machine(monkeypatch, side):
+    """Time to first failure includes ``machine_for`` (building and probing the target) on either side alike."""
+    import time
+
+    from bench import baseline
+    from state_machines.runs import runner
+
+    module = runner if side == "harness" else baseline
+
+    def slow(*args, **kwargs):
+        time.sleep(0.2)
+        return machine_for(*args, **kwargs)
+
+    monkeypatch.setattr(module, "machine_for", slow)
+    config = Config(mutant="alloc-off-by-one")
+    if side == "harness":
+        record = runner.fuzz(config, max_examples=20, seed=0, shrink=False, database=None).record
+    else:
+        record = random_fuzz(config, seed=0, max_examples=20).record
+    assert record.first_failure_s is not None and record.first_failure_s >= 0.2

@@ -12,7 +12,7 @@ from allocators.base import AliasMixin, FlagDriftMixin
 from allocators.token import TokenAllocator
 from bench.bugs import HARD
 from state_machines.config import Config
-from state_machines.harness import Step, build, machine_for
+from state_machines.harness import Step, build, family, machine_for
 from state_machines.harness.machines import POOL_PAGES, POOL_ROWS, machine_rules
 from state_machines.runs.runner import _without, fuzz, fuzz_settings, minimize, replay
 from state_machines.runs.trace import Trace
@@ -36,17 +36,18 @@ def test_hypothesis_sees_one_step_rule_and_the_machine_keeps_every_declared_rule
 
 def test_an_unpinned_run_draws_its_pool_size_among_the_sizes_that_build():
     """Without --size an example runs on the default pool or one of POOL_PAGES; with it, on that size only."""
-    assert machine_for(Config()).sizes == (None, *(p for p in POOL_PAGES if p is not None))
-    assert machine_for(Config(size=16)).sizes == (None,)
-    assert machine_for(Config(), draw_size=False).sizes == (None,)
+    assert machine_for(Config()).shapes().sizes == (None, *(p for p in POOL_PAGES if p is not None))
+    assert machine_for(Config(size=16)).shapes().sizes == (None,)
+    assert machine_for(Config(), draw_size=False).shapes().sizes == (None,)
 
 
 def test_an_unpinned_run_draws_need_sort_and_rows_too():
     """Without them in the configuration an example also draws need_sort and a row count; asked for, they are pinned; --size pins only the size."""
-    machine = machine_for(Config())
-    assert (machine.sorts, machine.row_counts) == ((None, True), (None, *(r for r in POOL_ROWS if r is not None)))
-    assert (machine_for(Config(need_sort=True, rows=8)).sorts, machine_for(Config(rows=8)).row_counts) == ((None,), (None,))
-    assert machine_for(Config(size=16)).sorts == (None, True)
+    shapes = machine_for(Config()).shapes()
+    assert (shapes.sorts, shapes.row_counts) == ((None, True), (None, *(r for r in POOL_ROWS if r is not None)))
+    pinned = machine_for(Config(need_sort=True, rows=8)).shapes(), machine_for(Config(rows=8)).shapes()
+    assert (pinned[0].sorts, pinned[1].row_counts) == ((None,), (None,))
+    assert machine_for(Config(size=16)).shapes().sorts == (None, True)
 
 
 def _shapes_built(drive) -> set[tuple]:
@@ -67,6 +68,15 @@ def test_the_walk_reaches_every_pool_shape():
     assert {s[0] for s in seen} == {None, *(p * 1 for p in POOL_PAGES if p)}
     assert {s[1] for s in seen} == {False, True}
     assert {s[2] for s in seen} == {4, *(r for r in POOL_ROWS if r)}
+
+
+def test_the_first_walk_example_runs_on_the_runs_own_pool_and_probes_no_other_shape(monkeypatch):
+    """A walk's first example builds only the run's own pool shape, and nothing probes the others before a second example."""
+    probed = []
+    monkeypatch.setattr(family, "_builds", lambda config: probed.append(config) or True)
+    monkeypatch.setattr(family, "_sorts", lambda config: probed.append(config) or True)
+    assert _shapes_built(lambda m: walk(m, random.Random(0), 1, steps=3)) == {(None, False, 4)}
+    assert probed == []
 
 
 def test_hypothesis_draws_need_sort_and_rows_per_example():

@@ -30,9 +30,12 @@ class CallerMachine(RuleBasedStateMachine):
         self.record.examples += 1
         self.state = self.build(self.config)
 
-    # Counting, the probe and the teardown are the core machine's.
+    # Counting, the probe and the teardown are the core machine's; so are
+    # the pool shapes (``machine_for`` offers a caller none but its own).
     _do = FreeGroupMachine._do
     teardown = FreeGroupMachine.teardown
+    draws_shape = False
+    shapes = FreeGroupMachine.__dict__["shapes"]
 
     @draws(guard=lambda s: len(s.waiting) < MAX_WAITING, first=(1, ALPHABET), second=(0, ALPHABET),
            third=(0, ALPHABET), out=(1, 9))

@@ -10,6 +10,7 @@ family is one module and one ``register`` line below.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 from attrs import frozen
@@ -20,14 +21,16 @@ from state_machines.harness import dsv4_hisparse, hisparse, mamba, page_interlea
 from state_machines.harness.hooks import HOOK_STEPS
 from state_machines.harness.lockstep import Lockstep
 from state_machines.harness.machines import (
+    OWN_SHAPE,
     DecodeRules,
     ExtendRules,
     FreeGroupMachine,
     HookRules,
+    PoolShapeRule,
+    PoolShapes,
     RunRecord,
     one_step_machine,
     pool_rows,
-    pool_shape_rule,
     pool_sizes,
     pool_sorts,
 )
@@ -116,15 +119,26 @@ def machine_for(config: Config, record: RunRecord | None = None, *, draw_size: b
         base = type(f"Hooks{base.__name__}", (HookRules, base), {})
     base = one_step_machine(base)
     draws = draw_size and config.caller == "harness" and getattr(type(state), "draws_pool_size", True)
-    sizes = pool_sizes(config, _builds) if draws else (None,)
-    sorts = pool_sorts(config, _sorts) if draws else (None,)
-    row_counts = pool_rows(config, _builds) if draws else (None,)
-    shaped = max(len(sizes), len(sorts), len(row_counts)) > 1
-    bases = (pool_shape_rule(sizes, sorts, row_counts), base) if shaped else (base,)
+
+    @functools.cache
+    def probe() -> PoolShapes:
+        if not draws:
+            return OWN_SHAPE
+        return PoolShapes(pool_sizes(config, _builds), pool_sorts(config, _sorts), pool_rows(config, _builds))
+
+    # The shapes offered before probing which build: whether an example draws one at all.
+    offered = PoolShapes(pool_sizes(config, _any), pool_sorts(config, _any), pool_rows(config, _any))
+    shaped = draws and offered != OWN_SHAPE
+    bases = (PoolShapeRule, base) if shaped else (base,)
     name = base.__name__ + "_" + "".join(c if c.isalnum() else "_" for c in config.label())
     body = {"config": config, "record": record or RunRecord(), "build": staticmethod(build),
-            "sizes": sizes, "sorts": sorts, "row_counts": row_counts}
+            "draws_shape": shaped, "shape_probe": staticmethod(probe)}
     return type(name, bases, body)
+
+
+def _any(config: Config) -> bool:
+    """Every shape, unprobed: what ``machine_for`` offers before it probes."""
+    return True
 
 
 def _sorts(config: Config) -> bool:

@@ -35,6 +35,21 @@ POOL_PAGES = (None, 4, 24, 64)
 POOL_ROWS = (None, 1, 16)
 
 
+@frozen
+class PoolShapes:
+    """The pool shapes an example may run on: each of ``sizes``, ``sorts``
+    (need_sort) and ``row_counts`` holds the run's own (``None``) first,
+    then the others its target builds with."""
+
+    sizes: tuple[int | None, ...] = (None,)
+    sorts: tuple[bool | None, ...] = (None,)
+    row_counts: tuple[int | None, ...] = (None,)
+
+
+# The run's own pool shape only: a machine that draws none.
+OWN_SHAPE = PoolShapes()
+
+
 @define
 class RunRecord:
     """What a fuzz run saw, for progress lines, stats and the bench."""
@@ -97,7 +112,12 @@ def draws(guard: Callable[[Any], bool] | None = None, **ranges):
 
 def machine_rules(machine_cls) -> list[MachineRule]:
     """The rules a machine class declares, by name."""
-    found = (getattr(getattr(machine_cls, name, None), "machine_rule", None) for name in sorted(dir(machine_cls)))
+    # Read from the class dicts, not getattr: Hypothesis's ``TestCase``
+    # attribute builds a new class on every read (about 0.5 ms).
+    own: dict[str, Any] = {}
+    for klass in reversed(machine_cls.__mro__):
+        own.update(vars(klass))
+    found = (getattr(own[name], "machine_rule", None) for name in sorted(own))
     return [r for r in found if r is not None]
 
 
@@ -115,31 +135,34 @@ class FreeGroupMachine(RuleBasedStateMachine):
     config: Config = Config()
     record: RunRecord = RunRecord()
     build: Callable[[Config], Any]
-    # The pool sizes an example may run on (``pool_sizes``); with more than
-    # one, the example's first step (``PoolShapeRule.shape``) draws one and
-    # builds the state then.
-    sizes: tuple[int | None, ...] = (None,)
-    # Likewise need_sort (``None`` keeps the configuration's; ``pool_sorts``)
-    # and req_to_token's rows (``pool_rows``), drawn in the same first step.
-    sorts: tuple[bool | None, ...] = (None,)
-    row_counts: tuple[int | None, ...] = (None,)
+    # Whether an example's first step (``PoolShapeRule.draw_shape``) draws its
+    # pool shape among ``shapes()`` and builds the state then: where the
+    # configuration leaves some of size, need_sort and rows open.
+    draws_shape: bool = False
+    # () -> PoolShapes: the shapes that build, probed on the first call and
+    # kept (``machine_for``).  Probing builds the target in every shape, so
+    # it waits until an example needs another than the run's own.
+    shape_probe: Callable[[], PoolShapes] = staticmethod(lambda: OWN_SHAPE)
 
     def __init__(self) -> None:
         super().__init__()
         self.record.examples += 1
-        if not self.draws_shape():
+        if not self.draws_shape:
             self.state = self.build(self.config)
 
     @classmethod
-    def draws_shape(cls) -> bool:
-        """Whether an example's first step draws its pool shape."""
-        return max(len(cls.sizes), len(cls.sorts), len(cls.row_counts)) > 1
+    def shapes(cls) -> PoolShapes:
+        """The pool shapes an example may run on (probed on the first call)."""
+        return cls.shape_probe()
 
     @classmethod
     def shaped(cls, config: Config, size: int, need_sort: int = 0, rows: int = 0) -> Config:
         """``config`` in the pool shape of the indices ``size``, ``need_sort``
-        and ``rows`` into ``sizes``, ``sorts`` and ``row_counts`` (0: its own)."""
-        changes = {"size": cls.sizes[size], "need_sort": cls.sorts[need_sort], "rows": cls.row_counts[rows]}
+        and ``rows`` into ``shapes()`` (0 each: its own, probing nothing)."""
+        if not (size or need_sort or rows):
+            return config
+        shapes = cls.shapes()
+        changes = {"size": shapes.sizes[size], "need_sort": shapes.sorts[need_sort], "rows": shapes.row_counts[rows]}
         return attrs.evolve(config, **{k: v for k, v in changes.items() if v is not None})
 
     def _do(self, name: str, *args, **kwargs):
@@ -321,24 +344,25 @@ def pool_rows(config: Config, builds: Callable[[Config], bool]) -> tuple[int | N
     return (None, *(rows for rows in others if builds(attrs.evolve(config, rows=rows))))
 
 
-def pool_shape_rule(sizes: tuple[int | None, ...], sorts=(None,), row_counts=(None,)) -> type:
-    """A mixin whose ``@initialize`` rule builds the example's state in one
-    pool shape: a size of ``sizes``, need_sort of ``sorts`` and a row count
-    of ``row_counts``, each drawn (index 0 of each, the run's own, is where
-    a shrink heads).  It builds from the machine's ``config`` as it is then,
-    which a hang watch may have changed.  Not a ``MachineRule``: the random
-    baseline stays on the run's own pool."""
+class PoolShapeRule:
+    """Mixed into a machine that draws its pool shape (``draws_shape``):
+    its ``@initialize`` rule draws an index into each of ``shapes()``
+    (index 0 of each, the run's own, is where a shrink heads) and builds the
+    example's state there, from the machine's ``config`` as it is then,
+    which a hang watch may have changed.  One class for every machine (the
+    shapes are read when the rule runs), so making a machine builds no
+    strategies for it.  Not a ``MachineRule``: the random baseline stays on
+    the run's own pool."""
 
-    class PoolShapeRule:
-        @initialize(
-            shape=st.integers(0, len(sizes) - 1),
-            need_sort=st.integers(0, len(sorts) - 1),
-            rows=st.integers(0, len(row_counts) - 1),
-        )
-        def shape(self, shape, need_sort=0, rows=0):
-            self.state = self.build(self.shaped(self.config, shape, need_sort, rows))
+    @initialize(data=st.data())
+    def draw_shape(self, data):
+        shapes = self.shapes()
+        axes = (shapes.sizes, shapes.sorts, shapes.row_counts)
+        self.shape(*(data.draw(st.integers(0, len(axis) - 1)) for axis in axes))
 
-    return PoolShapeRule
+    def shape(self, size: int = 0, need_sort: int = 0, rows: int = 0) -> None:
+        """Build the example's state in the shape of these indices (``shaped``)."""
+        self.state = self.build(self.shaped(self.config, size, need_sort, rows))
 
 
 class DecodeRules:

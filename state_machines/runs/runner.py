@@ -152,7 +152,7 @@ def fuzz(
         traces = [Trace.from_violation(v) for v in found]
         if shrink:
             traces = [watch.for_shrinking(t) for t in traces]
-            traces = [minimize(t, stop=stop, configs=_shrink_configs(t, config, machine.sizes)) for t in traces]
+            traces = [minimize(t, stop=stop, configs=_shrink_configs(t, config, machine.shapes().sizes)) for t in traces]
         elif watch.first_hang is not None:
             traces = [Trace.from_violation(watch.first_hang) if t.invariant == "allocator_hung" else t for t in traces]
         failures = tuple(_under_full_limit(t, config, watch.first_hang) for t in traces)

@@ -4,8 +4,8 @@ Hypothesis pays several times a step's own cost per step (its engine
 records, spans and mutates every choice), so a failure a plain walk meets in
 a few examples costs it many times as long.  The walk runs the very machine
 Hypothesis runs (rules, guards, argument normalization, checks), drawing
-each example's pool shape as Hypothesis would (``FreeGroupMachine.shaped``),
-then each step's rule uniformly among those whose guard holds and each
+each example's pool shape as Hypothesis would (``FreeGroupMachine.shaped``;
+the first example on the run's own), then each step's rule uniformly among those whose guard holds and each
 argument uniformly in its declared range.  Its failures are shrunk like
 Hypothesis's (``runner.minimize``); a run it leaves clean goes on to
 Hypothesis, with its database, replay and mutations, for the rest of the
@@ -64,10 +64,13 @@ def walk(machine_class, rng: random.Random, examples: int, steps: int = WALK_STE
             break
         machine = machine_class()
         try:
-            # Every machine ``machine_for`` makes, a caller's too, has these three.
-            shapes = (machine.sizes, machine.sorts, machine.row_counts)
-            if max(map(len, shapes)) > 1:
-                machine.shape(*(rng.randrange(len(c)) for c in shapes))
+            # The first example runs on the run's own pool, as a plain walk
+            # does: a failure there costs no probing of the other shapes.
+            if machine.draws_shape and index == 0:
+                machine.shape(0, 0, 0)
+            elif machine.draws_shape:
+                shapes = machine.shapes()
+                machine.shape(*(rng.randrange(len(c)) for c in (shapes.sizes, shapes.sorts, shapes.row_counts)))
             for _ in range(steps):
                 chosen = rng.choice([r for r in rules if r.applies(machine)])
                 args = {k: rng.random() < 0.5 if r is bool else rng.randint(*r) for k, r in ordered[chosen.name]}

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from allocators.unified_swa import UnifiedSWAAllocator
 from reference_model.unified_hybrid import (
     Arena,
     Demand,
@@ -399,3 +400,20 @@ def test_a_float_chain_short_of_bytes_evicts_the_cache_to_make_room(version):
                          text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split()[-2:] == ["cache", "0"]
+
+
+class PlanWithoutPreference(UnifiedSWAAllocator):
+    """0.5.21's reclaim_plan: no ``prefer_swa`` argument, always the SWA-least plan."""
+
+    def reclaim_plan(self, full_tokens, swa_tokens, *, full_evictable_tokens=0, swa_evictable_tokens=0, empty_pool=False):
+        return super().reclaim_plan(full_tokens, swa_tokens, full_evictable_tokens=full_evictable_tokens,
+                                    swa_evictable_tokens=swa_evictable_tokens, empty_pool=empty_pool)
+
+
+def test_a_reclaim_plan_without_prefer_swa_is_asked_without_it():
+    """A reclaim_plan that takes no prefer_swa (0.5.21's) is asked without it and judged as the SWA-least plan: no false alarm."""
+    from state_machines.config import Config
+    from state_machines.runs.runner import fuzz
+
+    outcome = fuzz(Config(target=f"{__name__}:PlanWithoutPreference", page_size=4), max_examples=60, seed=0)
+    assert outcome.failures == ()

@@ -35,6 +35,8 @@ instead of a free list per pool:
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from attrs import define, field
 
@@ -200,6 +202,9 @@ class UnifiedSWALockstep(Clears, SWALockstep):
     universe: frozenset[int] = frozenset()
     # Whether the pools compact lazily (holes allowed): compaction is then not checked.
     lazy: bool = False
+    # Whether reclaim_plan takes prefer_swa (0.5.22 on; 0.5.21's always trims
+    # the SWA reclaim first, as prefer_swa=False does).
+    plans_prefer_swa: bool = False
     # Whether the last alloc's None went unjudged (``_index_tensor``).
     refused: bool = False
 
@@ -219,6 +224,8 @@ class UnifiedSWALockstep(Clears, SWALockstep):
         self.swa_defers = False
         self.stand_ins = list(getattr(a, "kv_lockstep_stand_ins", ()))
         need = ("can_reserve", "prealloc_fits") if self.float_chain else ADMISSION_METHODS
+        plan = getattr(a, "reclaim_plan", None)
+        self.plans_prefer_swa = callable(plan) and "prefer_swa" in inspect.signature(plan).parameters
         if missing := [m for m in need if not callable(getattr(a, m, None))]:
             self.disabled_rules["reserve"] = f"{type(a).__name__} has no {', '.join(missing)}"
         need = ("evict_to_free_tokens",) if self.float_chain else ("reclaim_for_prealloc",)
@@ -364,9 +371,11 @@ class UnifiedSWALockstep(Clears, SWALockstep):
             self._judge(unified_admission_sound, what, got, fits)
             return
         evictable = f"full_evictable_tokens={ef}, swa_evictable_tokens={es}"
-        what = f"reclaim_plan({ft}, {st}, {evictable}, prefer_swa={prefer_swa})"
+        prefer = {"prefer_swa": prefer_swa} if self.plans_prefer_swa else {}
+        prefer_swa = bool(prefer) and prefer_swa
+        what = f"reclaim_plan({ft}, {st}, {evictable}{''.join(f', {k}={v}' for k, v in prefer.items())})"
         plan = self._call(what, lambda: a.reclaim_plan(ft, st, full_evictable_tokens=ef, swa_evictable_tokens=es,
-                                                       prefer_swa=prefer_swa))
+                                                       **prefer))
         want = least_reclaim(self.arena, demand, prefer_swa)
         got = None if plan is None else (int(plan[0]) // ps, int(plan[1]) // ps)
         self._judge(unified_reclaim_plan_agrees, what, got, want)

@@ -618,6 +618,11 @@ class Lockstep:
     @step
     def evict(self, entry: EntryRef) -> None:
         """The cache evicts an unlocked entry: ``free()`` of its own tensor."""
+        self._evict_entry(entry)
+
+    def _evict_entry(self, entry: EntryRef) -> None:
+        """``evict``'s work, outside the step seam (a cache stand-in that
+        evicts from inside an allocator call runs it too)."""
         self._evict_slots(entry, self.entry_slots.pop(entry.eid), self.model.cache[entry.eid].pages)
         self.model.evict(entry.eid)
 

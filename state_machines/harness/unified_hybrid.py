@@ -154,8 +154,7 @@ class _EvictingTree(_TreeStandIn):
             if (full >= want_full and swa >= want_swa) or (allocation_reclaim_satisfied and allocation_reclaim_satisfied()):
                 break
             f, w = self._tokens([entry])
-            s._evict_slots(entry, s.entry_slots.pop(entry.eid), s.model.cache[entry.eid].pages)
-            s.model.evict(entry.eid)
+            s._evict_entry(entry)
             self.evicted.append(entry)
             full, swa = full + f, swa + w
         return _NothingEvicted(full, swa, 0)

@@ -370,9 +370,9 @@ class UnifiedSWALockstep(Clears, SWALockstep):
             self._judge(unified_admission_sound, what, got, fits)
             return
         evictable = f"full_evictable_tokens={ef}, swa_evictable_tokens={es}"
+        prefer_swa = prefer_swa and self.plans_prefer_swa
         prefer = {"prefer_swa": prefer_swa} if self.plans_prefer_swa else {}
-        prefer_swa = bool(prefer) and prefer_swa
-        what = f"reclaim_plan({ft}, {st}, {evictable}{''.join(f', {k}={v}' for k, v in prefer.items())})"
+        what = f"reclaim_plan({ft}, {st}, {evictable}{f', prefer_swa={prefer_swa}' if prefer else ''})"
         plan = self._call(what, lambda: a.reclaim_plan(ft, st, full_evictable_tokens=ef, swa_evictable_tokens=es,
                                                        **prefer))
         want = least_reclaim(self.arena, demand, prefer_swa)

@@ -354,7 +354,8 @@ def _simplicity(step: Step) -> tuple:
 
 def _candidate_steps(rules: tuple[str, ...], config: Config, made: dict[str, list[str]], ints: set[int]):
     """Steps of ``rules`` in their simplest forms, simplest first: each
-    integer at its lowest or one of ``ints`` (values the replaced steps had), each flag either way, each request or entry one of the three
+    integer at its lowest or one of ``ints`` (values the replaced steps
+    had), each flag either way, each request or entry one of the three
     latest ``made``, a batch of one, an optional argument left out or given."""
     found = []
     for rule in rules:

@@ -31,6 +31,24 @@ def test_baseline_is_repeatable(seed):
     assert first.failure is not None and first.failure == again.failure
 
 
+def test_baseline_seeds_are_not_the_harness_walks_seeds(monkeypatch):
+    """A bench seed gives the baseline a random stream other than ``random.Random(seed)``, which the harness's walk uses."""
+    import random
+
+    from bench import baseline
+
+    streams = []
+
+    class Recorded(random.Random):
+        def __init__(self, x=None):
+            streams.append(x)
+            super().__init__(x)
+
+    monkeypatch.setattr(baseline.random, "Random", Recorded)
+    random_fuzz(Config(), seed=3, max_examples=1)
+    assert streams and 3 not in streams
+
+
 def test_clean_only_picks_the_clean_targets_its_pattern_names():
     """`python -m bench --clean-only REGEX` benches exactly the clean targets whose name matches."""
     from bench.known_shortest import bug_name

@@ -166,11 +166,12 @@ def read_census(allocator, model=None) -> Census:
     a ``TensorCensus`` of its integer tensors where it lists at least
     ``TENSOR_CENSUS_PAGES``, else a ``Census`` of ``census_of``'s list."""
     parts = _census_parts(allocator)
+    # The size first: a small pool (every step of a default run) skips the dtype tests.
     if (
         parts
-        and all(isinstance(t, torch.Tensor) and not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool
-                for t in parts)
+        and all(isinstance(t, torch.Tensor) for t in parts)
         and sum(t.numel() for t in parts) >= TENSOR_CENSUS_PAGES
+        and all(not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool for t in parts)
     ):
         flat = [t.detach().to("cpu").reshape(-1).to(torch.int64) for t in parts]
         return TensorCensus(flat[0] if len(flat) == 1 else torch.cat(flat), model)

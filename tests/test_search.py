@@ -5,6 +5,7 @@ run's own pool and makes arguments smaller."""
 import random
 
 import attrs
+import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
@@ -12,7 +13,7 @@ from allocators.base import AliasMixin, FlagDriftMixin
 from allocators.token import TokenAllocator
 from bench.bugs import HARD
 from state_machines.config import Config
-from state_machines.harness import Step, build, family, machine_for
+from state_machines.harness import RunRecord, Step, build, family, machine_for
 from state_machines.harness.machines import POOL_PAGES, POOL_ROWS, machine_rules
 from state_machines.runs.runner import _without, fuzz, fuzz_settings, minimize, replay
 from state_machines.runs.trace import Trace
@@ -32,6 +33,17 @@ def test_hypothesis_sees_one_step_rule_and_the_machine_keeps_every_declared_rule
     assert _hypothesis_rules(machine) == {"step"}
     core = {"alloc", "begin", "free", "free_segment", "overwrite_row", "rematch", "evict", "finish", "end"}
     assert core <= {r.name for r in machine_rules(machine)}
+
+
+def test_the_step_rule_draws_nothing_through_st_data_and_still_reaches_the_core_rules(monkeypatch):
+    """The ``step`` rule's choice and the pool shape draw straight from the engine (composites over the running machine), never through ``st.data()``'s wrapper; the core rules still all run."""
+    from hypothesis.strategies._internal.core import DataObject
+
+    monkeypatch.setattr(DataObject, "draw", lambda *a, **k: pytest.fail("a draw went through st.data()"))
+    record = RunRecord()
+    chosen = settings(fuzz_settings(max_examples=60, database=None, derandomize=True), stateful_step_count=10)
+    run_state_machine_as_test(machine_for(Config(), record), settings=chosen)
+    assert {"alloc", "begin", "free", "free_segment", "overwrite_row", "rematch", "evict", "finish", "end"} <= set(record.rule_counts)
 
 
 def test_an_unpinned_run_draws_its_pool_size_among_the_sizes_that_build():
@@ -170,3 +182,29 @@ def test_a_walk_reports_each_distinct_failure_it_meets():
     """After its first failure the walk runs on a while: an allocator with both seed bugs fails a run on both invariants."""
     outcome = fuzz(Config(target="tests.test_search:AliasAndFlagDrift"), max_examples=300, seed=0, database=None)
     assert {t.invariant for t in outcome.failures} >= {"free_sets_agree", "no_page_freed_twice"}
+
+
+class _CallProbe:
+    """Records the arguments each step's ``before`` is handed."""
+
+    def __init__(self, reads_call: bool):
+        self.reads_call = reads_call
+        self.calls = []
+
+    def before(self, machine, name, call):
+        self.calls.append((name, call))
+
+    def after(self, machine, name):
+        pass
+
+    def failed(self, machine, exc):
+        pass
+
+
+def test_a_probe_is_handed_each_steps_arguments_only_where_it_reads_them():
+    """A probe whose ``reads_call`` is false gets ``{}`` for every step; one that reads them gets an alloc's ``n`` by name."""
+    quiet, reading = _CallProbe(False), _CallProbe(True)
+    for probe in (quiet, reading):
+        walk(machine_for(Config(), RunRecord(probe=probe)), random.Random(0), 3, steps=10)
+    assert quiet.calls and all(call == {} for _, call in quiet.calls)
+    assert any(name == "alloc" and "n" in call for name, call in reading.calls)

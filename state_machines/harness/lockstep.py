@@ -166,11 +166,12 @@ def read_census(allocator, model=None) -> Census:
     a ``TensorCensus`` of its integer tensors where it lists at least
     ``TENSOR_CENSUS_PAGES``, else a ``Census`` of ``census_of``'s list."""
     parts = _census_parts(allocator)
+    # The size first: a small pool (every step of a default run) skips the dtype tests.
     if (
         parts
-        and all(isinstance(t, torch.Tensor) and not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool
-                for t in parts)
+        and all(isinstance(t, torch.Tensor) for t in parts)
         and sum(t.numel() for t in parts) >= TENSOR_CENSUS_PAGES
+        and all(not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool for t in parts)
     ):
         flat = [t.detach().to("cpu").reshape(-1).to(torch.int64) for t in parts]
         return TensorCensus(flat[0] if len(flat) == 1 else torch.cat(flat), model)
@@ -280,6 +281,10 @@ class Lockstep:
     step_depth: int = 0
     # The hooks ``ask`` leaves out here, each with the reason (probed).
     hooks_off: dict[str, str] = field(factory=dict)
+    # ``runs()``'s answers, kept once ``create`` has settled what runs (None
+    # before: a family's ``start_models`` may still disable steps).  Every
+    # rule guard asks before every step, and ``why_not`` costs a µs or more.
+    _runs: dict[str, bool] | None = field(default=None, init=False, repr=False, eq=False)
 
     # The batched steps sglang's scheduler drives (decode, extend) that this
     # harness models; a family whose other pools they would not update sets ().
@@ -319,6 +324,7 @@ class Lockstep:
             for name, reason in hooks.disabled_steps(allocator, state.hooks_off, state.asked_hooks).items():
                 state.disabled_rules.setdefault(name, reason)
         state.check()
+        state._runs = {}
         return state
 
     def models_hooks(self) -> bool:
@@ -353,7 +359,13 @@ class Lockstep:
         return None
 
     def runs(self, step: str) -> bool:
-        return self.why_not(step) is None
+        """``why_not(step) is None``; once the state is made, answered once a
+        step (what runs on a target does not change as it runs)."""
+        if self._runs is None:
+            return self.why_not(step) is None
+        if step not in self._runs:
+            self._runs[step] = self.why_not(step) is None
+        return self._runs[step]
 
     # -- what a rule may act on --
 

@@ -8,6 +8,7 @@ where it cannot apply, so no example is thrown away.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable
 
@@ -62,7 +63,9 @@ class RunRecord:
     examples_to_failure: int | None = None
     steps_to_failure: int | None = None
     # An observer with before/after/failed(machine, ...) hooks around each
-    # step, e.g. ``coverage.Coverage``; None costs nothing.
+    # step, e.g. ``coverage.Coverage``; None costs nothing.  ``before`` gets
+    # the step's arguments by name, or ``{}`` where the probe's
+    # ``reads_call`` is false.
     probe: Any = None
 
     def saw_failure(self) -> None:
@@ -171,7 +174,9 @@ class FreeGroupMachine(RuleBasedStateMachine):
         self.record.rule_counts[name] = self.record.rule_counts.get(name, 0) + 1
         probe = self.record.probe
         if probe is not None:
-            probe.before(self, name, STEPS[name].bind(args, kwargs) if name in STEPS else {})
+            # Binding the arguments by name costs a few µs a step: only for a probe that reads them.
+            reads = getattr(probe, "reads_call", True) and name in STEPS
+            probe.before(self, name, STEPS[name].bind(args, kwargs) if reads else {})
         try:
             result = getattr(self.state, name)(*args, **kwargs)
         except InvariantViolation as exc:
@@ -285,22 +290,35 @@ def one_step_machine(base: type) -> type:
     declared = machine_rules(base)
     # The rules' plain bodies hide the Hypothesis rules they were made into.
     body = {r.name: _plain(r) for r in declared}
-    # All of a rule's arguments in one draw: each draw through ``data`` costs
-    # more than the step it feeds.
-    arguments = {r.name: (tuple(r.strategies()), st.tuples(*r.strategies().values())) for r in declared}
+    # Each rule's argument names and strategies, in the order they are drawn.
+    arguments = {r.name: (tuple(r.strategies()), tuple(r.strategies().values())) for r in declared}
     # The rule's index among the applicable ones, by their number: made once
     # (``st.integers`` looks its cache up on every call).
     picks = [None] + [st.integers(0, n - 1) for n in range(1, len(declared) + 1)]
 
-    def step(self, data):
-        applicable = [r for r in declared if r.applies(self)]
-        chosen = applicable[data.draw(picks[len(applicable)])]
+    # The choice is drawn as the rule's argument, from the machine Hypothesis
+    # runs (``st.runner()``): a composite's draws go straight to the engine,
+    # where ``st.data()``'s each pay a wrapper (a span, two reads of the
+    # global random state, a note check) costing about what the draw does.
+    @st.composite
+    def choices(draw):
+        machine = draw(_RUNNER)
+        applicable = [r for r in declared if r.applies(machine)]
+        chosen = applicable[draw(picks[len(applicable)])]
         names, values = arguments[chosen.name]
-        # A rule without arguments draws nothing: an empty draw still costs a span.
-        chosen.body(self, **dict(zip(names, data.draw(values)))) if names else chosen.body(self)
+        # Each argument straight from the engine: a tuple around them costs one more draw.
+        return chosen, {name: draw(value) for name, value in zip(names, values)}
 
-    body["step"] = rule(data=st.data())(step)
+    def step(self, choice):
+        chosen, args = choice
+        chosen.body(self, **args)
+
+    body["step"] = rule(choice=choices())(step)
     return type("OneStep" + base.__name__, (base,), body)
+
+
+# The machine Hypothesis runs, drawn inside a rule's argument strategy.
+_RUNNER = st.runner()
 
 
 def _plain(declared: MachineRule):
@@ -344,6 +362,20 @@ def pool_rows(config: Config, builds: Callable[[Config], bool]) -> tuple[int | N
     return (None, *(rows for rows in others if builds(attrs.evolve(config, rows=rows))))
 
 
+@st.composite
+def _shape_indices(draw) -> tuple[int, int, int]:
+    """An index into each of the running machine's ``shapes()``: size,
+    need_sort, rows (a composite: see ``one_step_machine``'s choice)."""
+    shapes = draw(_RUNNER).shapes()
+    return tuple(draw(_below(len(axis))) for axis in (shapes.sizes, shapes.sorts, shapes.row_counts))
+
+
+@functools.cache
+def _below(n: int):
+    """``st.integers(0, n - 1)``, made once per ``n``."""
+    return st.integers(0, n - 1)
+
+
 class PoolShapeRule:
     """Mixed into a machine that draws its pool shape (``draws_shape``):
     its ``@initialize`` rule draws an index into each of ``shapes()``
@@ -354,11 +386,9 @@ class PoolShapeRule:
     strategies for it.  Not a ``MachineRule``: the random baseline stays on
     the run's own pool."""
 
-    @initialize(data=st.data())
-    def draw_shape(self, data):
-        shapes = self.shapes()
-        axes = (shapes.sizes, shapes.sorts, shapes.row_counts)
-        self.shape(*(data.draw(st.integers(0, len(axis) - 1)) for axis in axes))
+    @initialize(indices=_shape_indices())
+    def draw_shape(self, indices):
+        self.shape(*indices)
 
     def shape(self, size: int = 0, need_sort: int = 0, rows: int = 0) -> None:
         """Build the example's state in the shape of these indices (``shaped``)."""

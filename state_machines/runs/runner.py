@@ -223,6 +223,11 @@ class _HangWatch:
         self.slowest_step_s = 0.0
         self._began = 0.0
 
+    @property
+    def reads_call(self) -> bool:
+        """Whether ``before`` needs the step's arguments: only for the inner probe."""
+        return self.inner is not None and getattr(self.inner, "reads_call", True)
+
     def before(self, machine, name, call) -> None:
         if self.inner is not None:
             self.inner.before(machine, name, call)

@@ -349,6 +349,9 @@ class FirstSight:
         self.should_stop = should_stop
         self.seen: set[str] = set()
 
+    # It never reads a step's arguments (``RunRecord.probe``).
+    reads_call = False
+
     def before(self, machine, name, call) -> None:
         pass
 

@@ -38,7 +38,7 @@ def markdown(data: dict) -> str:
         "",
         f"Each bug, {st['seeds']} seeds per fuzzer. **Harness**: `state_machines.runs.runner.fuzz` without shrinking "
         "(no example database): half the examples a seeded random walk over the machine's rules "
-        "(`state_machines/runs/walk.py`, 40 steps, the first example on the run's own pool, then the pool shape "
+        "(`state_machines/runs/walk.py`, 80 steps, the first example on the run's own pool, then the pool shape "
         "drawn per example), then Hypothesis (one `step` rule picking among the applicable rules, pool shape drawn), "
         "so the time is to the *first* failing example; shrinking is measured separately below. "
         "**Baseline**: `bench/baseline.py`, "
@@ -209,7 +209,7 @@ def _losses(data: dict) -> list[str]:
         "",
         f"**Where the harness still loses** ({len(lost)} of {len(data['bugs'])}): {names}. "
         "Likely causes, not measured bug by bug: the harness's walk runs three examples in four on pool sizes "
-        "other than the default the baseline always uses, and 40 steps an example where the baseline ends at 20 "
+        "other than the default the baseline always uses, and 80 steps an example where the baseline ends at 20 "
         "(a fresh machine sooner); and a search the walk's half of the examples leaves clean goes on under "
         "Hypothesis, whose engine costs several times a step's own time per step.",
     ]

@@ -14,10 +14,10 @@ from allocators.token import TokenAllocator
 from bench.bugs import HARD
 from state_machines.config import Config
 from state_machines.harness import RunRecord, Step, build, family, machine_for
-from state_machines.harness.machines import POOL_PAGES, POOL_ROWS, machine_rules
+from state_machines.harness.machines import POOL_PAGES, POOL_ROWS, MachineRule, machine_rules
 from state_machines.runs.runner import _without, fuzz, fuzz_settings, minimize, replay
 from state_machines.runs.trace import Trace
-from state_machines.runs.walk import walk
+from state_machines.runs.walk import _applicable, walk
 from tests.test_minimize import ALIAS, TOKEN_ALIAS
 
 BIG_POOL = next(c for c in HARD if c.target.endswith("BigPool"))
@@ -208,3 +208,28 @@ def test_a_probe_is_handed_each_steps_arguments_only_where_it_reads_them():
         walk(machine_for(Config(), RunRecord(probe=probe)), random.Random(0), 3, steps=10)
     assert quiet.calls and all(call == {} for _, call in quiet.calls)
     assert any(name == "alloc" and "n" in call for name, call in reading.calls)
+
+
+class _Held:
+    """A stand-in machine whose state is the set of rule names whose guard holds."""
+
+    def __init__(self, holds: set[str]):
+        self.state = holds
+
+
+def _rules(names: str) -> list[MachineRule]:
+    return [MachineRule(name, {}, lambda held, name=name: name in held) for name in names]
+
+
+def test_the_walk_draws_uniformly_among_the_rules_whose_guard_holds():
+    """Over 6,000 draws with three of six guards holding, each of the three comes a third of the time and no other ever."""
+    rng = random.Random(0)
+    drawn = [_applicable(_rules("abcdef"), _Held({"b", "d", "f"}), rng).name for _ in range(6000)]
+    assert set(drawn) == {"b", "d", "f"}
+    assert all(1800 < drawn.count(name) < 2200 for name in "bdf")
+
+
+def test_the_walk_finds_the_one_rule_whose_guard_holds_among_many():
+    """With one guard of twelve holding, every draw returns that rule (after its misses, a choice among those that hold)."""
+    rng = random.Random(0)
+    assert {_applicable(_rules("abcdefghijkl"), _Held({"k"}), rng).name for _ in range(200)} == {"k"}

@@ -4,7 +4,7 @@ import attrs
 
 from state_machines.config import Config
 from state_machines.harness import Step
-from state_machines.runs.runner import minimize, replay
+from state_machines.runs.runner import _shrink_configs, minimize, replay
 from state_machines.runs.trace import Trace
 
 TOKEN_ALIAS = Config(target="builtin:token", mutant="alias")
@@ -139,3 +139,82 @@ def test_minimize_moves_to_a_smaller_pool_where_a_step_fewer_fails():
     small = attrs.evolve(config, size=16)
     shortest = minimize(Trace(config, two, "unified_reclaim_plan_agrees"), configs=(config, small))
     assert (shortest.config, shortest.steps) == (small, (reserve,))
+
+
+def test_minimize_halves_the_pool_below_the_smallest_an_example_draws():
+    """page-interleave merge-on-total needs 2 pages a class: the five steps
+    found on a 16-slot pool (the smallest drawn) fail in three on 8 slots,
+    a pool ``_shrink_configs`` offers by halving."""
+    config = Config(target="builtin:page-interleave", mutant="merge-on-total", page_size=4, need_sort=True, size=16)
+    five = (
+        Step("alloc", {"n": 4}, "req_0"),
+        Step("finish", {"req": "req_0"}),
+        Step("alloc", {"n": 16}, "req_1"),
+        Step("load_back", {"n": 4, "start": 0}, "req_2"),
+        Step("load_back", {"n": 4, "start": 0}, "req_3"),
+    )
+    trace = Trace(config, five, "allocator_raised")
+    # The run's own pool is the default one; 16 slots is the smallest it draws.
+    configs = _shrink_configs(trace, attrs.evolve(config, size=None), (None, 16, 96, 256))
+    shortest = minimize(trace, configs=configs)
+    assert (shortest.invariant, shortest.config.size, len(shortest.steps)) == ("allocator_raised", 8, 3)
+
+
+def test_minimize_puts_one_step_in_place_of_two_taking_what_both_took():
+    """dsv4-hisparse last-loc-floor needs an extend ending mid-page then one
+    filling it: extends of 18 and 3 tokens (page 8) become one of 21."""
+    config = Config(target="builtin:dsv4-hisparse", mutant="last-loc-floor", page_size=8)
+    four = (
+        Step("admit", {}, "req_0"),
+        Step("extend", {"reqs": ["req_0"], "tokens": [18]}),
+        Step("extend", {"reqs": ["req_0"], "tokens": [3]}),
+        Step("extend", {"reqs": ["req_0"], "tokens": [3]}),
+    )
+    shortest = minimize(Trace(config, four, "compressed_mapping_consistent"))
+    assert (shortest.invariant, len(shortest.steps)) == ("compressed_mapping_consistent", 3)
+
+
+def _groups(*bodies):
+    return tuple(s for body in bodies for s in (Step("begin", {}), *body, Step("end", {})))
+
+
+def test_minimize_hoists_a_later_request_into_the_first_alloc():
+    """ThirdGroup needs three groups that each free: three groups of alloc,
+    finish become one alloc of 3 and three groups of a one-slot free (ten
+    steps, the known shortest)."""
+    config = Config(target="bench.bugs:ThirdGroup")
+    twelve = _groups(*[(Step("alloc", {"n": 1}, f"req_{i}"), Step("finish", {"req": f"req_{i}"})) for i in range(3)])
+    assert replay(Trace(config, twelve)).invariant == "free_sets_agree"
+    shortest = minimize(Trace(config, twelve, "free_sets_agree"))
+    assert (shortest.invariant, len(shortest.steps)) == ("free_sets_agree", 10)
+
+
+def test_minimize_makes_a_request_big_enough_at_its_alloc():
+    """ThirdGroup again: a request grown by an extend between groups is
+    allocated a slot more at once instead (eleven steps to ten)."""
+    config = Config(target="bench.bugs:ThirdGroup")
+    free_one = Step("free", {"req": "req_0", "n": 1})
+    eleven = (
+        *_groups((Step("alloc", {"n": 2}, "req_0"), free_one), (free_one,)),
+        Step("extend", {"reqs": ["req_0"], "tokens": [1]}),
+        *_groups((Step("finish", {"req": "req_0"}),)),
+    )
+    assert replay(Trace(config, eleven)).invariant == "free_sets_agree"
+    shortest = minimize(Trace(config, eleven, "free_sets_agree"))
+    assert (shortest.invariant, len(shortest.steps)) == ("free_sets_agree", 10)
+
+
+def test_minimize_drops_a_prefix_and_moves_the_offsets_after_it():
+    """OffsetThree needs a segment ending 3 slots into a page: one freed
+    behind a cached prefix moves to the start of a plain request's row,
+    and the prefix's request and rematch go (four steps to two)."""
+    config = Config(target="bench.bugs:OffsetThree", page_size=4)
+    four = (
+        Step("alloc", {"n": 16}, "req_0"),
+        Step("rematch", {"req": "req_0", "dup": 0}, "cache_0"),
+        Step("alloc", {"n": 12, "prefix": "cache_0"}, "req_1"),
+        Step("free_segment", {"req": "req_1", "start": 16, "n": 11}),
+    )
+    assert replay(Trace(config, four)).invariant == "free_sets_agree"
+    shortest = minimize(Trace(config, four, "free_sets_agree"))
+    assert (shortest.invariant, len(shortest.steps)) == ("free_sets_agree", 2)

@@ -20,6 +20,7 @@ from state_machines.runs.trace import (
     ENTRY,
     FLAG,
     LIST,
+    OFFSET,
     REQ,
     REQS,
     RULES,
@@ -192,14 +193,25 @@ def _walk_saved(machine, database, record: RunRecord) -> None:
         database.delete(_walk_key(machine), value)
 
 
+# The fewest pages a pool ``minimize`` halves down to may have.
+MIN_SHRINK_PAGES = 2
+
+
 def _shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> tuple[Config, ...]:
     """The configurations ``minimize`` tries ``trace`` on, simplest first:
     in the run's own pool shape (size, need_sort, rows of ``run``), then at
-    each smaller size an example could draw; then keeping the trace's own
-    need_sort and rows, at the run's size and the smaller ones."""
+    each smaller size, smallest first: those an example could draw, and the
+    halves of the smallest pool, down to ``MIN_SHRINK_PAGES`` pages; then
+    keeping the trace's own need_sort and rows, at the run's size and the
+    smaller ones.  A halved pool no example draws is still one ``--size``
+    pins, and a smaller pool fills in fewer steps."""
     own = attrs.evolve(trace.config, size=run.size, need_sort=run.need_sort, rows=run.rows)
     drawn = attrs.evolve(trace.config, size=run.size)
-    smaller = sorted(s for s in sizes if s is not None and s < own.pool_size)
+    smaller = {s for s in sizes if s is not None and s < own.pool_size}
+    half, ps = min(smaller | {own.pool_size, trace.config.pool_size}), own.page_size
+    while (half := half // 2 // ps * ps) >= MIN_SHRINK_PAGES * ps:
+        smaller.add(half)
+    smaller = sorted(smaller)
     found = [c for base in (own, drawn) for c in (base, *(attrs.evolve(base, size=s) for s in smaller))]
     return tuple(dict.fromkeys(found))
 
@@ -375,6 +387,8 @@ def _candidate_steps(rules: tuple[str, ...], config: Config, made: dict[str, lis
                 else:
                     # Each value rounded up to the unit's multiple: a page where an extend took a token.
                     up = {-(-v // multiple) * multiple for v in ints}
+                    # No more than one draw of the rule takes (a sum of two steps' may be).
+                    hi = min(hi, _CARRIED.get((rule, key), hi) * config.page_size)
                     values = sorted({lo} | {v for v in up if lo <= v <= hi})
                     values = [[v] for v in values] if kind.startswith(LIST) else values
             if key in optional_args(rule):
@@ -394,6 +408,16 @@ def _ints_in(steps) -> set[int]:
             elif isinstance(value, list):
                 out |= {v for v in value if isinstance(v, int)}
     return out
+
+
+def _pair_ints(steps) -> set[int]:
+    """The integers of ``steps`` (``_ints_in``), and each sum of one from
+    the first step and one from the second: one step in place of two may
+    take what both took (two extends of one request as one)."""
+    ints = _ints_in(steps)
+    if len(steps) == 2:
+        ints |= {a + b for a in _ints_in(steps[:1]) for b in _ints_in(steps[1:])}
+    return ints
 
 
 def _runnable_rules(config: Config) -> tuple[str, ...]:
@@ -518,6 +542,124 @@ def _merged(steps: tuple[Step, ...], first: str, second: str) -> tuple[Step, ...
     return tuple(out)
 
 
+def _size_before(steps: tuple[Step, ...], name: str, i: int) -> int | None:
+    """The slots request ``name`` holds before ``steps[i]``, counted from the
+    steps that grow or shrink it (``alloc``, ``free``, ``extend``,
+    ``decode``); None where another step names it (its size unknown here)."""
+    size = 0
+    for step in steps[:i]:
+        batch = next((v for v in step.args.values() if isinstance(v, list) and name in v), None)
+        if step.returns == name and step.rule == "alloc" and set(step.args) == {"n"}:
+            size = step.args["n"]
+        elif step.rule == "alloc" and step.args.get("req") == name:
+            size += step.args["n"]
+        elif step.rule == "free" and step.args.get("req") == name:
+            size -= step.args["n"]
+        elif step.rule == "extend" and batch is not None:
+            size += step.args["tokens"][batch.index(name)]
+        elif step.rule == "decode" and batch is not None:
+            size += 1
+        elif step.returns == name or name in step.args.values() or batch is not None:
+            return None
+    return size
+
+
+def _hoisted(steps: tuple[Step, ...], first: str, second: str, config: Config) -> tuple[Step, ...] | None:
+    """``steps`` with request ``second`` made part of ``first`` from the
+    start: ``first``'s plain ``alloc`` takes ``second``'s slots too (up to
+    what one draw of the rule takes), ``second``'s plain ``alloc`` goes,
+    every later step names ``first``, and each ``finish`` of either before
+    the merged request's last step frees only the slots that request held
+    (``free(req=first, n=...)``).  Where ``_merged`` grows ``first`` at the
+    point ``second`` was made, this leaves later groups only frees: three
+    groups of alloc, finish become one alloc and three groups of a free.
+    None where they cannot merge so: either not made by a plain ``alloc``,
+    ``second`` made first, a step names both in one batch, or the slots do
+    not fit one draw."""
+    made = {step.returns: i for i, step in enumerate(steps) if step.returns in (first, second)}
+    if first == second or set(made) != {first, second} or made[first] > made[second]:
+        return None
+    if any(steps[made[x]].rule != "alloc" or set(steps[made[x]].args) != {"n"} for x in (first, second)):
+        return None
+    total = steps[made[first]].args["n"] + steps[made[second]].args["n"]
+    if total > min(int_bounds(arg_kinds("alloc")["n"], config)[1], MAX_PAGES * config.page_size):
+        return None
+    names = (first, second)
+    uses = [i for i, step in enumerate(steps) if any(x in (step.returns, *step.args.values()) for x in names)
+            or any(isinstance(v, list) and x in v for v in step.args.values() for x in names)]
+    out = []
+    for i, step in enumerate(steps):
+        if i == made[first]:
+            out.append(attrs.evolve(step, args={"n": total}))
+            continue
+        if i == made[second]:
+            continue
+        whose = step.args.get("req") if step.rule == "finish" else None
+        if whose in names and i < uses[-1]:
+            size = _size_before(steps, whose, i)
+            if not size:
+                return None
+            out.append(Step("free", {"req": first, "n": size}))
+            continue
+        args = {}
+        for key, value in step.args.items():
+            if isinstance(value, list) and second in value:
+                if first in value:
+                    return None
+                value = [first if v == second else v for v in value]
+            args[key] = first if value == second else value
+        out.append(attrs.evolve(step, args=args) if args != step.args else step)
+    return tuple(out)
+
+
+def _growth_hoisted(steps: tuple[Step, ...], config: Config):
+    """``steps`` with one step that grows a single request made by a plain
+    ``alloc`` (``alloc(n, req=...)``, a one-request ``extend`` or
+    ``decode``) deleted and its slots taken by that ``alloc`` instead, each
+    in turn, where they fit one draw of the rule (in pages)."""
+    made = {step.returns: i for i, step in enumerate(steps) if step.rule == "alloc" and set(step.args) == {"n"}}
+    cap = min(int_bounds(arg_kinds("alloc")["n"], config)[1], MAX_PAGES * config.page_size)
+    for i, step in enumerate(steps):
+        if step.rule == "alloc" and set(step.args) == {"n", "req"}:
+            name, more = step.args["req"], step.args["n"]
+        elif step.rule in ("extend", "decode") and len(step.args["reqs"]) == 1:
+            name, more = step.args["reqs"][0], step.args["tokens"][0] if step.rule == "extend" else 1
+        else:
+            continue
+        if name not in made or made[name] > i:
+            continue
+        at = made[name]
+        # An alloc takes whole pages: the slots it grows by round up to one.
+        grown = -(-(steps[at].args["n"] + more) // config.page_size) * config.page_size
+        if grown <= cap:
+            yield (*steps[:at], attrs.evolve(steps[at], args={"n": grown}), *steps[at + 1 : i], *steps[i + 1 :])
+
+
+def _prefix_dropped(steps: tuple[Step, ...], config: Config):
+    """``steps`` with one ``alloc``'s cached ``prefix`` left out and every
+    row offset a later step gives its request (``free_segment``'s
+    ``start``) moved down by the same whole number of pages, each number in
+    turn: without the prefix the request's own slots start at 0.  Leaving
+    the prefix out alone (``_smaller_args``) leaves those offsets past the
+    request's end."""
+    ps = config.page_size
+    for i, step in enumerate(steps):
+        if step.rule != "alloc" or "prefix" not in step.args or not step.returns:
+            continue
+        offsets = [j for j in range(i + 1, len(steps)) if steps[j].args.get("req") == step.returns
+                   and OFFSET in arg_kinds(steps[j].rule).values()]
+        dropped = attrs.evolve(step, args={k: v for k, v in step.args.items() if k != "prefix"})
+        for pages in range(1, config.row_pages + 1) if offsets else ():
+            out = list(steps)
+            out[i] = dropped
+            for j in offsets:
+                kinds = arg_kinds(steps[j].rule)
+                args = {k: v - pages * ps if kinds.get(k) == OFFSET else v for k, v in steps[j].args.items()}
+                out[j] = attrs.evolve(steps[j], args=args)
+            if all(v >= 0 for j in offsets for v in out[j].args.values() if isinstance(v, int)):
+                yield tuple(out)
+
+
 # Steps the dearer passes of ``minimize`` may replay, all told: a bound on
 # its time that keeps it deterministic (a clock would not).
 DEAR_STEPS = 10000
@@ -591,11 +733,22 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             if name in {step.returns for step in best.steps}:
                 changed |= any(attempt(attrs.evolve(best, steps=_carried(best.steps, name, best.config, back)), shorter=True)
                                for back in (False, True))
+        for steps in list(_prefix_dropped(best.steps, best.config)):
+            # Then the prefix's request and its rematch can go.
+            if attempt(attrs.evolve(best, steps=steps), shorter=False):
+                changed = True
+                break
+        # A request grown later, made big enough at once: one step fewer.
+        changed |= any(attempt(attrs.evolve(best, steps=steps), shorter=True)
+                       for steps in list(_growth_hoisted(best.steps, best.config)))
         for first, second in itertools.combinations([s.returns for s in best.steps if returns_kind(s.rule) == REQ and s.returns], 2):
             # Two requests as one: one finish and one admit fewer.
             names = {step.returns for step in best.steps}
-            if first in names and second in names and (merged := _merged(best.steps, first, second)) is not None:
-                changed |= attempt(attrs.evolve(best, steps=merged), shorter=True)
+            if first in names and second in names:
+                changed |= any(attempt(attrs.evolve(best, steps=merged), shorter=True)
+                               for merged in (_merged(best.steps, first, second),
+                                              _hoisted(best.steps, first, second, best.config))
+                               if merged is not None)
         for i in range(len(best.steps)):
             # A smaller argument may change which steps follow; ``best`` is re-read each time.
             while i < len(best.steps) and any(
@@ -617,7 +770,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             for i in range(len(steps) - width + 1):
                 replaced, made = steps[i : i + width], _made_before(steps, i)
                 names = {returns_kind(s.rule): s.returns for s in replaced if s.returns}
-                for step in _candidate_steps(rules[best.config], best.config, made, _ints_in(replaced)):
+                for step in _candidate_steps(rules[best.config], best.config, made, _pair_ints(replaced)):
                     if width == 1 and _simplicity(step) >= _simplicity(replaced[0]):
                         continue
                     step = attrs.evolve(step, returns=names.get(returns_kind(step.rule)))

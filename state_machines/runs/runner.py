@@ -293,7 +293,14 @@ def replay(trace: Trace, config: Config | None = None) -> InvariantViolation | N
 
 
 def _fails_like(candidate: Trace, invariant: str | None) -> Trace | None:
-    """``candidate`` replayed, re-recorded, where it fails on ``invariant``; else None."""
+    """``candidate`` replayed, re-recorded, where it fails on ``invariant``; else None.
+
+    Only the same invariant: a shorter trace failing on another is not
+    taken.  ``fuzz`` reports one failure per invariant, and one target can
+    hold two bugs (sglang 0.5.17: flag drift and aliasing), so a trade could
+    fold the second into the first and hide it; and a crash
+    (``allocator_raised``) or a hang must not come back as a wrong answer,
+    nor the other way, for they are fixed in different places."""
     try:
         again = replay(candidate)
     except Exception:  # noqa: BLE001 - the change broke the trace itself,
@@ -418,6 +425,13 @@ def _pair_ints(steps) -> set[int]:
     if len(steps) == 2:
         ints |= {a + b for a in _ints_in(steps[:1]) for b in _ints_in(steps[1:])}
     return ints
+
+
+def _refs(step: Step) -> set[str]:
+    """The requests and entries ``step`` names in its arguments."""
+    kinds = arg_kinds(step.rule)
+    return {name for key, value in step.args.items() if kinds.get(key) in (REQ, ENTRY, REQS)
+            for name in (value if isinstance(value, list) else [value])}
 
 
 def _runnable_rules(config: Config) -> tuple[str, ...]:
@@ -663,6 +677,8 @@ def _prefix_dropped(steps: tuple[Step, ...], config: Config):
 # Steps the dearer passes of ``minimize`` may replay, all told: a bound on
 # its time that keeps it deterministic (a clock would not).
 DEAR_STEPS = 10000
+# Steps ``minimize``'s split pass, the dearest, may replay besides.
+SPLIT_STEPS = 2000
 
 
 def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace:
@@ -677,27 +693,37 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     (strictly shorter: a replay's teardown may close a group with an
     ``end`` of its own, which would give back the step deleted); delete a
     request and let other allocs carry its slots (``_carried``); merge two
-    requests into one (``_merged``); make each argument simpler
-    (``_smaller_args``; no longer).  Where those change nothing, the dearer
-    ones, until one succeeds: delete one step on another of ``configs``
-    (strictly shorter, so in any order); delete two steps apart;
-    put one simple step (``_candidate_steps``) in place of two adjacent
-    ones, or in place of one it is simpler than (``_simplicity``), which
-    can let the cheap passes cut again; these stop once candidates of
-    ``DEAR_STEPS`` steps in all have been replayed.  Each kept candidate is re-recorded,
+    requests into one, where the second was made (``_merged``) or from the
+    first's alloc on (``_hoisted``); leave out an alloc's prefix, moving
+    its request's offsets (``_prefix_dropped``); let a request's alloc take
+    what a later step grew it by (``_growth_hoisted``); make each argument
+    simpler (``_smaller_args``; no longer).  Where those change nothing,
+    the dearer ones, until one succeeds: delete one step on another of
+    ``configs`` (strictly shorter, so in any order); delete two steps apart;
+    put one simple step (``_candidate_steps``, its amounts perhaps the sum
+    of theirs) in place of two adjacent ones, or in place of one it is
+    simpler than (``_simplicity``), which can let the cheap passes cut
+    again; these stop once candidates of ``DEAR_STEPS`` steps in all have
+    been replayed.  Last, ``split``: one step as two, kept where deletions
+    from there end shorter (its own budget, ``SPLIT_STEPS``).  Only a
+    failure on the same invariant counts (``_fails_like``).  Each kept candidate is re-recorded,
     so names run ``req_0``, ``req_1``, ... again.  ``stop()``, when given,
     is asked before each replay; true raises ``KeyboardInterrupt``.
     """
 
-    def attempt(candidate: Trace, shorter: bool) -> bool:
-        nonlocal best
+    def check(candidate: Trace) -> Trace | None:
+        """``candidate`` re-recorded where it fails on the invariant (each replayed once)."""
         if stop is not None and stop():
             raise KeyboardInterrupt("stop requested")
         key = (candidate.config, json.dumps([step.to_dict() for step in candidate.steps], sort_keys=True))
         if key not in tried:
             tried[key] = _fails_like(candidate, best.invariant)
             spent[0] += len(candidate.steps)
-        again = tried[key]
+        return tried[key]
+
+    def attempt(candidate: Trace, shorter: bool) -> bool:
+        nonlocal best
+        again = check(candidate)
         if again is None or len(again.steps) > len(best.steps) - shorter:
             return False
         best = again
@@ -786,11 +812,82 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                 return True
         return False
 
+    def runs(steps: tuple[Step, ...]) -> bool:
+        """Whether ``steps`` replay as a program (they may fail, or pass)."""
+        key = json.dumps([step.to_dict() for step in steps], sort_keys=True)
+        if key not in valid:
+            spent[1] += len(steps)
+            try:
+                replay(attrs.evolve(best, steps=steps))
+                valid[key] = True
+            except Exception:  # noqa: BLE001 - a name the new step does not make, a group that nests
+                valid[key] = False
+        return valid[key]
+
+    def descend(found: Trace) -> Trace:
+        """``found`` with requests (``_without``, rows retargeted) and single
+        steps deleted, greedily, while it still fails."""
+        while True:
+            withouts = [_without(found.steps, s.returns) for s in found.steps if s.returns]
+            cuts = [c for w in withouts for c in (w, *_rows_retargeted(w, found.config))]
+            cuts += [found.steps[:i] + found.steps[i + 1 :] for i in range(len(found.steps))]
+            shorter = next((t for c in cuts if (t := check(attrs.evolve(found, steps=c))) is not None
+                            and len(t.steps) < len(found.steps)), None)
+            if shorter is None:
+                return found
+            found = shorter
+
+    def split() -> bool:
+        """One step as two: each step, last first, in place of a simpler
+        candidate (``_candidate_steps``) that acts on a request or entry it
+        names, if it names one, and still leaves a program; then one more
+        candidate after that, of a rule no step of the trace has (rows: any),
+        simplest first; where that fails, ``descend`` from it, and keep what
+        comes out shorter than ``best``.  One step that does two things
+        (``rematch`` frees a view and rewrites the row) becomes the two, and
+        then the steps only the one needed can go.  Stops once
+        ``SPLIT_STEPS`` steps in all have been replayed."""
+        nonlocal best
+        steps, config = best.steps, best.config
+        ints = _ints_in(steps) | set(range(config.rows))
+        new_rules = tuple(r for r in rules[config] if r not in {step.rule for step in steps})
+        for i in reversed(range(len(steps))):
+            kind, refs = returns_kind(steps[i].rule), _refs(steps[i])
+            firsts = []
+            for a in _candidate_steps(rules[config], config, _made_before(steps, i), _ints_in(steps[i : i + 1])):
+                if _simplicity(a) >= _simplicity(steps[i]) or (refs and not refs & _refs(a)):
+                    continue
+                a = attrs.evolve(a, returns=steps[i].returns if returns_kind(a.rule) == kind else None)
+                if spent[1] > SPLIT_STEPS:
+                    return False
+                if runs((*steps[:i], a, *steps[i + 1 :])):
+                    firsts.append(a)
+            seconds = [_candidate_steps(new_rules, config, _made_before((*steps[:i], a), i + 1), ints) for a in firsts]
+            # The simplest second steps first, after each first step in turn.
+            for j in range(max(map(len, seconds), default=0)):
+                for a, after in zip(firsts, seconds):
+                    if j >= len(after) or returns_kind(after[j].rule) is not None:
+                        continue  # a new name later steps do not use
+                    if spent[1] > SPLIT_STEPS:
+                        return False
+                    before = spent[0]
+                    found = check(attrs.evolve(best, steps=(*steps[:i], a, after[j], *steps[i + 1 :])))
+                    if found is not None:
+                        found = descend(found)
+                    # Replays for this pass count against its own budget only.
+                    spent[1], spent[0] = spent[1] + spent[0] - before, before
+                    if found is not None and len(found.steps) < len(steps):
+                        best = found
+                        return True
+        return False
+
     best = trace
     rules: dict[Config, tuple[str, ...]] = {}
     # Each candidate replayed once (its outcome kept), and the steps replayed so far.
     tried: dict[tuple, Trace | None] = {}
-    spent = [0]
-    while cheap() or dear():
+    # Steps replayed by all passes, and by ``split`` (its own budget).
+    spent = [0, 0]
+    valid: dict[str, bool] = {}
+    while cheap() or dear() or split():
         pass
     return best

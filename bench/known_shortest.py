@@ -131,11 +131,12 @@ KNOWN: tuple[KnownShortest, ...] = (
     _mutant(
         _TOKEN,
         "merge-drops-release",
-        [_s("alloc", "req_0", n=4), _s("alloc", "req_1", n=4), _s("finish", req="req_0"), _s("alloc", "req_2", n=3)],
+        [_s("alloc", "req_0", n=4), _s("finish", req="req_0"), _s("alloc", n=1)],
         "alloc_none_iff_short",
-        "the merge runs only when free_pages runs short: with 10 slots and at most 4 a call, "
-        "two allocs must come first, then a free to fill release_pages, then the short alloc",
-        need_sort=True,
+        "the merge runs only when free_pages runs short, and must find release_pages filled: on a "
+        "4-slot pool (--size 4, a pool the minimiser halves down to) an alloc of all of it, its free, "
+        "then any alloc",
+        need_sort=True, size=4,
     ),
     _mutant(_PAGED, "alias", _ALIAS_PAGED, "free_sets_agree", _WHY_ALIAS),
     _mutant(
@@ -525,10 +526,11 @@ KNOWN: tuple[KnownShortest, ...] = (
     _hard(
         "ExactlyFull",
         _TOKEN,
-        [_s("alloc", "req_0", n=2), _s("alloc", "req_1", n=1), _extend(["req_1", "req_0"], [4, 3])],
+        [_s("alloc", "req_0", n=2)],
         "free_sets_agree",
-        "the 10-slot pool must be taken whole by one call: a step grows one request by at most 4 slots "
-        "but an extend grows a batch, so two steps give 8 at most and three suffice",
+        "the pool must be taken whole by one call: on a 2-slot pool (--size 2, a pool the minimiser "
+        "halves down to) the first alloc of both; on the default 10-slot pool it takes three steps",
+        size=2,
     ),
     _hard(
         "ThirdGroup",

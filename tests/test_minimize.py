@@ -249,3 +249,19 @@ def test_minimize_does_not_trade_a_crash_for_a_wrong_answer():
     assert replay(Trace(config, simpler)).invariant == "free_sets_agree"
     shortest = minimize(Trace(config, crash, "allocator_raised"))
     assert (shortest.invariant, shortest.steps) == ("allocator_raised", crash)
+
+
+def test_minimize_moves_to_a_smaller_pool_with_the_amounts_scaled():
+    """ExactlyFull fails once one call takes the whole pool: an alloc of 3
+    and extends of 4 and 3 fill the default 10-slot pool in three steps;
+    scaled to a 2-slot pool (1, 1, 1) the first extend fills it, and then
+    one alloc of both does (one step)."""
+    config = Config(target="bench.bugs:ExactlyFull")
+    three = (
+        Step("alloc", {"n": 3}, "req_0"),
+        Step("extend", {"reqs": ["req_0"], "tokens": [4]}),
+        Step("extend", {"reqs": ["req_0"], "tokens": [3]}),
+    )
+    assert replay(Trace(config, three)).invariant == "free_sets_agree"
+    shortest = minimize(Trace(config, three, "free_sets_agree"), configs=(config, attrs.evolve(config, size=2)))
+    assert (shortest.config.size, len(shortest.steps)) == (2, 1)

@@ -24,6 +24,8 @@ from state_machines.runs.trace import (
     REQ,
     REQS,
     RULES,
+    SLOTS,
+    SPAN,
     Trace,
     TraceError,
     arg_kinds,
@@ -214,6 +216,26 @@ def _shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) ->
     smaller = sorted(smaller)
     found = [c for base in (own, drawn) for c in (base, *(attrs.evolve(base, size=s) for s in smaller))]
     return tuple(dict.fromkeys(found))
+
+
+def _scaled(steps: tuple[Step, ...], config: Config, smaller: Config) -> tuple[Step, ...]:
+    """``steps`` for the pool of ``smaller``: each amount of slots (an
+    alloc's ``n``, an extend's tokens) scaled down by the ratio of the two
+    pools, rounded down to its multiple, at least its lowest.  Amounts that
+    filled the pool fill the smaller one too."""
+    out = []
+    for step in steps:
+        kinds, args = arg_kinds(step.rule), dict(step.args)
+        for key, value in step.args.items():
+            unit = kinds.get(key, "").removeprefix(LIST)
+            if unit not in (SLOTS, SPAN) or isinstance(value, bool):
+                continue
+            lo, _, multiple = int_bounds(unit, smaller)
+            scale = [max(lo, v * smaller.pool_size // config.pool_size // multiple * multiple)
+                     for v in (value if isinstance(value, list) else [value])]
+            args[key] = scale if isinstance(value, list) else scale[0]
+        out.append(attrs.evolve(step, args=args) if args != step.args else step)
+    return tuple(out)
 
 
 def shrink_call_timeout(limit: float, slowest_step_s: float) -> float:
@@ -735,6 +757,12 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             if config == best.config:
                 break  # those after it are no simpler than the trace's own
             if attempt(attrs.evolve(best, config=config), shorter=False):
+                changed = True
+                break
+        for config in configs:
+            # A smaller pool with the amounts scaled to it: strictly shorter.
+            if config.pool_size < best.config.pool_size and attempt(
+                    attrs.evolve(best, config=config, steps=_scaled(best.steps, best.config, config)), shorter=True):
                 changed = True
                 break
         for name in [step.returns for step in best.steps if step.returns]:

@@ -462,11 +462,12 @@ KNOWN: tuple[KnownShortest, ...] = (
     _mutant(
         _UNI_MAMBA,
         "prepare-closes-group",
-        [_s("begin"), _s("alloc", "req_0", n=4), _s("free", req="req_0", n=4), _s("prepare_mamba", n=1),
-         _s("alloc", req="req_0", n=4), _s("finish", req="req_0")],
+        [_s("begin"), _s("alloc", "req_0", n=8), _s("free", req="req_0", n=4), _s("prepare_mamba", n=1),
+         _s("finish", req="req_0")],
         "free_sets_agree",
-        "a free queued in a group, prepare_mamba (which the mutant lets close the group), and a page "
-        "allocated and freed after it: the group must hold a queued free before prepare, and a free after",
+        "a free queued in a group, prepare_mamba (which the mutant lets close the group), and a free after "
+        "it: the group must hold a queued free before prepare, and a free after, so the request takes two "
+        "pages at once and frees one before, one after",
     ),
     _mutant(
         _UNI_MAMBA,

@@ -843,6 +843,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     def runs(steps: tuple[Step, ...]) -> bool:
         """Whether ``steps`` replay as a program (they may fail, or pass)."""
         key = json.dumps([step.to_dict() for step in steps], sort_keys=True)
+        if stop is not None and stop():
+            raise KeyboardInterrupt("stop requested")
         if key not in valid:
             spent[1] += len(steps)
             try:

@@ -76,7 +76,7 @@ def markdown(data: dict) -> str:
         "`report_multiple_bugs=False`: the first failure is shrunk by the trace minimiser "
         "(`runner.minimize`: the run's own or a smaller pool, amounts scaled to it, a request with every step naming "
         "it, runs of steps, a request whose slots other allocs carry, two requests merged, growth taken at the alloc, "
-        "a prefix left out, smaller arguments, one step for two, one step split in two, each replayed; only a failure "
+        "smaller arguments (segments refitted), one step for two, one step split in two, each replayed; only a failure "
         "on the same invariant counts). *shrunk* is the "
         "length of the shrunk trace, median "
         "[min–max]; *known* is the shortest trace known to trigger the bug, written by hand in "

@@ -204,10 +204,10 @@ def test_minimize_makes_a_request_big_enough_at_its_alloc():
     assert (shortest.invariant, len(shortest.steps)) == ("free_sets_agree", 10)
 
 
-def test_minimize_drops_a_prefix_and_moves_the_offsets_after_it():
+def test_minimize_drops_a_prefix_and_refits_the_segment_after_it():
     """OffsetThree needs a segment ending 3 slots into a page: one freed
-    behind a cached prefix moves to the start of a plain request's row,
-    and the prefix's request and rematch go (four steps to two)."""
+    behind a cached prefix, refitted to the request once the prefix is
+    left out, and the prefix's request and rematch go (four steps to two)."""
     config = Config(target="bench.bugs:OffsetThree", page_size=4)
     four = (
         Step("alloc", {"n": 16}, "req_0"),
@@ -265,3 +265,22 @@ def test_minimize_moves_to_a_smaller_pool_with_the_amounts_scaled():
     assert replay(Trace(config, three)).invariant == "free_sets_agree"
     shortest = minimize(Trace(config, three, "free_sets_agree"), configs=(config, attrs.evolve(config, size=2)))
     assert (shortest.config.size, len(shortest.steps)) == (2, 1)
+
+
+def test_minimize_refits_a_segment_to_a_request_made_smaller():
+    """multi-ended reps-drift: a segment freed in a group, then end twice.
+    Its request grown by 8 then 16 slots and freed from 0 to slot 21 is
+    grown by 4 instead, the segment refitted to end on its last page
+    (0 to 9), and then made in one alloc of 12 (six steps to five)."""
+    config = Config(target="builtin:multi-ended", mutant="reps-drift", page_size=4)
+    six = (
+        Step("begin", {}),
+        Step("alloc", {"n": 8}, "req_0"),
+        Step("alloc", {"n": 16, "req": "req_0"}),
+        Step("free_segment", {"req": "req_0", "start": 0, "n": 21}),
+        Step("end", {}),
+        Step("end", {}),
+    )
+    assert replay(Trace(config, six)).invariant == "no_page_freed_twice"
+    shortest = minimize(Trace(config, six, "no_page_freed_twice"))
+    assert (shortest.invariant, len(shortest.steps)) == ("no_page_freed_twice", 5)

@@ -20,7 +20,6 @@ from state_machines.runs.trace import (
     ENTRY,
     FLAG,
     LIST,
-    OFFSET,
     REQ,
     REQS,
     RULES,
@@ -648,6 +647,32 @@ def _hoisted(steps: tuple[Step, ...], first: str, second: str, config: Config) -
     return tuple(out)
 
 
+def _refitted(steps: tuple[Step, ...], config: Config) -> tuple[Step, ...]:
+    """``steps`` with each ``free_segment`` of a request whose size there is
+    known (``_size_before``) made to end on the request's last page again,
+    as the step requires, at the same slot of that page: after a change to
+    how much the request holds, the segment fits it once more (it starts
+    no later than that page)."""
+    ps, out = config.page_size, list(steps)
+    for i, step in enumerate(steps):
+        if step.rule != "free_segment":
+            continue
+        size = _size_before(tuple(out), step.args["req"], i)
+        if not size:
+            continue
+        end = (size - 1) // ps * ps + (step.args["start"] + step.args["n"] - 1) % ps + 1
+        start = min(step.args["start"], (end - 1) // ps * ps)
+        out[i] = attrs.evolve(step, args={**step.args, "start": start, "n": end - start})
+    return tuple(out)
+
+
+def _and_refitted(steps: tuple[Step, ...], config: Config):
+    """``steps``, then ``_refitted(steps)`` where that differs."""
+    yield steps
+    if (refit := _refitted(steps, config)) != steps:
+        yield refit
+
+
 def _growth_hoisted(steps: tuple[Step, ...], config: Config):
     """``steps`` with one step that grows a single request made by a plain
     ``alloc`` (``alloc(n, req=...)``, a one-request ``extend`` or
@@ -668,32 +693,8 @@ def _growth_hoisted(steps: tuple[Step, ...], config: Config):
         # An alloc takes whole pages: the slots it grows by round up to one.
         grown = -(-(steps[at].args["n"] + more) // config.page_size) * config.page_size
         if grown <= cap:
-            yield (*steps[:at], attrs.evolve(steps[at], args={"n": grown}), *steps[at + 1 : i], *steps[i + 1 :])
-
-
-def _prefix_dropped(steps: tuple[Step, ...], config: Config):
-    """``steps`` with one ``alloc``'s cached ``prefix`` left out and every
-    row offset a later step gives its request (``free_segment``'s
-    ``start``) moved down by the same whole number of pages, each number in
-    turn: without the prefix the request's own slots start at 0.  Leaving
-    the prefix out alone (``_smaller_args``) leaves those offsets past the
-    request's end."""
-    ps = config.page_size
-    for i, step in enumerate(steps):
-        if step.rule != "alloc" or "prefix" not in step.args or not step.returns:
-            continue
-        offsets = [j for j in range(i + 1, len(steps)) if steps[j].args.get("req") == step.returns
-                   and OFFSET in arg_kinds(steps[j].rule).values()]
-        dropped = attrs.evolve(step, args={k: v for k, v in step.args.items() if k != "prefix"})
-        for pages in range(1, config.row_pages + 1) if offsets else ():
-            out = list(steps)
-            out[i] = dropped
-            for j in offsets:
-                kinds = arg_kinds(steps[j].rule)
-                args = {k: v - pages * ps if kinds.get(k) == OFFSET else v for k, v in steps[j].args.items()}
-                out[j] = attrs.evolve(steps[j], args=args)
-            if all(v >= 0 for j in offsets for v in out[j].args.values() if isinstance(v, int)):
-                yield tuple(out)
+            yield from _and_refitted((*steps[:at], attrs.evolve(steps[at], args={"n": grown}), *steps[at + 1 : i],
+                                      *steps[i + 1 :]), config)
 
 
 # Steps the dearer passes of ``minimize`` may replay, all told: a bound on
@@ -716,10 +717,10 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     ``end`` of its own, which would give back the step deleted); delete a
     request and let other allocs carry its slots (``_carried``); merge two
     requests into one, where the second was made (``_merged``) or from the
-    first's alloc on (``_hoisted``); leave out an alloc's prefix, moving
-    its request's offsets (``_prefix_dropped``); let a request's alloc take
+    first's alloc on (``_hoisted``); let a request's alloc take
     what a later step grew it by (``_growth_hoisted``); make each argument
-    simpler (``_smaller_args``; no longer).  Where those change nothing,
+    simpler (``_smaller_args``; no longer), a later segment free of a
+    request made smaller refitted to it (``_refitted``).  Where those change nothing,
     the dearer ones, until one succeeds: delete one step on another of
     ``configs`` (strictly shorter, so in any order); delete two steps apart;
     put one simple step (``_candidate_steps``, its amounts perhaps the sum
@@ -748,6 +749,12 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         again = check(candidate)
         if again is None or len(again.steps) > len(best.steps) - shorter:
             return False
+        # A trace that was ``best`` once is never taken again: moves that
+        # keep the length (a segment refitted) cannot then cycle.
+        key = (again.config, json.dumps([step.to_dict() for step in again.steps], sort_keys=True))
+        if key in been:
+            return False
+        been.add(key)
         best = again
         return True
 
@@ -787,11 +794,6 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             if name in {step.returns for step in best.steps}:
                 changed |= any(attempt(attrs.evolve(best, steps=_carried(best.steps, name, best.config, back)), shorter=True)
                                for back in (False, True))
-        for steps in list(_prefix_dropped(best.steps, best.config)):
-            # Then the prefix's request and its rematch can go.
-            if attempt(attrs.evolve(best, steps=steps), shorter=False):
-                changed = True
-                break
         # A request grown later, made big enough at once: one step fewer.
         changed |= any(attempt(attrs.evolve(best, steps=steps), shorter=True)
                        for steps in list(_growth_hoisted(best.steps, best.config)))
@@ -805,9 +807,11 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                                if merged is not None)
         for i in range(len(best.steps)):
             # A smaller argument may change which steps follow; ``best`` is re-read each time.
+            # A request made smaller takes its later segment frees along (``_refitted``).
             while i < len(best.steps) and any(
-                attempt(attrs.evolve(best, steps=(*best.steps[:i], step, *best.steps[i + 1 :])), shorter=False)
+                attempt(attrs.evolve(best, steps=steps), shorter=False)
                 for step in _smaller_args(best.steps[i], best.config, best.steps, i)
+                for steps in _and_refitted((*best.steps[:i], step, *best.steps[i + 1 :]), best.config)
             ):
                 changed = True
         return changed
@@ -918,6 +922,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     # Steps replayed by all passes, and by ``split`` (its own budget).
     spent = [0, 0]
     valid: dict[str, bool] = {}
+    been = {(trace.config, json.dumps([step.to_dict() for step in trace.steps], sort_keys=True))}
     while cheap() or dear() or split():
         pass
     return best

@@ -543,6 +543,19 @@ def _carried(steps: tuple[Step, ...], name: str, config: Config, backward: bool 
     return tuple(out)
 
 
+def _renamed(step: Step, old: str, new: str) -> Step | None:
+    """``step`` naming request ``new`` wherever it named ``old``; None where
+    one batch would then name ``new`` twice."""
+    args = {}
+    for key, value in step.args.items():
+        if isinstance(value, list) and old in value:
+            if new in value:
+                return None
+            value = [new if v == old else v for v in value]
+        args[key] = new if value == old else value
+    return attrs.evolve(step, args=args) if args != step.args else step
+
+
 def _merged(steps: tuple[Step, ...], first: str, second: str) -> tuple[Step, ...] | None:
     """``steps`` with request ``second`` made part of ``first``, made
     earlier: ``second``'s plain ``admit`` goes, its plain ``alloc`` grows
@@ -566,15 +579,8 @@ def _merged(steps: tuple[Step, ...], first: str, second: str) -> tuple[Step, ...
             continue
         if step.rule == "finish" and step.args.get("req") == first and i < uses[-1]:
             continue
-        args = {}
-        for key, value in step.args.items():
-            if isinstance(value, list) and second in value:
-                if first in value:
-                    return None
-                value = [first if v == second else v for v in value]
-            args[key] = first if value == second else value
-        out.append(attrs.evolve(step, args=args) if args != step.args else step)
-    return tuple(out)
+        out.append(_renamed(step, second, first))
+    return None if None in out else tuple(out)
 
 
 def _size_before(steps: tuple[Step, ...], name: str, i: int) -> int | None:
@@ -636,15 +642,8 @@ def _hoisted(steps: tuple[Step, ...], first: str, second: str, config: Config) -
                 return None
             out.append(Step("free", {"req": first, "n": size}))
             continue
-        args = {}
-        for key, value in step.args.items():
-            if isinstance(value, list) and second in value:
-                if first in value:
-                    return None
-                value = [first if v == second else v for v in value]
-            args[key] = first if value == second else value
-        out.append(attrs.evolve(step, args=args) if args != step.args else step)
-    return tuple(out)
+        out.append(_renamed(step, second, first))
+    return None if None in out else tuple(out)
 
 
 def _refitted(steps: tuple[Step, ...], config: Config) -> tuple[Step, ...]:

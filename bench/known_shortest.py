@@ -131,11 +131,12 @@ KNOWN: tuple[KnownShortest, ...] = (
     _mutant(
         _TOKEN,
         "merge-drops-release",
-        [_s("alloc", "req_0", n=4), _s("alloc", "req_1", n=4), _s("finish", req="req_0"), _s("alloc", "req_2", n=3)],
+        [_s("alloc", "req_0", n=4), _s("finish", req="req_0"), _s("alloc", n=1)],
         "alloc_none_iff_short",
-        "the merge runs only when free_pages runs short: with 10 slots and at most 4 a call, "
-        "two allocs must come first, then a free to fill release_pages, then the short alloc",
-        need_sort=True,
+        "the merge runs only when free_pages runs short, and must find release_pages filled: on a "
+        "4-slot pool (--size 4, a pool the minimiser halves down to) an alloc of all of it, its free, "
+        "then any alloc",
+        need_sort=True, size=4,
     ),
     _mutant(_PAGED, "alias", _ALIAS_PAGED, "free_sets_agree", _WHY_ALIAS),
     _mutant(
@@ -245,10 +246,11 @@ KNOWN: tuple[KnownShortest, ...] = (
     _mutant(
         _HISPARSE,
         "short-leaks",
-        [_s("alloc", "req_0", n=16), _s("alloc", "req_1", n=16), _s("alloc", n=12)],
+        [_s("alloc", "req_0", n=12)],
         "free_sets_agree",
-        "the device pool (10 pages, half the logical pool) runs short first; an alloc takes at most 4 pages, "
-        "so two allocs leave 2 and a third of 3 pages is short",
+        "the device pool (half the logical pool) must run short: on a 2-page pool (--size 8, a pool the "
+        "minimiser halves down to) its one device page is short of the first alloc of 3 pages",
+        size=8,
     ),
     _mutant(
         _MAMBA,
@@ -444,10 +446,11 @@ KNOWN: tuple[KnownShortest, ...] = (
     _mutant(
         _UNI_MAMBA,
         "bytes-not-shared",
-        [_s("mamba_alloc", n=2), _s("mamba_alloc", n=3), _s("alloc", "req_0", n=16), _s("alloc", n=16)],
+        [_s("mamba_alloc", n=3), _s("alloc", "req_0", n=12)],
         "alloc_none_iff_short",
-        "the shared bytes must run short on the KV side: state slots taken twice (at most 3 a call), "
-        "then KV pages (at most 4 a call) until the alloc the mutant refuses though room is left",
+        "the shared bytes must run short on the KV side: on a 4-page pool (--size 16) state slots "
+        "taken, then the alloc the mutant refuses though room is left; no alloc alone is refused",
+        size=16,
     ),
     _mutant(
         _UNI_MAMBA,
@@ -459,11 +462,12 @@ KNOWN: tuple[KnownShortest, ...] = (
     _mutant(
         _UNI_MAMBA,
         "prepare-closes-group",
-        [_s("begin"), _s("alloc", "req_0", n=4), _s("free", req="req_0", n=4), _s("prepare_mamba", n=1),
-         _s("alloc", req="req_0", n=4), _s("finish", req="req_0")],
+        [_s("begin"), _s("alloc", "req_0", n=8), _s("free", req="req_0", n=4), _s("prepare_mamba", n=1),
+         _s("finish", req="req_0")],
         "free_sets_agree",
-        "a free queued in a group, prepare_mamba (which the mutant lets close the group), and a page "
-        "allocated and freed after it: the group must hold a queued free before prepare, and a free after",
+        "a free queued in a group, prepare_mamba (which the mutant lets close the group), and a free after "
+        "it: the group must hold a queued free before prepare, and a free after, so the request takes two "
+        "pages at once and frees one before, one after",
     ),
     _mutant(
         _UNI_MAMBA,
@@ -523,10 +527,11 @@ KNOWN: tuple[KnownShortest, ...] = (
     _hard(
         "ExactlyFull",
         _TOKEN,
-        [_s("alloc", "req_0", n=2), _s("alloc", "req_1", n=1), _extend(["req_1", "req_0"], [4, 3])],
+        [_s("alloc", "req_0", n=2)],
         "free_sets_agree",
-        "the 10-slot pool must be taken whole by one call: a step grows one request by at most 4 slots "
-        "but an extend grows a batch, so two steps give 8 at most and three suffice",
+        "the pool must be taken whole by one call: on a 2-slot pool (--size 2, a pool the minimiser "
+        "halves down to) the first alloc of both; on the default 10-slot pool it takes three steps",
+        size=2,
     ),
     _hard(
         "ThirdGroup",

@@ -75,8 +75,10 @@ def markdown(data: dict) -> str:
         "",
         f"{st['shrink_seeds']} seeds per bug with shrinking on, as `kv-lockstep fuzz` runs but with "
         "`report_multiple_bugs=False`: the first failure is shrunk by the trace minimiser "
-        "(`runner.minimize`: the run's own or a smaller pool, a request with every step naming it, runs of steps, "
-        "a request whose slots other allocs carry, two requests merged, smaller arguments, each replayed). *shrunk* is the "
+        "(`runner.minimize`: the run's own or a smaller pool, amounts scaled to it, a request with every step naming "
+        "it, runs of steps, a request whose slots other allocs carry, two requests merged, growth taken at the alloc, "
+        "smaller arguments (segments refitted), one step for two, one step split in two, each replayed; only a failure "
+        "on the same invariant counts). *shrunk* is the "
         "length of the shrunk trace, median "
         "[min–max]; *known* is the shortest trace known to trigger the bug, written by hand in "
         "`bench/known_shortest.py` and replayed by `tests/test_known_shortest.py`; *unshrunk* is the median length "

@@ -4,7 +4,7 @@ import attrs
 
 from state_machines.config import Config
 from state_machines.harness import Step
-from state_machines.runs.runner import minimize, replay
+from state_machines.runs.runner import _shrink_configs, minimize, replay
 from state_machines.runs.trace import Trace
 
 TOKEN_ALIAS = Config(target="builtin:token", mutant="alias")
@@ -139,3 +139,148 @@ def test_minimize_moves_to_a_smaller_pool_where_a_step_fewer_fails():
     small = attrs.evolve(config, size=16)
     shortest = minimize(Trace(config, two, "unified_reclaim_plan_agrees"), configs=(config, small))
     assert (shortest.config, shortest.steps) == (small, (reserve,))
+
+
+def test_minimize_halves_the_pool_below_the_smallest_an_example_draws():
+    """page-interleave merge-on-total needs 2 pages a class: the five steps
+    found on a 16-slot pool (the smallest drawn) fail in three on 8 slots,
+    a pool ``_shrink_configs`` offers by halving."""
+    config = Config(target="builtin:page-interleave", mutant="merge-on-total", page_size=4, need_sort=True, size=16)
+    five = (
+        Step("alloc", {"n": 4}, "req_0"),
+        Step("finish", {"req": "req_0"}),
+        Step("alloc", {"n": 16}, "req_1"),
+        Step("load_back", {"n": 4, "start": 0}, "req_2"),
+        Step("load_back", {"n": 4, "start": 0}, "req_3"),
+    )
+    trace = Trace(config, five, "allocator_raised")
+    # The run's own pool is the default one; 16 slots is the smallest it draws.
+    configs = _shrink_configs(trace, attrs.evolve(config, size=None), (None, 16, 96, 256))
+    shortest = minimize(trace, configs=configs)
+    assert (shortest.invariant, shortest.config.size, len(shortest.steps)) == ("allocator_raised", 8, 3)
+
+
+def test_minimize_puts_one_step_in_place_of_two_taking_what_both_took():
+    """dsv4-hisparse last-loc-floor needs an extend ending mid-page then one
+    filling it: extends of 18 and 3 tokens (page 8) become one of 21."""
+    config = Config(target="builtin:dsv4-hisparse", mutant="last-loc-floor", page_size=8)
+    four = (
+        Step("admit", {}, "req_0"),
+        Step("extend", {"reqs": ["req_0"], "tokens": [18]}),
+        Step("extend", {"reqs": ["req_0"], "tokens": [3]}),
+        Step("extend", {"reqs": ["req_0"], "tokens": [3]}),
+    )
+    shortest = minimize(Trace(config, four, "compressed_mapping_consistent"))
+    assert (shortest.invariant, len(shortest.steps)) == ("compressed_mapping_consistent", 3)
+
+
+def _groups(*bodies):
+    return tuple(s for body in bodies for s in (Step("begin", {}), *body, Step("end", {})))
+
+
+def test_minimize_hoists_a_later_request_into_the_first_alloc():
+    """ThirdGroup needs three groups that each free: three groups of alloc,
+    finish become one alloc of 3 and three groups of a one-slot free (ten
+    steps, the known shortest)."""
+    config = Config(target="bench.bugs:ThirdGroup")
+    twelve = _groups(*[(Step("alloc", {"n": 1}, f"req_{i}"), Step("finish", {"req": f"req_{i}"})) for i in range(3)])
+    assert replay(Trace(config, twelve)).invariant == "free_sets_agree"
+    shortest = minimize(Trace(config, twelve, "free_sets_agree"))
+    assert (shortest.invariant, len(shortest.steps)) == ("free_sets_agree", 10)
+
+
+def test_minimize_makes_a_request_big_enough_at_its_alloc():
+    """ThirdGroup again: a request grown by an extend between groups is
+    allocated a slot more at once instead (eleven steps to ten)."""
+    config = Config(target="bench.bugs:ThirdGroup")
+    free_one = Step("free", {"req": "req_0", "n": 1})
+    eleven = (
+        *_groups((Step("alloc", {"n": 2}, "req_0"), free_one), (free_one,)),
+        Step("extend", {"reqs": ["req_0"], "tokens": [1]}),
+        *_groups((Step("finish", {"req": "req_0"}),)),
+    )
+    assert replay(Trace(config, eleven)).invariant == "free_sets_agree"
+    shortest = minimize(Trace(config, eleven, "free_sets_agree"))
+    assert (shortest.invariant, len(shortest.steps)) == ("free_sets_agree", 10)
+
+
+def test_minimize_drops_a_prefix_and_refits_the_segment_after_it():
+    """OffsetThree needs a segment ending 3 slots into a page: one freed
+    behind a cached prefix, refitted to the request once the prefix is
+    left out, and the prefix's request and rematch go (four steps to two)."""
+    config = Config(target="bench.bugs:OffsetThree", page_size=4)
+    four = (
+        Step("alloc", {"n": 16}, "req_0"),
+        Step("rematch", {"req": "req_0", "dup": 0}, "cache_0"),
+        Step("alloc", {"n": 12, "prefix": "cache_0"}, "req_1"),
+        Step("free_segment", {"req": "req_1", "start": 16, "n": 11}),
+    )
+    assert replay(Trace(config, four)).invariant == "free_sets_agree"
+    shortest = minimize(Trace(config, four, "free_sets_agree"))
+    assert (shortest.invariant, len(shortest.steps)) == ("free_sets_agree", 2)
+
+
+def test_minimize_splits_a_step_that_does_two_things():
+    """A rematch over a cached page frees a view and rewrites the row at
+    once: in place of it a finish and an overwrite of the row, and the
+    request that made the cache entry goes (six steps to the five-step
+    aliasing story)."""
+    six = (
+        Step("alloc", {"n": 1}, "req_0"),
+        Step("rematch", {"req": "req_0", "dup": 0}, "cache_0"),
+        Step("alloc", {"n": 1}, "req_1"),
+        Step("begin", {}),
+        Step("rematch", {"req": "req_1", "dup": 1, "entry": "cache_0"}),
+        Step("end", {}),
+    )
+    assert _fails(six) == ("free_sets_agree", 6)
+    shortest = minimize(Trace(TOKEN_ALIAS, six, "free_sets_agree"))
+    assert (shortest.invariant, len(shortest.steps)) == ("free_sets_agree", 5)
+
+
+def test_minimize_does_not_trade_a_crash_for_a_wrong_answer():
+    """npu decode-one-past on a 4-page pool: an alloc of 3 pages then a
+    decode crashes the allocator; with an alloc of one page the decode
+    gives a wrong free set instead.  The crash stays a crash."""
+    config = Config(target="builtin:npu", mutant="decode-one-past", page_size=4, size=16)
+    crash = (Step("alloc", {"n": 12}, "req_0"), Step("decode", {"reqs": ["req_0"]}))
+    simpler = (Step("alloc", {"n": 4}, "req_0"), crash[1])
+    assert replay(Trace(config, crash)).invariant == "allocator_raised"
+    assert replay(Trace(config, simpler)).invariant == "free_sets_agree"
+    shortest = minimize(Trace(config, crash, "allocator_raised"))
+    assert (shortest.invariant, shortest.steps) == ("allocator_raised", crash)
+
+
+def test_minimize_moves_to_a_smaller_pool_with_the_amounts_scaled():
+    """ExactlyFull fails once one call takes the whole pool: an alloc of 3
+    and extends of 4 and 3 fill the default 10-slot pool in three steps;
+    scaled to a 2-slot pool (1, 1, 1) the first extend fills it, and then
+    one alloc of both does (one step)."""
+    config = Config(target="bench.bugs:ExactlyFull")
+    three = (
+        Step("alloc", {"n": 3}, "req_0"),
+        Step("extend", {"reqs": ["req_0"], "tokens": [4]}),
+        Step("extend", {"reqs": ["req_0"], "tokens": [3]}),
+    )
+    assert replay(Trace(config, three)).invariant == "free_sets_agree"
+    shortest = minimize(Trace(config, three, "free_sets_agree"), configs=(config, attrs.evolve(config, size=2)))
+    assert (shortest.config.size, len(shortest.steps)) == (2, 1)
+
+
+def test_minimize_refits_a_segment_to_a_request_made_smaller():
+    """multi-ended reps-drift: a segment freed in a group, then end twice.
+    Its request grown by 8 then 16 slots and freed from 0 to slot 21 is
+    grown by 4 instead, the segment refitted to end on its last page
+    (0 to 9), and then made in one alloc of 12 (six steps to five)."""
+    config = Config(target="builtin:multi-ended", mutant="reps-drift", page_size=4)
+    six = (
+        Step("begin", {}),
+        Step("alloc", {"n": 8}, "req_0"),
+        Step("alloc", {"n": 16, "req": "req_0"}),
+        Step("free_segment", {"req": "req_0", "start": 0, "n": 21}),
+        Step("end", {}),
+        Step("end", {}),
+    )
+    assert replay(Trace(config, six)).invariant == "no_page_freed_twice"
+    shortest = minimize(Trace(config, six, "no_page_freed_twice"))
+    assert (shortest.invariant, len(shortest.steps)) == ("no_page_freed_twice", 5)

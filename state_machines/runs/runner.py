@@ -23,6 +23,8 @@ from state_machines.runs.trace import (
     REQ,
     REQS,
     RULES,
+    SLOTS,
+    SPAN,
     Trace,
     TraceError,
     arg_kinds,
@@ -192,16 +194,47 @@ def _walk_saved(machine, database, record: RunRecord) -> None:
         database.delete(_walk_key(machine), value)
 
 
+# The fewest pages a pool ``minimize`` halves down to may have.
+MIN_SHRINK_PAGES = 2
+
+
 def _shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> tuple[Config, ...]:
     """The configurations ``minimize`` tries ``trace`` on, simplest first:
     in the run's own pool shape (size, need_sort, rows of ``run``), then at
-    each smaller size an example could draw; then keeping the trace's own
-    need_sort and rows, at the run's size and the smaller ones."""
+    each smaller size, smallest first: those an example could draw, and the
+    halves of the smallest pool, down to ``MIN_SHRINK_PAGES`` pages; then
+    keeping the trace's own need_sort and rows, at the run's size and the
+    smaller ones.  A halved pool no example draws is still one ``--size``
+    pins, and a smaller pool fills in fewer steps."""
     own = attrs.evolve(trace.config, size=run.size, need_sort=run.need_sort, rows=run.rows)
     drawn = attrs.evolve(trace.config, size=run.size)
-    smaller = sorted(s for s in sizes if s is not None and s < own.pool_size)
+    smaller = {s for s in sizes if s is not None and s < own.pool_size}
+    half, ps = min(smaller | {own.pool_size, trace.config.pool_size}), own.page_size
+    while (half := half // 2 // ps * ps) >= MIN_SHRINK_PAGES * ps:
+        smaller.add(half)
+    smaller = sorted(smaller)
     found = [c for base in (own, drawn) for c in (base, *(attrs.evolve(base, size=s) for s in smaller))]
     return tuple(dict.fromkeys(found))
+
+
+def _scaled(steps: tuple[Step, ...], config: Config, smaller: Config) -> tuple[Step, ...]:
+    """``steps`` for the pool of ``smaller``: each amount of slots (an
+    alloc's ``n``, an extend's tokens) scaled down by the ratio of the two
+    pools, rounded down to its multiple, at least its lowest.  Amounts that
+    filled the pool fill the smaller one too."""
+    out = []
+    for step in steps:
+        kinds, args = arg_kinds(step.rule), dict(step.args)
+        for key, value in step.args.items():
+            unit = kinds.get(key, "").removeprefix(LIST)
+            if unit not in (SLOTS, SPAN) or isinstance(value, bool):
+                continue
+            lo, _, multiple = int_bounds(unit, smaller)
+            scale = [max(lo, v * smaller.pool_size // config.pool_size // multiple * multiple)
+                     for v in (value if isinstance(value, list) else [value])]
+            args[key] = scale if isinstance(value, list) else scale[0]
+        out.append(attrs.evolve(step, args=args) if args != step.args else step)
+    return tuple(out)
 
 
 def shrink_call_timeout(limit: float, slowest_step_s: float) -> float:
@@ -286,7 +319,14 @@ def replay(trace: Trace, config: Config | None = None) -> InvariantViolation | N
 
 
 def _fails_like(candidate: Trace, invariant: str | None) -> Trace | None:
-    """``candidate`` replayed, re-recorded, where it fails on ``invariant``; else None."""
+    """``candidate`` replayed, re-recorded, where it fails on ``invariant``; else None.
+
+    Only the same invariant: a shorter trace failing on another is not
+    taken.  ``fuzz`` reports one failure per invariant, and one target can
+    hold two bugs (sglang 0.5.17: flag drift and aliasing), so a trade could
+    fold the second into the first and hide it; and a crash
+    (``allocator_raised``) or a hang must not come back as a wrong answer,
+    nor the other way, for they are fixed in different places."""
     try:
         again = replay(candidate)
     except Exception:  # noqa: BLE001 - the change broke the trace itself,
@@ -380,6 +420,8 @@ def _candidate_steps(rules: tuple[str, ...], config: Config, made: dict[str, lis
                 else:
                     # Each value rounded up to the unit's multiple: a page where an extend took a token.
                     up = {-(-v // multiple) * multiple for v in ints}
+                    # No more than one draw of the rule takes (a sum of two steps' may be).
+                    hi = min(hi, _CARRIED.get((rule, key), hi) * config.page_size)
                     values = sorted({lo} | {v for v in up if lo <= v <= hi})
                     values = [[v] for v in values] if kind.startswith(LIST) else values
             if key in optional_args(rule):
@@ -399,6 +441,23 @@ def _ints_in(steps) -> set[int]:
             elif isinstance(value, list):
                 out |= {v for v in value if isinstance(v, int)}
     return out
+
+
+def _pair_ints(steps) -> set[int]:
+    """The integers of ``steps`` (``_ints_in``), and each sum of one from
+    the first step and one from the second: one step in place of two may
+    take what both took (two extends of one request as one)."""
+    ints = _ints_in(steps)
+    if len(steps) == 2:
+        ints |= {a + b for a in _ints_in(steps[:1]) for b in _ints_in(steps[1:])}
+    return ints
+
+
+def _refs(step: Step) -> set[str]:
+    """The requests and entries ``step`` names in its arguments."""
+    kinds = arg_kinds(step.rule)
+    return {name for key, value in step.args.items() if kinds.get(key) in (REQ, ENTRY, REQS)
+            for name in (value if isinstance(value, list) else [value])}
 
 
 def _runnable_rules(config: Config) -> tuple[str, ...]:
@@ -489,6 +548,19 @@ def _carried(steps: tuple[Step, ...], name: str, config: Config, backward: bool 
     return tuple(out)
 
 
+def _renamed(step: Step, old: str, new: str) -> Step | None:
+    """``step`` naming request ``new`` wherever it named ``old``; None where
+    one batch would then name ``new`` twice."""
+    args = {}
+    for key, value in step.args.items():
+        if isinstance(value, list) and old in value:
+            if new in value:
+                return None
+            value = [new if v == old else v for v in value]
+        args[key] = new if value == old else value
+    return attrs.evolve(step, args=args) if args != step.args else step
+
+
 def _merged(steps: tuple[Step, ...], first: str, second: str) -> tuple[Step, ...] | None:
     """``steps`` with request ``second`` made part of ``first``, made
     earlier: ``second``'s plain ``admit`` goes, its plain ``alloc`` grows
@@ -512,20 +584,128 @@ def _merged(steps: tuple[Step, ...], first: str, second: str) -> tuple[Step, ...
             continue
         if step.rule == "finish" and step.args.get("req") == first and i < uses[-1]:
             continue
-        args = {}
-        for key, value in step.args.items():
-            if isinstance(value, list) and second in value:
-                if first in value:
-                    return None
-                value = [first if v == second else v for v in value]
-            args[key] = first if value == second else value
-        out.append(attrs.evolve(step, args=args) if args != step.args else step)
+        out.append(_renamed(step, second, first))
+    return None if None in out else tuple(out)
+
+
+def _size_before(steps: tuple[Step, ...], name: str, i: int) -> int | None:
+    """The slots request ``name`` holds before ``steps[i]``, counted from the
+    steps that grow or shrink it (``alloc``, ``free``, ``extend``,
+    ``decode``); None where another step names it (its size unknown here)."""
+    size = 0
+    for step in steps[:i]:
+        batch = next((v for v in step.args.values() if isinstance(v, list) and name in v), None)
+        if step.returns == name and step.rule == "alloc" and set(step.args) == {"n"}:
+            size = step.args["n"]
+        elif step.rule == "alloc" and step.args.get("req") == name:
+            size += step.args["n"]
+        elif step.rule == "free" and step.args.get("req") == name:
+            size -= step.args["n"]
+        elif step.rule == "extend" and batch is not None:
+            size += step.args["tokens"][batch.index(name)]
+        elif step.rule == "decode" and batch is not None:
+            size += 1
+        elif step.returns == name or name in step.args.values() or batch is not None:
+            return None
+    return size
+
+
+def _hoisted(steps: tuple[Step, ...], first: str, second: str, config: Config) -> tuple[Step, ...] | None:
+    """``steps`` with request ``second`` made part of ``first`` from the
+    start: ``first``'s plain ``alloc`` takes ``second``'s slots too (up to
+    what one draw of the rule takes), ``second``'s plain ``alloc`` goes,
+    every later step names ``first``, and each ``finish`` of either before
+    the merged request's last step frees only the slots that request held
+    (``free(req=first, n=...)``).  Where ``_merged`` grows ``first`` at the
+    point ``second`` was made, this leaves later groups only frees: three
+    groups of alloc, finish become one alloc and three groups of a free.
+    None where they cannot merge so: either not made by a plain ``alloc``,
+    ``second`` made first, a step names both in one batch, or the slots do
+    not fit one draw."""
+    made = {step.returns: i for i, step in enumerate(steps) if step.returns in (first, second)}
+    if first == second or set(made) != {first, second} or made[first] > made[second]:
+        return None
+    if any(steps[made[x]].rule != "alloc" or set(steps[made[x]].args) != {"n"} for x in (first, second)):
+        return None
+    total = steps[made[first]].args["n"] + steps[made[second]].args["n"]
+    if total > min(int_bounds(arg_kinds("alloc")["n"], config)[1], MAX_PAGES * config.page_size):
+        return None
+    names = (first, second)
+    uses = [i for i, step in enumerate(steps) if any(x in (step.returns, *step.args.values()) for x in names)
+            or any(isinstance(v, list) and x in v for v in step.args.values() for x in names)]
+    out = []
+    for i, step in enumerate(steps):
+        if i == made[first]:
+            out.append(attrs.evolve(step, args={"n": total}))
+            continue
+        if i == made[second]:
+            continue
+        whose = step.args.get("req") if step.rule == "finish" else None
+        if whose in names and i < uses[-1]:
+            size = _size_before(steps, whose, i)
+            if not size:
+                return None
+            out.append(Step("free", {"req": first, "n": size}))
+            continue
+        out.append(_renamed(step, second, first))
+    return None if None in out else tuple(out)
+
+
+def _refitted(steps: tuple[Step, ...], config: Config) -> tuple[Step, ...]:
+    """``steps`` with each ``free_segment`` of a request whose size there is
+    known (``_size_before``) made to end on the request's last page again,
+    as the step requires, at the same slot of that page: after a change to
+    how much the request holds, the segment fits it once more (it starts
+    no later than that page)."""
+    ps, out = config.page_size, list(steps)
+    for i, step in enumerate(steps):
+        if step.rule != "free_segment":
+            continue
+        size = _size_before(tuple(out), step.args["req"], i)
+        if not size:
+            continue
+        end = (size - 1) // ps * ps + (step.args["start"] + step.args["n"] - 1) % ps + 1
+        start = min(step.args["start"], (end - 1) // ps * ps)
+        out[i] = attrs.evolve(step, args={**step.args, "start": start, "n": end - start})
     return tuple(out)
+
+
+def _and_refitted(steps: tuple[Step, ...], config: Config):
+    """``steps``, then ``_refitted(steps)`` where that differs."""
+    yield steps
+    if (refit := _refitted(steps, config)) != steps:
+        yield refit
+
+
+def _growth_hoisted(steps: tuple[Step, ...], config: Config):
+    """``steps`` with one step that grows a single request made by a plain
+    ``alloc`` (``alloc(n, req=...)``, a one-request ``extend`` or
+    ``decode``) deleted and its slots taken by that ``alloc`` instead, each
+    in turn, where they fit one draw of the rule (in pages)."""
+    made = {step.returns: i for i, step in enumerate(steps) if step.rule == "alloc" and set(step.args) == {"n"}}
+    cap = min(int_bounds(arg_kinds("alloc")["n"], config)[1], MAX_PAGES * config.page_size)
+    for i, step in enumerate(steps):
+        if step.rule == "alloc" and set(step.args) == {"n", "req"}:
+            name, more = step.args["req"], step.args["n"]
+        elif step.rule in ("extend", "decode") and len(step.args["reqs"]) == 1:
+            name, more = step.args["reqs"][0], step.args["tokens"][0] if step.rule == "extend" else 1
+        else:
+            continue
+        if name not in made or made[name] > i:
+            continue
+        at = made[name]
+        # An alloc takes whole pages: the slots it grows by round up to one.
+        grown = -(-(steps[at].args["n"] + more) // config.page_size) * config.page_size
+        if grown <= cap:
+            yield from _and_refitted((*steps[:at], attrs.evolve(steps[at], args={"n": grown}), *steps[at + 1 : i],
+                                      *steps[i + 1 :]), config)
 
 
 # Steps the dearer passes of ``minimize`` may replay, all told: a bound on
 # its time that keeps it deterministic (a clock would not).
 DEAR_STEPS = 10000
+# Steps ``minimize``'s split pass, the dearest, may replay besides.
+SPLIT_STEPS = 2000
 
 
 def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace:
@@ -540,29 +720,45 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     (strictly shorter: a replay's teardown may close a group with an
     ``end`` of its own, which would give back the step deleted); delete a
     request and let other allocs carry its slots (``_carried``); merge two
-    requests into one (``_merged``); make each argument simpler
-    (``_smaller_args``; no longer).  Where those change nothing, the dearer
-    ones, until one succeeds: delete one step on another of ``configs``
-    (strictly shorter, so in any order); delete two steps apart;
-    put one simple step (``_candidate_steps``) in place of two adjacent
-    ones, or in place of one it is simpler than (``_simplicity``), which
-    can let the cheap passes cut again; these stop once candidates of
-    ``DEAR_STEPS`` steps in all have been replayed.  Each kept candidate is re-recorded,
+    requests into one, where the second was made (``_merged``) or from the
+    first's alloc on (``_hoisted``); let a request's alloc take
+    what a later step grew it by (``_growth_hoisted``); make each argument
+    simpler (``_smaller_args``; no longer), a later segment free of a
+    request made smaller refitted to it (``_refitted``).  Where those change nothing,
+    the dearer ones, until one succeeds: delete one step on another of
+    ``configs`` (strictly shorter, so in any order); delete two steps apart;
+    put one simple step (``_candidate_steps``, its amounts perhaps the sum
+    of theirs) in place of two adjacent ones, or in place of one it is
+    simpler than (``_simplicity``), which can let the cheap passes cut
+    again; these stop once candidates of ``DEAR_STEPS`` steps in all have
+    been replayed.  Last, ``split``: one step as two, kept where deletions
+    from there end shorter (its own budget, ``SPLIT_STEPS``).  Only a
+    failure on the same invariant counts (``_fails_like``).  Each kept candidate is re-recorded,
     so names run ``req_0``, ``req_1``, ... again.  ``stop()``, when given,
     is asked before each replay; true raises ``KeyboardInterrupt``.
     """
 
-    def attempt(candidate: Trace, shorter: bool) -> bool:
-        nonlocal best
+    def check(candidate: Trace) -> Trace | None:
+        """``candidate`` re-recorded where it fails on the invariant (each replayed once)."""
         if stop is not None and stop():
             raise KeyboardInterrupt("stop requested")
         key = (candidate.config, json.dumps([step.to_dict() for step in candidate.steps], sort_keys=True))
         if key not in tried:
             tried[key] = _fails_like(candidate, best.invariant)
             spent[0] += len(candidate.steps)
-        again = tried[key]
+        return tried[key]
+
+    def attempt(candidate: Trace, shorter: bool) -> bool:
+        nonlocal best
+        again = check(candidate)
         if again is None or len(again.steps) > len(best.steps) - shorter:
             return False
+        # A trace that was ``best`` once is never taken again: moves that
+        # keep the length (a segment refitted) cannot then cycle.
+        key = (again.config, json.dumps([step.to_dict() for step in again.steps], sort_keys=True))
+        if key in been:
+            return False
+        been.add(key)
         best = again
         return True
 
@@ -572,6 +768,12 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             if config == best.config:
                 break  # those after it are no simpler than the trace's own
             if attempt(attrs.evolve(best, config=config), shorter=False):
+                changed = True
+                break
+        for config in configs:
+            # A smaller pool with the amounts scaled to it: strictly shorter.
+            if config.pool_size < best.config.pool_size and attempt(
+                    attrs.evolve(best, config=config, steps=_scaled(best.steps, best.config, config)), shorter=True):
                 changed = True
                 break
         for name in [step.returns for step in best.steps if step.returns]:
@@ -596,16 +798,24 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             if name in {step.returns for step in best.steps}:
                 changed |= any(attempt(attrs.evolve(best, steps=_carried(best.steps, name, best.config, back)), shorter=True)
                                for back in (False, True))
+        # A request grown later, made big enough at once: one step fewer.
+        changed |= any(attempt(attrs.evolve(best, steps=steps), shorter=True)
+                       for steps in list(_growth_hoisted(best.steps, best.config)))
         for first, second in itertools.combinations([s.returns for s in best.steps if returns_kind(s.rule) == REQ and s.returns], 2):
             # Two requests as one: one finish and one admit fewer.
             names = {step.returns for step in best.steps}
-            if first in names and second in names and (merged := _merged(best.steps, first, second)) is not None:
-                changed |= attempt(attrs.evolve(best, steps=merged), shorter=True)
+            if first in names and second in names:
+                changed |= any(attempt(attrs.evolve(best, steps=merged), shorter=True)
+                               for merged in (_merged(best.steps, first, second),
+                                              _hoisted(best.steps, first, second, best.config))
+                               if merged is not None)
         for i in range(len(best.steps)):
             # A smaller argument may change which steps follow; ``best`` is re-read each time.
+            # A request made smaller takes its later segment frees along (``_refitted``).
             while i < len(best.steps) and any(
-                attempt(attrs.evolve(best, steps=(*best.steps[:i], step, *best.steps[i + 1 :])), shorter=False)
+                attempt(attrs.evolve(best, steps=steps), shorter=False)
                 for step in _smaller_args(best.steps[i], best.config, best.steps, i)
+                for steps in _and_refitted((*best.steps[:i], step, *best.steps[i + 1 :]), best.config)
             ):
                 changed = True
         return changed
@@ -622,7 +832,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             for i in range(len(steps) - width + 1):
                 replaced, made = steps[i : i + width], _made_before(steps, i)
                 names = {returns_kind(s.rule): s.returns for s in replaced if s.returns}
-                for step in _candidate_steps(rules[best.config], best.config, made, _ints_in(replaced)):
+                for step in _candidate_steps(rules[best.config], best.config, made, _pair_ints(replaced)):
                     if width == 1 and _simplicity(step) >= _simplicity(replaced[0]):
                         continue
                     step = attrs.evolve(step, returns=names.get(returns_kind(step.rule)))
@@ -638,11 +848,85 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                 return True
         return False
 
+    def runs(steps: tuple[Step, ...]) -> bool:
+        """Whether ``steps`` replay as a program (they may fail, or pass)."""
+        key = json.dumps([step.to_dict() for step in steps], sort_keys=True)
+        if stop is not None and stop():
+            raise KeyboardInterrupt("stop requested")
+        if key not in valid:
+            spent[1] += len(steps)
+            try:
+                replay(attrs.evolve(best, steps=steps))
+                valid[key] = True
+            except Exception:  # noqa: BLE001 - a name the new step does not make, a group that nests
+                valid[key] = False
+        return valid[key]
+
+    def descend(found: Trace) -> Trace:
+        """``found`` with requests (``_without``, rows retargeted) and single
+        steps deleted, greedily, while it still fails."""
+        while True:
+            withouts = [_without(found.steps, s.returns) for s in found.steps if s.returns]
+            cuts = [c for w in withouts for c in (w, *_rows_retargeted(w, found.config))]
+            cuts += [found.steps[:i] + found.steps[i + 1 :] for i in range(len(found.steps))]
+            shorter = next((t for c in cuts if (t := check(attrs.evolve(found, steps=c))) is not None
+                            and len(t.steps) < len(found.steps)), None)
+            if shorter is None:
+                return found
+            found = shorter
+
+    def split() -> bool:
+        """One step as two: each step, last first, in place of a simpler
+        candidate (``_candidate_steps``) that acts on a request or entry it
+        names, if it names one, and still leaves a program; then one more
+        candidate after that, of a rule no step of the trace has (rows: any),
+        simplest first; where that fails, ``descend`` from it, and keep what
+        comes out shorter than ``best``.  One step that does two things
+        (``rematch`` frees a view and rewrites the row) becomes the two, and
+        then the steps only the one needed can go.  Stops once
+        ``SPLIT_STEPS`` steps in all have been replayed."""
+        nonlocal best
+        steps, config = best.steps, best.config
+        ints = _ints_in(steps) | set(range(config.rows))
+        new_rules = tuple(r for r in rules[config] if r not in {step.rule for step in steps})
+        for i in reversed(range(len(steps))):
+            kind, refs = returns_kind(steps[i].rule), _refs(steps[i])
+            firsts = []
+            for a in _candidate_steps(rules[config], config, _made_before(steps, i), _ints_in(steps[i : i + 1])):
+                if _simplicity(a) >= _simplicity(steps[i]) or (refs and not refs & _refs(a)):
+                    continue
+                a = attrs.evolve(a, returns=steps[i].returns if returns_kind(a.rule) == kind else None)
+                if spent[1] > SPLIT_STEPS:
+                    return False
+                if runs((*steps[:i], a, *steps[i + 1 :])):
+                    firsts.append(a)
+            seconds = [_candidate_steps(new_rules, config, _made_before((*steps[:i], a), i + 1), ints) for a in firsts]
+            # The simplest second steps first, after each first step in turn.
+            for j in range(max(map(len, seconds), default=0)):
+                for a, after in zip(firsts, seconds):
+                    if j >= len(after) or returns_kind(after[j].rule) is not None:
+                        continue  # a new name later steps do not use
+                    if spent[1] > SPLIT_STEPS:
+                        return False
+                    before = spent[0]
+                    found = check(attrs.evolve(best, steps=(*steps[:i], a, after[j], *steps[i + 1 :])))
+                    if found is not None:
+                        found = descend(found)
+                    # Replays for this pass count against its own budget only.
+                    spent[1], spent[0] = spent[1] + spent[0] - before, before
+                    if found is not None and len(found.steps) < len(steps):
+                        best = found
+                        return True
+        return False
+
     best = trace
     rules: dict[Config, tuple[str, ...]] = {}
     # Each candidate replayed once (its outcome kept), and the steps replayed so far.
     tried: dict[tuple, Trace | None] = {}
-    spent = [0]
-    while cheap() or dear():
+    # Steps replayed by all passes, and by ``split`` (its own budget).
+    spent = [0, 0]
+    valid: dict[str, bool] = {}
+    been = {(trace.config, json.dumps([step.to_dict() for step in trace.steps], sort_keys=True))}
+    while cheap() or dear() or split():
         pass
     return best

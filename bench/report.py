@@ -210,10 +210,10 @@ def _losses(data: dict) -> list[str]:
     return [
         "",
         f"**Where the harness still loses** ({len(lost)} of {len(data['bugs'])}): {names}. "
-        "Likely causes, not measured bug by bug: the harness's walk runs three examples in four on pool sizes "
-        "other than the default the baseline always uses, and 80 steps an example where the baseline ends at 20 "
-        "(a fresh machine sooner); and a search the walk's half of the examples leaves clean goes on under "
-        "Hypothesis, whose engine costs several times a step's own time per step.",
+        "Likely causes, not measured bug by bug: after its first example the harness's walk draws each example's "
+        "pool shape, where the baseline always walks the default pool, and a bug that needs the pool full takes "
+        "many times the steps on a large one; and a search the walk's half of the examples leaves clean goes on "
+        "under Hypothesis, whose engine costs several times a step's own time per step.",
     ]
 
 
@@ -237,7 +237,11 @@ def _raw_losses(data: dict) -> list[str]:
         f"**Where the harness still loses in raw seconds** ({len(lost)} of {len(data['bugs'])}; the bar's 0.25 s "
         "floor hides these):",
         "",
-        f"- more steps than the baseline, a search loss ({len(more)}): {names(more)}.",
+        f"- more steps than the baseline, a search loss ({len(more)}): {names(more)}. Most need the pool full "
+        "or nearly so: the walk draws each example's pool shape after the first, and on a pool of 24 or 64 pages "
+        "such a bug takes tens of times the steps it takes on the default 10 (measured step by step while "
+        "choosing the walk's length); a bug both sides meet within a few dozen steps also swings about 2x "
+        "between seed sets of 5.",
         f"- as few steps or fewer, a dearer step ({len(fewer)}): {names(fewer)}. Where both sides find the bug in "
         "the first example, with the same steps, the times differ by the harness's own start (its runner and "
         "settings) and by noise.",

@@ -237,8 +237,8 @@ def _raw_losses(data: dict) -> list[str]:
         f"**Where the harness still loses in raw seconds** ({len(lost)} of {len(data['bugs'])}; the bar's 0.25 s "
         "floor hides these):",
         "",
-        f"- more steps than the baseline, a search loss ({len(more)}): {names(more)}. Most need the pool full "
-        "or nearly so: the walk draws each example's pool shape after the first, and on a pool of 24 or 64 pages "
+        f"- more steps than the baseline, a search loss ({len(more)}): {names(more)}. A bug that needs the pool "
+        "full or nearly so loses here: the walk draws each example's pool shape after the first, and on a pool of 24 or 64 pages "
         "such a bug takes tens of times the steps it takes on the default 10 (measured step by step while "
         "choosing the walk's length); a bug both sides meet within a few dozen steps also swings about 2x "
         "between seed sets of 5.",

@@ -75,7 +75,7 @@ def markdown(data: dict) -> str:
         "",
         f"{st['shrink_seeds']} seeds per bug with shrinking on, as `kv-lockstep fuzz` runs but with "
         "`report_multiple_bugs=False`: the first failure is shrunk by the trace minimiser "
-        "(`runner.minimize`: the run's own or a smaller pool, amounts scaled to it, a request with every step naming "
+        "(`minimize.minimize`: the run's own or a smaller pool, amounts scaled to it, a request with every step naming "
         "it, runs of steps, a request whose slots other allocs carry, two requests merged, growth taken at the alloc, "
         "smaller arguments (segments refitted), one step for two, one step split in two, each replayed; only a failure "
         "on the same invariant counts). *shrunk* is the "

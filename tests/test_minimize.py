@@ -4,7 +4,8 @@ import attrs
 
 from state_machines.config import Config
 from state_machines.harness import Step
-from state_machines.runs.runner import _shrink_configs, minimize, replay
+from state_machines.runs.minimize import minimize, shrink_configs
+from state_machines.runs.runner import replay
 from state_machines.runs.trace import Trace
 
 TOKEN_ALIAS = Config(target="builtin:token", mutant="alias")
@@ -144,7 +145,7 @@ def test_minimize_moves_to_a_smaller_pool_where_a_step_fewer_fails():
 def test_minimize_halves_the_pool_below_the_smallest_an_example_draws():
     """page-interleave merge-on-total needs 2 pages a class: the five steps
     found on a 16-slot pool (the smallest drawn) fail in three on 8 slots,
-    a pool ``_shrink_configs`` offers by halving."""
+    a pool ``shrink_configs`` offers by halving."""
     config = Config(target="builtin:page-interleave", mutant="merge-on-total", page_size=4, need_sort=True, size=16)
     five = (
         Step("alloc", {"n": 4}, "req_0"),
@@ -155,7 +156,7 @@ def test_minimize_halves_the_pool_below_the_smallest_an_example_draws():
     )
     trace = Trace(config, five, "allocator_raised")
     # The run's own pool is the default one; 16 slots is the smallest it draws.
-    configs = _shrink_configs(trace, attrs.evolve(config, size=None), (None, 16, 96, 256))
+    configs = shrink_configs(trace, attrs.evolve(config, size=None), (None, 16, 96, 256))
     shortest = minimize(trace, configs=configs)
     assert (shortest.invariant, shortest.config.size, len(shortest.steps)) == ("allocator_raised", 8, 3)
 

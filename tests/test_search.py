@@ -15,7 +15,8 @@ from bench.bugs import HARD
 from state_machines.config import Config
 from state_machines.harness import RunRecord, Step, build, family, machine_for
 from state_machines.harness.machines import POOL_PAGES, POOL_ROWS, MachineRule, machine_rules
-from state_machines.runs.runner import _without, fuzz, fuzz_settings, minimize, replay
+from state_machines.runs.minimize import _without, minimize
+from state_machines.runs.runner import fuzz, fuzz_settings, replay
 from state_machines.runs.trace import Trace
 from state_machines.runs.walk import _applicable, walk
 from tests.test_minimize import ALIAS, TOKEN_ALIAS

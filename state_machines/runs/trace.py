@@ -19,7 +19,7 @@ from pathlib import Path
 from attrs import fields, frozen
 
 from state_machines.config import Config
-from state_machines.harness import STEPS, EntryRef, InvariantViolation, Lockstep, ReqRef, Step
+from state_machines.harness import STEPS, EntryRef, InvariantViolation, Lockstep, ReqRef, Step, build
 from state_machines.harness import steps as seam
 
 FORMAT = "kv-lockstep-trace/1"
@@ -653,6 +653,21 @@ def run_steps(state: Lockstep, steps) -> None:
             # A name is the trace's variable for what the step made; the
             # harness may number it differently (the minimiser deletes steps).
             names[step.returns] = made
+
+
+def replay(trace: Trace, config: Config | None = None) -> InvariantViolation | None:
+    """Run the trace's steps again, on its own configuration or ``config``.
+
+    Returns the violation it hits, or ``None`` when every step and the
+    teardown check out.
+    """
+    try:
+        state = build(config or trace.config)
+        run_steps(state, trace.steps)
+        state.teardown()
+    except InvariantViolation as exc:
+        return exc
+    return None
 
 
 def _resolve(index: int, rule: str, name: str, names: dict):

@@ -7,7 +7,7 @@ Hypothesis runs (rules, guards, argument normalization, checks), drawing
 each example's pool shape as Hypothesis would (``FreeGroupMachine.shaped``;
 the first example on the run's own), then each step's rule uniformly among those whose guard holds and each
 argument uniformly in its declared range.  Its failures are shrunk like
-Hypothesis's (``runner.minimize``); a run it leaves clean goes on to
+Hypothesis's (``minimize.minimize``); a run it leaves clean goes on to
 Hypothesis, with its database, replay and mutations, for the rest of the
 examples.
 """

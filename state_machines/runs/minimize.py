@@ -1,0 +1,691 @@
+"""Shrinking a failing trace: ``minimize`` and its passes.
+
+A failure is shrunk on traces, not on Hypothesis's choices: each candidate
+is a trace (fewer steps, smaller arguments, a smaller pool) replayed through
+the step seam, kept where it fails on the same invariant.  ``fuzz`` calls it
+on every failure it reports.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import attrs
+
+from state_machines.config import Config
+from state_machines.harness import Step, build
+from state_machines.harness.machines import EXTEND_TOKENS_PAGES, MAX_PAGES
+from state_machines.runs.trace import (
+    ENTRY,
+    FLAG,
+    LIST,
+    REQ,
+    REQS,
+    RULES,
+    SLOTS,
+    SPAN,
+    Trace,
+    TraceError,
+    arg_kinds,
+    int_bounds,
+    optional_args,
+    replay,
+    returns_kind,
+)
+
+# The fewest pages a pool ``minimize`` halves down to may have.
+MIN_SHRINK_PAGES = 2
+
+
+def shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> tuple[Config, ...]:
+    """The configurations ``minimize`` tries ``trace`` on, simplest first:
+    in the run's own pool shape (size, need_sort, rows of ``run``), then at
+    each smaller size, smallest first: those an example could draw, and the
+    halves of the smallest pool, down to ``MIN_SHRINK_PAGES`` pages; then
+    keeping the trace's own need_sort and rows, at the run's size and the
+    smaller ones.  A halved pool no example draws is still one ``--size``
+    pins, and a smaller pool fills in fewer steps."""
+    own = attrs.evolve(trace.config, size=run.size, need_sort=run.need_sort, rows=run.rows)
+    drawn = attrs.evolve(trace.config, size=run.size)
+    smaller = {s for s in sizes if s is not None and s < own.pool_size}
+    half, ps = min(smaller | {own.pool_size, trace.config.pool_size}), own.page_size
+    while (half := half // 2 // ps * ps) >= MIN_SHRINK_PAGES * ps:
+        smaller.add(half)
+    smaller = sorted(smaller)
+    found = [c for base in (own, drawn) for c in (base, *(attrs.evolve(base, size=s) for s in smaller))]
+    return tuple(dict.fromkeys(found))
+
+
+def _scaled(steps: tuple[Step, ...], config: Config, smaller: Config) -> tuple[Step, ...]:
+    """``steps`` for the pool of ``smaller``: each amount of slots (an
+    alloc's ``n``, an extend's tokens) scaled down by the ratio of the two
+    pools, rounded down to its multiple, at least its lowest.  Amounts that
+    filled the pool fill the smaller one too."""
+    out = []
+    for step in steps:
+        kinds, args = arg_kinds(step.rule), dict(step.args)
+        for key, value in step.args.items():
+            unit = kinds.get(key, "").removeprefix(LIST)
+            if unit not in (SLOTS, SPAN) or isinstance(value, bool):
+                continue
+            lo, _, multiple = int_bounds(unit, smaller)
+            scale = [max(lo, v * smaller.pool_size // config.pool_size // multiple * multiple)
+                     for v in (value if isinstance(value, list) else [value])]
+            args[key] = scale if isinstance(value, list) else scale[0]
+        out.append(attrs.evolve(step, args=args) if args != step.args else step)
+    return tuple(out)
+
+
+def _fails_like(candidate: Trace, invariant: str | None) -> Trace | None:
+    """``candidate`` replayed, re-recorded, where it fails on ``invariant``; else None.
+
+    Only the same invariant: a shorter trace failing on another is not
+    taken.  ``fuzz`` reports one failure per invariant, and one target can
+    hold two bugs (sglang 0.5.17: flag drift and aliasing), so a trade could
+    fold the second into the first and hide it; and a crash
+    (``allocator_raised``) or a hang must not come back as a wrong answer,
+    nor the other way, for they are fixed in different places."""
+    try:
+        again = replay(candidate)
+    except Exception:  # noqa: BLE001 - the change broke the trace itself,
+        # e.g. a later step names what it deleted, or a group now nests
+        return None
+    return Trace.from_violation(again) if again is not None and again.invariant == invariant else None
+
+
+def _smaller_ints(value: int, lo: int, multiple: int) -> list[int]:
+    """Values below ``value`` to try in its place, smallest first: the
+    lowest allowed, half, one unit less (each a multiple where it must be)."""
+    half = max(lo, value // 2 // multiple * multiple)
+    return sorted({v for v in (lo, half, value - multiple) if lo <= v < value})
+
+
+def _made_before(steps: tuple[Step, ...], i: int) -> dict[str, list[str]]:
+    """``{REQ: [...], ENTRY: [...]}``: the names ``steps[:i]`` create, earliest first."""
+    made: dict[str, list[str]] = {REQ: [], ENTRY: []}
+    for step in steps[:i]:
+        if step.returns:
+            made.setdefault(returns_kind(step.rule), []).append(step.returns)
+    return made
+
+
+def _smaller_args(step: Step, config: Config, steps: tuple[Step, ...] = (), i: int | None = None):
+    """Each copy of ``step`` (``steps[i]`` where ``i`` is given) with one
+    argument made simpler: an optional one left out, integers toward
+    their lowest, or to a smaller value the same argument has in another
+    of ``steps`` (two prompts made one), list elements each the same way,
+    True to False, a request or entry named by one made earlier, a batch
+    without one of its requests."""
+    made = _made_before(steps, i) if i is not None else {}
+    optional = optional_args(step.rule)
+    for key, kind in arg_kinds(step.rule).items():
+        value = step.args.get(key)
+        if key in optional and value is not None:
+            yield attrs.evolve(step, args={k: v for k, v in step.args.items() if k != key})
+        if isinstance(value, bool):
+            if value:
+                yield attrs.evolve(step, args={**step.args, key: False})
+        elif isinstance(value, int):
+            lo, _, multiple = int_bounds(kind, config)
+            seen = {s.args[key] for s in steps if s.rule == step.rule and isinstance(s.args.get(key), int)}
+            for v in sorted(set(_smaller_ints(value, lo, multiple)) | {v for v in seen if v < value}):
+                yield attrs.evolve(step, args={**step.args, key: v})
+        elif isinstance(value, list) and kind.startswith(LIST) and all(isinstance(v, int) for v in value):
+            lo, _, multiple = int_bounds(kind.removeprefix(LIST), config)
+            for j, item in enumerate(value):
+                for v in _smaller_ints(item, lo, multiple):
+                    yield attrs.evolve(step, args={**step.args, key: [*value[:j], v, *value[j + 1 :]]})
+        elif kind in (REQ, ENTRY) and value in made.get(kind, ()):
+            for earlier in made[kind][: made[kind].index(value)]:
+                yield attrs.evolve(step, args={**step.args, key: earlier})
+        elif kind == REQS and isinstance(value, list) and len(value) > 1:
+            for j in range(len(value)):
+                # The batch without its j-th request, and the parallel list
+                # of integers (``extend``'s tokens) without its j-th entry.
+                yield attrs.evolve(step, args={
+                    k: v[:j] + v[j + 1 :] if isinstance(v, list) and len(v) == len(value) else v
+                    for k, v in step.args.items()
+                })
+
+
+def _simplicity(step: Step) -> tuple:
+    """The order replacing one step by another must descend in, so that the
+    minimiser ends: one that creates nothing, then fewer arguments, then the
+    rule's name, then the values."""
+    return (returns_kind(step.rule) is not None, len(step.args), step.rule, json.dumps(step.args, sort_keys=True))
+
+
+def _candidate_steps(rules: tuple[str, ...], config: Config, made: dict[str, list[str]], ints: set[int]):
+    """Steps of ``rules`` in their simplest forms, simplest first: each
+    integer at its lowest or one of ``ints`` (values the replaced steps
+    had), each flag either way, each request or entry one of the three
+    latest ``made``, a batch of one, an optional argument left out or given."""
+    found = []
+    for rule in rules:
+        options = []
+        for key, kind in arg_kinds(rule).items():
+            if kind in (REQ, ENTRY):
+                values = made.get(kind, [])[-3:]
+            elif kind == REQS:
+                values = [[r] for r in made.get(REQ, [])[-3:]]
+            elif kind == FLAG:
+                values = [False, True]
+            else:
+                try:
+                    lo, hi, multiple = int_bounds(kind.removeprefix(LIST), config)
+                except TraceError:
+                    values = []
+                else:
+                    # Each value rounded up to the unit's multiple: a page where an extend took a token.
+                    up = {-(-v // multiple) * multiple for v in ints}
+                    # No more than one draw of the rule takes (a sum of two steps' may be).
+                    hi = min(hi, _CARRIED.get((rule, key), hi) * config.page_size)
+                    values = sorted({lo} | {v for v in up if lo <= v <= hi})
+                    values = [[v] for v in values] if kind.startswith(LIST) else values
+            if key in optional_args(rule):
+                values = [None, *values]
+            options.append((key, values))
+        for combo in itertools.product(*(values for _, values in options)):
+            found.append(Step(rule, {key: v for (key, _), v in zip(options, combo) if v is not None}))
+    return sorted(found, key=_simplicity)
+
+
+def _ints_in(steps) -> set[int]:
+    out = set()
+    for step in steps:
+        for value in step.args.values():
+            if isinstance(value, int) and not isinstance(value, bool):
+                out.add(value)
+            elif isinstance(value, list):
+                out |= {v for v in value if isinstance(v, int)}
+    return out
+
+
+def _pair_ints(steps) -> set[int]:
+    """The integers of ``steps`` (``_ints_in``), and each sum of one from
+    the first step and one from the second: one step in place of two may
+    take what both took (two extends of one request as one)."""
+    ints = _ints_in(steps)
+    if len(steps) == 2:
+        ints |= {a + b for a in _ints_in(steps[:1]) for b in _ints_in(steps[1:])}
+    return ints
+
+
+def _refs(step: Step) -> set[str]:
+    """The requests and entries ``step`` names in its arguments."""
+    kinds = arg_kinds(step.rule)
+    return {name for key, value in step.args.items() if kinds.get(key) in (REQ, ENTRY, REQS)
+            for name in (value if isinstance(value, list) else [value])}
+
+
+def _runnable_rules(config: Config) -> tuple[str, ...]:
+    """The rules a trace on ``config`` may hold: those its state has and runs here."""
+    try:
+        state = build(config)
+    except Exception:  # noqa: BLE001 - no state, no rules to offer
+        return ()
+    return tuple(r for r in RULES if callable(getattr(state, r, None)) and state.why_not(r) is None)
+
+
+def _rows_retargeted(steps: tuple[Step, ...], config: Config):
+    """``steps`` with one ``overwrite_row`` aimed at another of the
+    configuration's rows, each in turn (after ``_without`` a later request
+    may sit in the row an earlier one left)."""
+    for i, step in enumerate(steps):
+        if step.rule == "overwrite_row":
+            for row in range(config.rows):
+                if row != step.args["row"]:
+                    yield (*steps[:i], attrs.evolve(step, args={**step.args, "row": row}), *steps[i + 1 :])
+
+
+def _without(steps: tuple[Step, ...], name: str) -> tuple[Step, ...]:
+    """``steps`` as if ``name`` (a request or entry) had never been made:
+    the step that made it and every step naming it go, and it leaves each
+    list of requests it is in, with its entry in the step's parallel list
+    of integers (``extend``'s tokens); a step left with an empty list goes."""
+    out = []
+    for step in steps:
+        if step.returns == name or name in step.args.values():
+            continue
+        args = dict(step.args)
+        for key, value in step.args.items():
+            if isinstance(value, list) and name in value:
+                i = value.index(name)
+                for other, items in step.args.items():
+                    if isinstance(items, list) and len(items) == len(value):
+                        args[other] = items[:i] + items[i + 1 :]
+        if any(isinstance(v, list) and not v for k, v in args.items() if step.args[k]):
+            continue
+        out.append(attrs.evolve(step, args=args) if args != step.args else step)
+    return tuple(out)
+
+
+# The quantities a request is grown by, and the most pages one step of the
+# machine's rule draws for each: what ``_carried`` may move between steps.
+_CARRIED = {("alloc", "n"): MAX_PAGES, ("extend", "tokens"): EXTEND_TOKENS_PAGES}
+
+
+def _carried(steps: tuple[Step, ...], name: str, config: Config, backward: bool = False) -> tuple[Step, ...]:
+    """``_without(steps, name)``, with the slots its deleted steps asked for
+    (``alloc``'s ``n``, its share of an ``extend``'s tokens) added to the
+    remaining steps of the same rule and argument, earliest first (latest
+    first with ``backward``), each up to what one draw of the rule takes
+    (``_CARRIED``, in pages); what does not fit is dropped.  Two requests
+    that only filled the pool become one: the pool still fills."""
+    moved: dict[tuple[str, str], int] = {}
+    for step in steps:
+        gone = step.returns == name or name in step.args.values()
+        listed = next((v.index(name) for v in step.args.values() if isinstance(v, list) and name in v), None)
+        for key, value in step.args.items():
+            if (step.rule, key) not in _CARRIED:
+                continue
+            if gone and isinstance(value, int):
+                moved[step.rule, key] = moved.get((step.rule, key), 0) + value
+            elif not gone and listed is not None and isinstance(value, list):
+                moved[step.rule, key] = moved.get((step.rule, key), 0) + value[listed]
+    out = list(_without(steps, name))
+    order = range(len(out) - 1, -1, -1) if backward else range(len(out))
+    for i in order:
+        step = out[i]
+        args = dict(step.args)
+        for key, value in step.args.items():
+            left = moved.get((step.rule, key), 0)
+            if not left:
+                continue
+            _, hi, multiple = int_bounds(arg_kinds(step.rule)[key].removeprefix(LIST), config)
+            cap = min(hi, _CARRIED[step.rule, key] * config.page_size)
+            values = value if isinstance(value, list) else [value]
+            grown = []
+            for v in values:
+                more = max(0, min(left, cap - v)) // multiple * multiple
+                grown.append(v + more)
+                left -= more
+            moved[step.rule, key] = left
+            args[key] = grown if isinstance(value, list) else grown[0]
+        out[i] = attrs.evolve(step, args=args) if args != step.args else step
+    return tuple(out)
+
+
+def _renamed(step: Step, old: str, new: str) -> Step | None:
+    """``step`` naming request ``new`` wherever it named ``old``; None where
+    one batch would then name ``new`` twice."""
+    args = {}
+    for key, value in step.args.items():
+        if isinstance(value, list) and old in value:
+            if new in value:
+                return None
+            value = [new if v == old else v for v in value]
+        args[key] = new if value == old else value
+    return attrs.evolve(step, args=args) if args != step.args else step
+
+
+def _merged(steps: tuple[Step, ...], first: str, second: str) -> tuple[Step, ...] | None:
+    """``steps`` with request ``second`` made part of ``first``, made
+    earlier: ``second``'s plain ``admit`` goes, its plain ``alloc`` grows
+    ``first`` instead where it stood (``alloc(n, req=first)``), every later
+    step names ``first``, and each ``finish`` of ``first`` before
+    ``second``'s last step goes (the one request lives on).  None where the
+    two cannot merge: a step names both in one batch, or ``second`` was
+    made another way."""
+    uses = [i for i, step in enumerate(steps) if second in (step.returns, *step.args.values())
+            or any(isinstance(v, list) and second in v for v in step.args.values())]
+    if first == second or not uses:
+        return None
+    out = []
+    for i, step in enumerate(steps):
+        if step.returns == second:
+            if step.rule == "admit" and not step.args:
+                continue
+            if step.rule != "alloc" or set(step.args) != {"n"}:
+                return None
+            out.append(Step("alloc", {"n": step.args["n"], "req": first}))
+            continue
+        if step.rule == "finish" and step.args.get("req") == first and i < uses[-1]:
+            continue
+        out.append(_renamed(step, second, first))
+    return None if None in out else tuple(out)
+
+
+def _size_before(steps: tuple[Step, ...], name: str, i: int) -> int | None:
+    """The slots request ``name`` holds before ``steps[i]``, counted from the
+    steps that grow or shrink it (``alloc``, ``free``, ``extend``,
+    ``decode``); None where another step names it (its size unknown here)."""
+    size = 0
+    for step in steps[:i]:
+        batch = next((v for v in step.args.values() if isinstance(v, list) and name in v), None)
+        if step.returns == name and step.rule == "alloc" and set(step.args) == {"n"}:
+            size = step.args["n"]
+        elif step.rule == "alloc" and step.args.get("req") == name:
+            size += step.args["n"]
+        elif step.rule == "free" and step.args.get("req") == name:
+            size -= step.args["n"]
+        elif step.rule == "extend" and batch is not None:
+            size += step.args["tokens"][batch.index(name)]
+        elif step.rule == "decode" and batch is not None:
+            size += 1
+        elif step.returns == name or name in step.args.values() or batch is not None:
+            return None
+    return size
+
+
+def _hoisted(steps: tuple[Step, ...], first: str, second: str, config: Config) -> tuple[Step, ...] | None:
+    """``steps`` with request ``second`` made part of ``first`` from the
+    start: ``first``'s plain ``alloc`` takes ``second``'s slots too (up to
+    what one draw of the rule takes), ``second``'s plain ``alloc`` goes,
+    every later step names ``first``, and each ``finish`` of either before
+    the merged request's last step frees only the slots that request held
+    (``free(req=first, n=...)``).  Where ``_merged`` grows ``first`` at the
+    point ``second`` was made, this leaves later groups only frees: three
+    groups of alloc, finish become one alloc and three groups of a free.
+    None where they cannot merge so: either not made by a plain ``alloc``,
+    ``second`` made first, a step names both in one batch, or the slots do
+    not fit one draw."""
+    made = {step.returns: i for i, step in enumerate(steps) if step.returns in (first, second)}
+    if first == second or set(made) != {first, second} or made[first] > made[second]:
+        return None
+    if any(steps[made[x]].rule != "alloc" or set(steps[made[x]].args) != {"n"} for x in (first, second)):
+        return None
+    total = steps[made[first]].args["n"] + steps[made[second]].args["n"]
+    if total > min(int_bounds(arg_kinds("alloc")["n"], config)[1], MAX_PAGES * config.page_size):
+        return None
+    names = (first, second)
+    uses = [i for i, step in enumerate(steps) if any(x in (step.returns, *step.args.values()) for x in names)
+            or any(isinstance(v, list) and x in v for v in step.args.values() for x in names)]
+    out = []
+    for i, step in enumerate(steps):
+        if i == made[first]:
+            out.append(attrs.evolve(step, args={"n": total}))
+            continue
+        if i == made[second]:
+            continue
+        whose = step.args.get("req") if step.rule == "finish" else None
+        if whose in names and i < uses[-1]:
+            size = _size_before(steps, whose, i)
+            if not size:
+                return None
+            out.append(Step("free", {"req": first, "n": size}))
+            continue
+        out.append(_renamed(step, second, first))
+    return None if None in out else tuple(out)
+
+
+def _refitted(steps: tuple[Step, ...], config: Config) -> tuple[Step, ...]:
+    """``steps`` with each ``free_segment`` of a request whose size there is
+    known (``_size_before``) made to end on the request's last page again,
+    as the step requires, at the same slot of that page: after a change to
+    how much the request holds, the segment fits it once more (it starts
+    no later than that page)."""
+    ps, out = config.page_size, list(steps)
+    for i, step in enumerate(steps):
+        if step.rule != "free_segment":
+            continue
+        size = _size_before(tuple(out), step.args["req"], i)
+        if not size:
+            continue
+        end = (size - 1) // ps * ps + (step.args["start"] + step.args["n"] - 1) % ps + 1
+        start = min(step.args["start"], (end - 1) // ps * ps)
+        out[i] = attrs.evolve(step, args={**step.args, "start": start, "n": end - start})
+    return tuple(out)
+
+
+def _and_refitted(steps: tuple[Step, ...], config: Config):
+    """``steps``, then ``_refitted(steps)`` where that differs."""
+    yield steps
+    if (refit := _refitted(steps, config)) != steps:
+        yield refit
+
+
+def _growth_hoisted(steps: tuple[Step, ...], config: Config):
+    """``steps`` with one step that grows a single request made by a plain
+    ``alloc`` (``alloc(n, req=...)``, a one-request ``extend`` or
+    ``decode``) deleted and its slots taken by that ``alloc`` instead, each
+    in turn, where they fit one draw of the rule (in pages)."""
+    made = {step.returns: i for i, step in enumerate(steps) if step.rule == "alloc" and set(step.args) == {"n"}}
+    cap = min(int_bounds(arg_kinds("alloc")["n"], config)[1], MAX_PAGES * config.page_size)
+    for i, step in enumerate(steps):
+        if step.rule == "alloc" and set(step.args) == {"n", "req"}:
+            name, more = step.args["req"], step.args["n"]
+        elif step.rule in ("extend", "decode") and len(step.args["reqs"]) == 1:
+            name, more = step.args["reqs"][0], step.args["tokens"][0] if step.rule == "extend" else 1
+        else:
+            continue
+        if name not in made or made[name] > i:
+            continue
+        at = made[name]
+        # An alloc takes whole pages: the slots it grows by round up to one.
+        grown = -(-(steps[at].args["n"] + more) // config.page_size) * config.page_size
+        if grown <= cap:
+            yield from _and_refitted((*steps[:at], attrs.evolve(steps[at], args={"n": grown}), *steps[at + 1 : i],
+                                      *steps[i + 1 :]), config)
+
+
+# Steps the dearer passes of ``minimize`` may replay, all told: a bound on
+# its time that keeps it deterministic (a clock would not).
+DEAR_STEPS = 10000
+# Steps ``minimize``'s split pass, the dearest, may replay besides.
+SPLIT_STEPS = 2000
+
+
+def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace:
+    """The shortest, then simplest, trace found near ``trace`` that still
+    fails on the same invariant: deterministic, replaying each candidate
+    through the step seam.
+
+    To a fixed point, cheap passes first: move the trace onto the first of
+    ``configs`` (the run's own pool, then smaller ones) before its own that
+    it still fails on, if any; delete a request or entry with every step
+    that names it (``_without``); delete runs of 8, 4, 2 and 1 steps
+    (strictly shorter: a replay's teardown may close a group with an
+    ``end`` of its own, which would give back the step deleted); delete a
+    request and let other allocs carry its slots (``_carried``); merge two
+    requests into one, where the second was made (``_merged``) or from the
+    first's alloc on (``_hoisted``); let a request's alloc take
+    what a later step grew it by (``_growth_hoisted``); make each argument
+    simpler (``_smaller_args``; no longer), a later segment free of a
+    request made smaller refitted to it (``_refitted``).  Where those change nothing,
+    the dearer ones, until one succeeds: delete one step on another of
+    ``configs`` (strictly shorter, so in any order); delete two steps apart;
+    put one simple step (``_candidate_steps``, its amounts perhaps the sum
+    of theirs) in place of two adjacent ones, or in place of one it is
+    simpler than (``_simplicity``), which can let the cheap passes cut
+    again; these stop once candidates of ``DEAR_STEPS`` steps in all have
+    been replayed.  Last, ``split``: one step as two, kept where deletions
+    from there end shorter (its own budget, ``SPLIT_STEPS``).  Only a
+    failure on the same invariant counts (``_fails_like``).  Each kept candidate is re-recorded,
+    so names run ``req_0``, ``req_1``, ... again.  ``stop()``, when given,
+    is asked before each replay; true raises ``KeyboardInterrupt``.
+    """
+
+    def check(candidate: Trace) -> Trace | None:
+        """``candidate`` re-recorded where it fails on the invariant (each replayed once)."""
+        if stop is not None and stop():
+            raise KeyboardInterrupt("stop requested")
+        key = (candidate.config, json.dumps([step.to_dict() for step in candidate.steps], sort_keys=True))
+        if key not in tried:
+            tried[key] = _fails_like(candidate, best.invariant)
+            spent[0] += len(candidate.steps)
+        return tried[key]
+
+    def attempt(candidate: Trace, shorter: bool) -> bool:
+        nonlocal best
+        again = check(candidate)
+        if again is None or len(again.steps) > len(best.steps) - shorter:
+            return False
+        # A trace that was ``best`` once is never taken again: moves that
+        # keep the length (a segment refitted) cannot then cycle.
+        key = (again.config, json.dumps([step.to_dict() for step in again.steps], sort_keys=True))
+        if key in been:
+            return False
+        been.add(key)
+        best = again
+        return True
+
+    def cheap() -> bool:
+        changed = False
+        for config in configs:
+            if config == best.config:
+                break  # those after it are no simpler than the trace's own
+            if attempt(attrs.evolve(best, config=config), shorter=False):
+                changed = True
+                break
+        for config in configs:
+            # A smaller pool with the amounts scaled to it: strictly shorter.
+            if config.pool_size < best.config.pool_size and attempt(
+                    attrs.evolve(best, config=config, steps=_scaled(best.steps, best.config, config)), shorter=True):
+                changed = True
+                break
+        for name in [step.returns for step in best.steps if step.returns]:
+            # A request and all it touched at once: deleting the step that
+            # made it alone breaks every later step that names it.
+            if name in {step.returns for step in best.steps}:
+                without = _without(best.steps, name)
+                # Without a request, later ones may take other rows: an
+                # overwrite of the row it freed then names another row.
+                changed |= any(attempt(attrs.evolve(best, steps=steps), shorter=True)
+                               for steps in (without, *_rows_retargeted(without, best.config)))
+        for width in (8, 4, 2, 1):
+            i = 0
+            while i + width <= len(best.steps):
+                if attempt(attrs.evolve(best, steps=best.steps[:i] + best.steps[i + width :]), shorter=True):
+                    changed = True
+                else:
+                    i += 1
+        for name in [step.returns for step in best.steps if step.returns]:
+            # A request the failure needs only for the slots it holds: other
+            # allocs take them on (after the plain deletions, which keep more).
+            if name in {step.returns for step in best.steps}:
+                changed |= any(attempt(attrs.evolve(best, steps=_carried(best.steps, name, best.config, back)), shorter=True)
+                               for back in (False, True))
+        # A request grown later, made big enough at once: one step fewer.
+        changed |= any(attempt(attrs.evolve(best, steps=steps), shorter=True)
+                       for steps in list(_growth_hoisted(best.steps, best.config)))
+        for first, second in itertools.combinations([s.returns for s in best.steps if returns_kind(s.rule) == REQ and s.returns], 2):
+            # Two requests as one: one finish and one admit fewer.
+            names = {step.returns for step in best.steps}
+            if first in names and second in names:
+                changed |= any(attempt(attrs.evolve(best, steps=merged), shorter=True)
+                               for merged in (_merged(best.steps, first, second),
+                                              _hoisted(best.steps, first, second, best.config))
+                               if merged is not None)
+        for i in range(len(best.steps)):
+            # A smaller argument may change which steps follow; ``best`` is re-read each time.
+            # A request made smaller takes its later segment frees along (``_refitted``).
+            while i < len(best.steps) and any(
+                attempt(attrs.evolve(best, steps=steps), shorter=False)
+                for step in _smaller_args(best.steps[i], best.config, best.steps, i)
+                for steps in _and_refitted((*best.steps[:i], step, *best.steps[i + 1 :]), best.config)
+            ):
+                changed = True
+        return changed
+
+    def dear() -> bool:
+        steps = best.steps
+        if best.config not in rules:
+            rules[best.config] = _runnable_rules(best.config)
+        # Another pool shape of ``configs`` where the failure needs a step
+        # fewer (a smaller pool fills sooner); strictly shorter, so in any order.
+        candidates = [(config, steps[:i] + steps[i + 1 :], True)
+                      for config in configs if config != best.config for i in range(len(steps))]
+        for width in (2, 1):
+            for i in range(len(steps) - width + 1):
+                replaced, made = steps[i : i + width], _made_before(steps, i)
+                names = {returns_kind(s.rule): s.returns for s in replaced if s.returns}
+                for step in _candidate_steps(rules[best.config], best.config, made, _pair_ints(replaced)):
+                    if width == 1 and _simplicity(step) >= _simplicity(replaced[0]):
+                        continue
+                    step = attrs.evolve(step, returns=names.get(returns_kind(step.rule)))
+                    candidates.append((best.config, (*steps[:i], step, *steps[i + width :]), width > 1))
+            if width == 2:
+                pairs = itertools.combinations(range(len(steps)), 2)
+                candidates += [(best.config, steps[:i] + steps[i + 1 : j] + steps[j + 1 :], True)
+                               for i, j in pairs if j > i + 1]
+        for config, candidate, shorter in candidates:
+            if spent[0] > DEAR_STEPS:
+                return False
+            if attempt(attrs.evolve(best, config=config, steps=candidate), shorter):
+                return True
+        return False
+
+    def runs(steps: tuple[Step, ...]) -> bool:
+        """Whether ``steps`` replay as a program (they may fail, or pass)."""
+        key = json.dumps([step.to_dict() for step in steps], sort_keys=True)
+        if stop is not None and stop():
+            raise KeyboardInterrupt("stop requested")
+        if key not in valid:
+            spent[1] += len(steps)
+            try:
+                replay(attrs.evolve(best, steps=steps))
+                valid[key] = True
+            except Exception:  # noqa: BLE001 - a name the new step does not make, a group that nests
+                valid[key] = False
+        return valid[key]
+
+    def descend(found: Trace) -> Trace:
+        """``found`` with requests (``_without``, rows retargeted) and single
+        steps deleted, greedily, while it still fails."""
+        while True:
+            withouts = [_without(found.steps, s.returns) for s in found.steps if s.returns]
+            cuts = [c for w in withouts for c in (w, *_rows_retargeted(w, found.config))]
+            cuts += [found.steps[:i] + found.steps[i + 1 :] for i in range(len(found.steps))]
+            shorter = next((t for c in cuts if (t := check(attrs.evolve(found, steps=c))) is not None
+                            and len(t.steps) < len(found.steps)), None)
+            if shorter is None:
+                return found
+            found = shorter
+
+    def split() -> bool:
+        """One step as two: each step, last first, in place of a simpler
+        candidate (``_candidate_steps``) that acts on a request or entry it
+        names, if it names one, and still leaves a program; then one more
+        candidate after that, of a rule no step of the trace has (rows: any),
+        simplest first; where that fails, ``descend`` from it, and keep what
+        comes out shorter than ``best``.  One step that does two things
+        (``rematch`` frees a view and rewrites the row) becomes the two, and
+        then the steps only the one needed can go.  Stops once
+        ``SPLIT_STEPS`` steps in all have been replayed."""
+        nonlocal best
+        steps, config = best.steps, best.config
+        ints = _ints_in(steps) | set(range(config.rows))
+        new_rules = tuple(r for r in rules[config] if r not in {step.rule for step in steps})
+        for i in reversed(range(len(steps))):
+            kind, refs = returns_kind(steps[i].rule), _refs(steps[i])
+            firsts = []
+            for a in _candidate_steps(rules[config], config, _made_before(steps, i), _ints_in(steps[i : i + 1])):
+                if _simplicity(a) >= _simplicity(steps[i]) or (refs and not refs & _refs(a)):
+                    continue
+                a = attrs.evolve(a, returns=steps[i].returns if returns_kind(a.rule) == kind else None)
+                if spent[1] > SPLIT_STEPS:
+                    return False
+                if runs((*steps[:i], a, *steps[i + 1 :])):
+                    firsts.append(a)
+            seconds = [_candidate_steps(new_rules, config, _made_before((*steps[:i], a), i + 1), ints) for a in firsts]
+            # The simplest second steps first, after each first step in turn.
+            for j in range(max(map(len, seconds), default=0)):
+                for a, after in zip(firsts, seconds):
+                    if j >= len(after) or returns_kind(after[j].rule) is not None:
+                        continue  # a new name later steps do not use
+                    if spent[1] > SPLIT_STEPS:
+                        return False
+                    before = spent[0]
+                    found = check(attrs.evolve(best, steps=(*steps[:i], a, after[j], *steps[i + 1 :])))
+                    if found is not None:
+                        found = descend(found)
+                    # Replays for this pass count against its own budget only.
+                    spent[1], spent[0] = spent[1] + spent[0] - before, before
+                    if found is not None and len(found.steps) < len(steps):
+                        best = found
+                        return True
+        return False
+
+    best = trace
+    rules: dict[Config, tuple[str, ...]] = {}
+    # Each candidate replayed once (its outcome kept), and the steps replayed so far.
+    tried: dict[tuple, Trace | None] = {}
+    # Steps replayed by all passes, and by ``split`` (its own budget).
+    spent = [0, 0]
+    valid: dict[str, bool] = {}
+    been = {(trace.config, json.dumps([step.to_dict() for step in trace.steps], sort_keys=True))}
+    while cheap() or dear() or split():
+        pass
+    return best

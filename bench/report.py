@@ -38,7 +38,7 @@ def markdown(data: dict) -> str:
         "",
         f"Each bug, {st['seeds']} seeds per fuzzer. **Harness**: `state_machines.runs.runner.fuzz` without shrinking "
         "(no example database): half the examples a seeded random walk over the machine's rules "
-        "(`state_machines/runs/walk.py`, 80 steps, the first example on the run's own pool, then the pool shape "
+        "(`state_machines/runs/walk.py`, 40 steps, the first example on the run's own pool, then the pool shape "
         "drawn per example), then Hypothesis (one `step` rule picking among the applicable rules, pool shape drawn), "
         "so the time is to the *first* failing example; shrinking is measured separately below. "
         "**Baseline**: `bench/baseline.py`, "

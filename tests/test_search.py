@@ -125,9 +125,9 @@ def test_a_bug_only_need_sort_shows_is_found_without_the_flag():
     """A merge that forgets release_pages (a custom target, no declared needs) fails a run without --need-sort, on need_sort."""
     outcome = fuzz(Config(target="allocators.token:MergeDropsReleaseTokenAllocator"), max_examples=200, database=None,
                    derandomize=True)
-    (failure,) = outcome.failures
-    assert failure.config.need_sort is True
-    assert replay(failure).invariant == failure.invariant
+    # The bug breaks more than one invariant; the walk reports each it met.
+    assert outcome.failures and all(f.config.need_sort is True for f in outcome.failures)
+    assert all(replay(f).invariant == f.invariant for f in outcome.failures)
 
 def test_a_bug_that_needs_a_big_pool_is_found_and_shrunk_onto_it():
     """BigPool (more than 48 free slots) shows on no default pool; the harness finds it and reports one alloc at 64 slots."""

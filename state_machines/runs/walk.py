@@ -22,11 +22,13 @@ from state_machines.harness.machines import machine_rules
 # Steps in one walk example: longer than Hypothesis's (a failure that needs
 # a long history, ten allocs, a request grown to 9 pages, shows sooner), and
 # a failure at step k is shrunk the same whether the example ran on or not.
-# Measured over the bench's bugs (failures per step, 6,000 steps a bug):
-# 80 needs 0.78x the baseline's steps and 0.74x its time, 40 needed 0.83x
-# and 0.88x (fewer rebuilds, more history), 160 0.83x (more examples stuck
-# with a full pool or every row taken).
-WALK_STEPS = 80
+# Failures per step over the bench's bugs (6,000 steps a bug) favoured 80
+# (0.78x the baseline's steps against 0.83x at 40; 160 0.83x), but in one
+# `make bench` on the same seeds 40 and 80 took the same steps to a first
+# failure (0.77x the baseline's) and 40 shrank to the known shortest trace
+# more often (61 bugs of 70 against 57): a longer failing example gives
+# the minimiser more to settle in.
+WALK_STEPS = 40
 
 # Examples the walk runs on, at least, after its first failure, for others.
 MORE_AFTER_FAILURE = 20

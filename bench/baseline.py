@@ -78,9 +78,10 @@ def random_fuzz(
     ``around_step(name)`` is a context manager each rule runs inside.
     """
     build(config)
-    # The harness's walk draws from ``random.Random(seed)`` in the same order,
-    # so with the bare seed a bench seed's first example would be the same walk
-    # on both sides; a stream of its own keeps the baseline independent.
+    # The harness's walk is seeded with ``random.Random(seed)``: with the bare
+    # seed the two sides would share a stream (once, drawn in the same order,
+    # a seed's first example was the same walk on both); a stream of its own
+    # keeps the baseline independent, as the bench's comparison needs.
     rng = random.Random(f"baseline:{seed}")
     record = RunRecord()
     # The run's own pool in every example: the baseline draws no pool size.

@@ -134,7 +134,7 @@ KNOWN: tuple[KnownShortest, ...] = (
         [_s("alloc", "req_0", n=4), _s("finish", req="req_0"), _s("alloc", n=1)],
         "alloc_none_iff_short",
         "the merge runs only when free_pages runs short, and must find release_pages filled: on a "
-        "4-slot pool (--size 4, a pool the minimiser halves down to) an alloc of all of it, its free, "
+        "4-slot pool (--size 4, a size examples draw) an alloc of all of it, its free, "
         "then any alloc",
         need_sort=True, size=4,
     ),

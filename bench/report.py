@@ -42,7 +42,7 @@ def markdown(data: dict) -> str:
         "drawn per example), then Hypothesis (one `step` rule picking among the applicable rules, pool shape drawn), "
         "so the time is to the *first* failing example; shrinking is measured separately below. "
         "**Baseline**: `bench/baseline.py`, "
-        "`random.Random(seed)` choosing uniformly among the machine's applicable rules and each argument uniformly "
+        "a seeded `random.Random` of its own (not the walk's stream) choosing uniformly among the machine's applicable rules and each argument uniformly "
         f"in its strategy's range, {20} steps an example, no Hypothesis, no shrinking. Both drive the same "
         f"`FreeGroupMachine` rules, preconditions, normalization and invariants, and stop at {cap} examples "
         f"(a seed that finds nothing by then shows as >cap). Seconds, examples and steps are to the first failure. "
@@ -103,10 +103,11 @@ def markdown(data: dict) -> str:
         out += [
             "",
             f"Shrinking stops above the known shortest trace (median) on {len(longer)} of {len(data['bugs'])} bugs. "
-            "Why: Hypothesis shrinks the integers each rule draws, not the steps; the machine turns those into a step "
-            "modulo the live requests and entries, so a smaller draw can pick a different request or cache entry and "
-            "lose the failure, and deleting one step renumbers every later pick. The shrinker then settles in a "
-            "local minimum (often one or two redundant allocs or an extra `end`), and which one depends on the seed.",
+            "Why: each of the minimiser's passes changes one thing at a time (a step, a request, an argument, the "
+            "pool), and some shortest traces are two changes away (an alloc and a finish to swap for a row overwrite "
+            "while the first alloc grows), so it settles in a local minimum; which one depends on the failing example "
+            "found, so on the seed. It never trades the failing invariant, so a failure met on one invariant is not "
+            "shrunk to a shorter trace of another.",
         ]
     if not data["clean"]:
         return "\n".join(out + _shortest_section(data)) + "\n"
@@ -205,7 +206,7 @@ def _losses(data: dict) -> list[str]:
     """Where the harness is still slower than the baseline, and why."""
     lost = [b for b in data["bugs"] if b["bar"]["ratio"] > 1.0]
     if not lost:
-        return ["", "The harness is nowhere slower than the baseline."]
+        return ["", "At the 0.25 s floor the harness is nowhere slower than the baseline (raw seconds below)."]
     names = ", ".join(f"{b['name']} ({_s(b['bar']['ratio'])})" for b in sorted(lost, key=lambda b: -b["bar"]["ratio"]))
     return [
         "",
@@ -231,7 +232,7 @@ def _raw_losses(data: dict) -> list[str]:
                          for b in sorted(bugs, key=lambda b: -b["ratio_seconds"])) or "none"
 
     more = [b for b in lost if b["ratio_steps"] is not None and b["ratio_steps"] > 1.0]
-    fewer = [b for b in lost if b not in more]
+    fewer = [b for b in lost if b["ratio_steps"] is not None and b not in more]
     return [
         "",
         f"**Where the harness still loses in raw seconds** ({len(lost)} of {len(data['bugs'])}; the bar's 0.25 s "
@@ -243,8 +244,9 @@ def _raw_losses(data: dict) -> list[str]:
         "choosing the walk's length); a bug both sides meet within a few dozen steps also swings about 2x "
         "between seed sets of 5.",
         f"- as few steps or fewer, a dearer step ({len(fewer)}): {names(fewer)}. Where both sides find the bug in "
-        "the first example, with the same steps, the times differ by the harness's own start (its runner and "
-        "settings) and by noise.",
+        "the first example with the same steps, the times differ by the harness's own start (its runner and "
+        "settings) and by noise; where the harness took fewer steps, each cost more (Hypothesis's engine in the "
+        "second half of its examples, larger pools).",
     ]
 
 

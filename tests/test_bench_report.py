@@ -13,7 +13,7 @@ def test_raw_losses_split_search_losses_from_dearer_steps():
     search, dearer = (line for line in text.splitlines() if line.startswith("- "))
     assert "(2 of 3" in text
     assert "more (2.00" in search and "dear" not in search
-    assert "dear (1.20" in dearer and "more (" not in dearer
+    assert "dear (1.20" in dearer and "more (2.00" not in dearer
     assert "won" not in text
 
 

@@ -2,6 +2,7 @@
 
 import attrs
 
+from allocators.token import TokenAllocator
 from state_machines.config import Config
 from state_machines.harness import Step
 from state_machines.runs.minimize import minimize, shrink_configs
@@ -159,6 +160,30 @@ def test_minimize_halves_the_pool_below_the_smallest_an_example_draws():
     configs = shrink_configs(trace, attrs.evolve(config, size=None), (None, 16, 96, 256))
     shortest = minimize(trace, configs=configs)
     assert (shortest.invariant, shortest.config.size, len(shortest.steps)) == ("allocator_raised", 8, 3)
+
+
+class RefusesSmallPools(TokenAllocator):
+    """A token allocator that will not be built with fewer than 8 slots."""
+
+    def __init__(self, size: int, page_size: int = 1, device: str = "cpu", need_sort: bool = False):
+        if size < 8:
+            raise ValueError(f"RefusesSmallPools needs 8 slots, got {size}")
+        super().__init__(size, page_size, device, need_sort)
+
+
+def test_shrinking_offers_no_halved_pool_the_target_refuses():
+    """Halving 16 slots offers 8, not 4 or 2, to a target that refuses fewer than 8 (a refusal is not the bug)."""
+    config = Config(target="tests.test_minimize:RefusesSmallPools", size=64)
+    trace = Trace(config, (Step("alloc", {"n": 1}, "req_0"),), "free_sets_agree")
+    sizes = {c.size for c in shrink_configs(trace, config, (None, 16, 256))}
+    assert sizes == {64, 16, 8}
+
+
+def test_shrinking_keeps_a_pinned_pool():
+    """A run whose pool size is pinned (it draws none) is shrunk on that pool only, never a halved one."""
+    config = Config(target="builtin:token", mutant="alias", size=64)
+    trace = Trace(config, ALIAS, "free_sets_agree")
+    assert {c.size for c in shrink_configs(trace, config, (None,))} == {64}
 
 
 def test_minimize_puts_one_step_in_place_of_two_taking_what_both_took():

@@ -122,7 +122,7 @@ def test_a_bug_that_needs_need_sort_is_found_and_its_trace_keeps_the_shape():
 
 
 def test_a_bug_only_need_sort_shows_is_found_without_the_flag():
-    """A merge that forgets release_pages (a custom target, no declared needs) fails a run without --need-sort, on need_sort."""
+    """A merge that forgets release_pages (a custom target, no declared needs) fails a run without --need-sort, every failure on need_sort."""
     outcome = fuzz(Config(target="allocators.token:MergeDropsReleaseTokenAllocator"), max_examples=200, database=None,
                    derandomize=True)
     # The bug breaks more than one invariant; the walk reports each it met.

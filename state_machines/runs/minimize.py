@@ -42,26 +42,43 @@ def shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> 
     """The configurations ``minimize`` tries ``trace`` on, simplest first:
     in the run's own pool shape (size, need_sort, rows of ``run``), then at
     each smaller size, smallest first: those an example could draw, and the
-    halves of the smallest pool, down to ``MIN_SHRINK_PAGES`` pages; then
-    keeping the trace's own need_sort and rows, at the run's size and the
-    smaller ones.  A halved pool no example draws is still one ``--size``
-    pins, and a smaller pool fills in fewer steps."""
+    halves of the smallest pool, down to ``MIN_SHRINK_PAGES`` pages, each
+    that builds and checks out fresh; then keeping the trace's own
+    need_sort and rows, at the run's size and the smaller ones.  A halved
+    pool no example draws is still one ``--size`` pins, and a smaller pool
+    fills in fewer steps.  A run whose size is pinned (``sizes`` holds only
+    its own, ``None``) is not halved: the user chose that pool."""
     own = attrs.evolve(trace.config, size=run.size, need_sort=run.need_sort, rows=run.rows)
     drawn = attrs.evolve(trace.config, size=run.size)
     smaller = {s for s in sizes if s is not None and s < own.pool_size}
     half, ps = min(smaller | {own.pool_size, trace.config.pool_size}), own.page_size
-    while (half := half // 2 // ps * ps) >= MIN_SHRINK_PAGES * ps:
-        smaller.add(half)
+    while smaller and (half := half // 2 // ps * ps) >= MIN_SHRINK_PAGES * ps:
+        # A pool the target refuses, or whose fresh census already disagrees,
+        # would pass a failure of building off as the bug's (as drawn sizes
+        # are probed, ``family._builds``).
+        if _builds_fresh(attrs.evolve(own, size=half)):
+            smaller.add(half)
     smaller = sorted(smaller)
     found = [c for base in (own, drawn) for c in (base, *(attrs.evolve(base, size=s) for s in smaller))]
     return tuple(dict.fromkeys(found))
 
 
+def _builds_fresh(config: Config) -> bool:
+    """Whether ``config`` builds and its fresh pool checks out."""
+    try:
+        build(config)
+    except Exception:  # noqa: BLE001 - any refusal, or a fresh pool that disagrees, leaves the size out
+        return False
+    return True
+
+
 def _scaled(steps: tuple[Step, ...], config: Config, smaller: Config) -> tuple[Step, ...]:
-    """``steps`` for the pool of ``smaller``: each amount of slots (an
-    alloc's ``n``, an extend's tokens) scaled down by the ratio of the two
-    pools, rounded down to its multiple, at least its lowest.  Amounts that
-    filled the pool fill the smaller one too."""
+    """``steps`` for the pool of ``smaller``: each amount of slots or span
+    (an alloc's or a free's ``n``, an extend's tokens; not an offset)
+    scaled down by the ratio of the two pools, rounded down to its multiple,
+    at least its lowest.  One amount that filled the pool fills the smaller
+    one too; several may not (rounding), so the pass keeps a scaled trace
+    only where it still fails and is strictly shorter."""
     out = []
     for step in steps:
         kinds, args = arg_kinds(step.rule), dict(step.args)
@@ -609,7 +626,9 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
 
     def runs(steps: tuple[Step, ...]) -> bool:
         """Whether ``steps`` replay as a program (they may fail, or pass)."""
-        key = json.dumps([step.to_dict() for step in steps], sort_keys=True)
+        # Whether steps run depends on the pool too (rows, bounds): ``best``
+        # may have moved to another since.
+        key = json.dumps([best.config.to_dict(), [step.to_dict() for step in steps]], sort_keys=True)
         if stop is not None and stop():
             raise KeyboardInterrupt("stop requested")
         if key not in valid:

@@ -86,7 +86,7 @@ def test_the_walk_reaches_every_pool_shape():
 def test_the_first_walk_example_runs_on_the_runs_own_pool_and_probes_no_other_shape(monkeypatch):
     """A walk's first example builds only the run's own pool shape, and nothing probes the others before a second example."""
     probed = []
-    monkeypatch.setattr(family, "_builds", lambda config: probed.append(config) or True)
+    monkeypatch.setattr(family, "builds_fresh", lambda config: probed.append(config) or True)
     monkeypatch.setattr(family, "_sorts", lambda config: probed.append(config) or True)
     assert _shapes_built(lambda m: walk(m, random.Random(0), 1, steps=3)) == {(None, False, 4)}
     assert probed == []

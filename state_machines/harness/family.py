@@ -124,7 +124,7 @@ def machine_for(config: Config, record: RunRecord | None = None, *, draw_size: b
     def probe() -> PoolShapes:
         if not draws:
             return OWN_SHAPE
-        return PoolShapes(pool_sizes(config, _builds), pool_sorts(config, _sorts), pool_rows(config, _builds))
+        return PoolShapes(pool_sizes(config, builds_fresh), pool_sorts(config, _sorts), pool_rows(config, builds_fresh))
 
     # The shapes offered before probing which build: whether an example draws one at all.
     offered = PoolShapes(pool_sizes(config, _any), pool_sorts(config, _any), pool_rows(config, _any))
@@ -150,9 +150,10 @@ def _sorts(config: Config) -> bool:
         return False
 
 
-def _builds(config: Config) -> bool:
+def builds_fresh(config: Config) -> bool:
     """Whether ``config`` builds and its fresh pool checks out: a pool
-    size a target refuses is left out of the sizes an example draws."""
+    size a target refuses is left out of the sizes an example draws, and
+    of the smaller pools ``minimize`` tries."""
     try:
         build(config)
     except Exception:  # noqa: BLE001 - any refusal leaves the size out

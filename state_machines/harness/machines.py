@@ -292,10 +292,6 @@ def one_step_machine(base: type) -> type:
     body = {r.name: _plain(r) for r in declared}
     # Each rule's argument names and strategies, in the order they are drawn.
     arguments = {r.name: (tuple(r.strategies()), tuple(r.strategies().values())) for r in declared}
-    # The rule's index among the applicable ones, by their number: made once
-    # (``st.integers`` looks its cache up on every call).
-    picks = [None] + [st.integers(0, n - 1) for n in range(1, len(declared) + 1)]
-
     # The choice is drawn as the rule's argument, from the machine Hypothesis
     # runs (``st.runner()``): a composite's draws go straight to the engine,
     # where ``st.data()``'s each pay a wrapper (a span, two reads of the
@@ -304,7 +300,7 @@ def one_step_machine(base: type) -> type:
     def choices(draw):
         machine = draw(_RUNNER)
         applicable = [r for r in declared if r.applies(machine)]
-        chosen = applicable[draw(picks[len(applicable)])]
+        chosen = applicable[draw(_below(len(applicable)))]
         names, values = arguments[chosen.name]
         # Each argument straight from the engine: a tuple around them costs one more draw.
         return chosen, {name: draw(value) for name, value in zip(names, values)}
@@ -372,7 +368,8 @@ def _shape_indices(draw) -> tuple[int, int, int]:
 
 @functools.cache
 def _below(n: int):
-    """``st.integers(0, n - 1)``, made once per ``n``."""
+    """``st.integers(0, n - 1)``, made once per ``n`` (``st.integers`` looks
+    its cache up on every call)."""
     return st.integers(0, n - 1)
 
 

@@ -15,6 +15,7 @@ import attrs
 
 from state_machines.config import Config
 from state_machines.harness import Step, build
+from state_machines.harness.family import builds_fresh
 from state_machines.harness.machines import EXTEND_TOKENS_PAGES, MAX_PAGES
 from state_machines.runs.trace import (
     ENTRY,
@@ -54,22 +55,13 @@ def shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> 
     half, ps = min(smaller | {own.pool_size, trace.config.pool_size}), own.page_size
     while smaller and (half := half // 2 // ps * ps) >= MIN_SHRINK_PAGES * ps:
         # A pool the target refuses, or whose fresh census already disagrees,
-        # would pass a failure of building off as the bug's (as drawn sizes
-        # are probed, ``family._builds``).
-        if _builds_fresh(attrs.evolve(own, size=half)):
+        # would pass a failure of building off as the bug's (drawn sizes are
+        # probed the same way).
+        if builds_fresh(attrs.evolve(own, size=half)):
             smaller.add(half)
     smaller = sorted(smaller)
     found = [c for base in (own, drawn) for c in (base, *(attrs.evolve(base, size=s) for s in smaller))]
     return tuple(dict.fromkeys(found))
-
-
-def _builds_fresh(config: Config) -> bool:
-    """Whether ``config`` builds and its fresh pool checks out."""
-    try:
-        build(config)
-    except Exception:  # noqa: BLE001 - any refusal, or a fresh pool that disagrees, leaves the size out
-        return False
-    return True
 
 
 def _scaled(steps: tuple[Step, ...], config: Config, smaller: Config) -> tuple[Step, ...]:
@@ -283,6 +275,13 @@ def _without(steps: tuple[Step, ...], name: str) -> tuple[Step, ...]:
 _CARRIED = {("alloc", "n"): MAX_PAGES, ("extend", "tokens"): EXTEND_TOKENS_PAGES}
 
 
+def _one_draw(rule: str, key: str, config: Config) -> int:
+    """The most slots one draw of ``rule``'s ``key`` (one of ``_CARRIED``)
+    takes: its bound, and no more than ``_CARRIED``'s pages."""
+    hi = int_bounds(arg_kinds(rule)[key].removeprefix(LIST), config)[1]
+    return min(hi, _CARRIED[rule, key] * config.page_size)
+
+
 def _carried(steps: tuple[Step, ...], name: str, config: Config, backward: bool = False) -> tuple[Step, ...]:
     """``_without(steps, name)``, with the slots its deleted steps asked for
     (``alloc``'s ``n``, its share of an ``extend``'s tokens) added to the
@@ -310,8 +309,8 @@ def _carried(steps: tuple[Step, ...], name: str, config: Config, backward: bool 
             left = moved.get((step.rule, key), 0)
             if not left:
                 continue
-            _, hi, multiple = int_bounds(arg_kinds(step.rule)[key].removeprefix(LIST), config)
-            cap = min(hi, _CARRIED[step.rule, key] * config.page_size)
+            multiple = int_bounds(arg_kinds(step.rule)[key].removeprefix(LIST), config)[2]
+            cap = _one_draw(step.rule, key, config)
             values = value if isinstance(value, list) else [value]
             grown = []
             for v in values:
@@ -404,7 +403,7 @@ def _hoisted(steps: tuple[Step, ...], first: str, second: str, config: Config) -
     if any(steps[made[x]].rule != "alloc" or set(steps[made[x]].args) != {"n"} for x in (first, second)):
         return None
     total = steps[made[first]].args["n"] + steps[made[second]].args["n"]
-    if total > min(int_bounds(arg_kinds("alloc")["n"], config)[1], MAX_PAGES * config.page_size):
+    if total > _one_draw("alloc", "n", config):
         return None
     names = (first, second)
     uses = [i for i, step in enumerate(steps) if any(x in (step.returns, *step.args.values()) for x in names)
@@ -459,7 +458,7 @@ def _growth_hoisted(steps: tuple[Step, ...], config: Config):
     ``decode``) deleted and its slots taken by that ``alloc`` instead, each
     in turn, where they fit one draw of the rule (in pages)."""
     made = {step.returns: i for i, step in enumerate(steps) if step.rule == "alloc" and set(step.args) == {"n"}}
-    cap = min(int_bounds(arg_kinds("alloc")["n"], config)[1], MAX_PAGES * config.page_size)
+    cap = _one_draw("alloc", "n", config)
     for i, step in enumerate(steps):
         if step.rule == "alloc" and set(step.args) == {"n", "req"}:
             name, more = step.args["req"], step.args["n"]
@@ -475,6 +474,11 @@ def _growth_hoisted(steps: tuple[Step, ...], config: Config):
         if grown <= cap:
             yield from _and_refitted((*steps[:at], attrs.evolve(steps[at], args={"n": grown}), *steps[at + 1 : i],
                                       *steps[i + 1 :]), config)
+
+
+def _key(config: Config, steps: tuple[Step, ...]) -> tuple:
+    """``steps`` on ``config`` as a key: a trace's memo in ``minimize``."""
+    return config, json.dumps([step.to_dict() for step in steps], sort_keys=True)
 
 
 # Steps the dearer passes of ``minimize`` may replay, all told: a bound on
@@ -518,7 +522,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         """``candidate`` re-recorded where it fails on the invariant (each replayed once)."""
         if stop is not None and stop():
             raise KeyboardInterrupt("stop requested")
-        key = (candidate.config, json.dumps([step.to_dict() for step in candidate.steps], sort_keys=True))
+        key = _key(candidate.config, candidate.steps)
         if key not in tried:
             tried[key] = _fails_like(candidate, best.invariant)
             spent[0] += len(candidate.steps)
@@ -531,7 +535,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             return False
         # A trace that was ``best`` once is never taken again: moves that
         # keep the length (a segment refitted) cannot then cycle.
-        key = (again.config, json.dumps([step.to_dict() for step in again.steps], sort_keys=True))
+        key = _key(again.config, again.steps)
         if key in been:
             return False
         been.add(key)
@@ -628,7 +632,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         """Whether ``steps`` replay as a program (they may fail, or pass)."""
         # Whether steps run depends on the pool too (rows, bounds): ``best``
         # may have moved to another since.
-        key = json.dumps([best.config.to_dict(), [step.to_dict() for step in steps]], sort_keys=True)
+        key = _key(best.config, steps)
         if stop is not None and stop():
             raise KeyboardInterrupt("stop requested")
         if key not in valid:
@@ -703,8 +707,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     tried: dict[tuple, Trace | None] = {}
     # Steps replayed by all passes, and by ``split`` (its own budget).
     spent = [0, 0]
-    valid: dict[str, bool] = {}
-    been = {(trace.config, json.dumps([step.to_dict() for step in trace.steps], sort_keys=True))}
+    valid: dict[tuple, bool] = {}
+    been = {_key(trace.config, trace.steps)}
     while cheap() or dear() or split():
         pass
     return best

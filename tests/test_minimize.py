@@ -364,3 +364,23 @@ def test_minimize_makes_a_request_on_a_prefix_a_plain_alloc_as_big():
     assert replay(Trace(config, four)).invariant == "device_free_sets_agree"
     shortest = minimize(Trace(config, four, "device_free_sets_agree"))
     assert (shortest.invariant, len(shortest.steps)) == ("device_free_sets_agree", 2)
+
+
+def test_minimize_swaps_two_steps_where_deletions_then_go_further():
+    """token flag-drift: a cached slot evicted inside a group, then end
+    twice.  With the finish moved into the group, its queued free does
+    what the eviction did, and the cache entry's rematch and evict go
+    (seven steps to the five-step drift story)."""
+    config = Config(target="builtin:token", mutant="flag-drift")
+    seven = (
+        Step("alloc", {"n": 1}, "req_0"),
+        Step("rematch", {"req": "req_0", "dup": 0}, "cache_0"),
+        Step("finish", {"req": "req_0"}),
+        Step("begin", {}),
+        Step("evict", {"entry": "cache_0"}),
+        Step("end", {}),
+        Step("end", {}),
+    )
+    assert replay(Trace(config, seven)).invariant == "no_page_freed_twice"
+    shortest = minimize(Trace(config, seven, "no_page_freed_twice"))
+    assert (shortest.invariant, len(shortest.steps)) == ("no_page_freed_twice", 5)

@@ -529,7 +529,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     ``configs`` (strictly shorter, so in any order); put one simple step
     (``_candidate_steps``, its amounts perhaps the sum of theirs) in place
     of two adjacent ones, one of their own rules first; delete two steps
-    apart; put one simple step in place of one it is
+    apart; swap two adjacent steps where ``descend`` then ends shorter;
+    put one simple step in place of one it is
     simpler than (``_simplicity``), which can let the cheap passes cut
     again; these stop once candidates of ``DEAR_STEPS`` steps in all have
     been replayed.  Last, ``split``: one step as two, kept where deletions
@@ -650,12 +651,34 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                 pairs = itertools.combinations(range(len(steps)), 2)
                 others += [(best.config, steps[:i] + steps[i + 1 : j] + steps[j + 1 :], True)
                            for i, j in pairs if j > i + 1]
-        for config, candidate, shorter in (*candidates, *merges, *others):
+        # Two adjacent steps swapped, kept only where deletions then end
+        # shorter (``descend``): a free moved into a group lets the step
+        # that queued the free there go.
+        swaps = [(*steps[:i], steps[i + 1], steps[i], *steps[i + 2 :]) for i in range(len(steps) - 1)]
+        for config, candidate, shorter in (*candidates, *merges, *((None, s, None) for s in swaps), *others):
             if spent[0] > DEAR_STEPS:
                 return False
-            if attempt(attrs.evolve(best, config=config, steps=candidate), shorter):
+            if config is None:
+                if descended(candidate):
+                    return True
+            elif attempt(attrs.evolve(best, config=config, steps=candidate), shorter):
                 return True
         return False
+
+    def descended(steps: tuple[Step, ...]) -> bool:
+        """Whether ``steps``, where they fail, ``descend`` to a trace shorter
+        than ``best``, and take it."""
+        nonlocal best
+        found = check(attrs.evolve(best, steps=steps))
+        if found is None or steps == best.steps:
+            return False
+        found = descend(found)
+        key = _key(found.config, found.steps)
+        if len(found.steps) >= len(best.steps) or key in been:
+            return False
+        been.add(key)
+        best = found
+        return True
 
     def runs(steps: tuple[Step, ...]) -> bool:
         """Whether ``steps`` replay as a program (they may fail, or pass)."""

@@ -500,10 +500,11 @@ def _key(config: Config, steps: tuple[Step, ...]) -> tuple:
 
 
 # Steps the dearer passes of ``minimize`` may replay, all told: a bound on
-# its time that keeps it deterministic (a clock would not).
-DEAR_STEPS = 10000
+# its time that keeps it deterministic (a clock would not).  Only their own
+# replays count: cheap passes on a long trace once left them nothing.
+DEAR_STEPS = 6000
 # Steps ``minimize``'s split pass, the dearest, may replay besides.
-SPLIT_STEPS = 2000
+SPLIT_STEPS = 1500
 
 
 def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace:
@@ -532,8 +533,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     apart; swap two adjacent steps where ``descend`` then ends shorter;
     put one simple step in place of one it is
     simpler than (``_simplicity``), which can let the cheap passes cut
-    again; these stop once candidates of ``DEAR_STEPS`` steps in all have
-    been replayed.  Last, ``split``: one step as two, kept where deletions
+    again; these stop once they have replayed candidates of ``DEAR_STEPS``
+    steps in all (the cheap passes' replays not counted).  Last, ``split``: one step as two, kept where deletions
     from there end shorter (its own budget, ``SPLIT_STEPS``).  Only a
     failure on the same invariant counts (``_fails_like``).  Each kept candidate is re-recorded,
     so names run ``req_0``, ``req_1``, ... again.  ``stop()``, when given,
@@ -656,12 +657,15 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         # that queued the free there go.
         swaps = [(*steps[:i], steps[i + 1], steps[i], *steps[i + 2 :]) for i in range(len(steps) - 1)]
         for config, candidate, shorter in (*candidates, *merges, *((None, s, None) for s in swaps), *others):
-            if spent[0] > DEAR_STEPS:
+            if spent[2] > DEAR_STEPS:
                 return False
-            if config is None:
-                if descended(candidate):
-                    return True
-            elif attempt(attrs.evolve(best, config=config, steps=candidate), shorter):
+            before = spent[0]
+            kept = descended(candidate) if config is None else attempt(
+                attrs.evolve(best, config=config, steps=candidate), shorter)
+            # Only this pass's replays count against its budget: the cheap
+            # passes run to their fixed point whatever they cost.
+            spent[2] += spent[0] - before
+            if kept:
                 return True
         return False
 
@@ -757,8 +761,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     rules: dict[Config, tuple[str, ...]] = {}
     # Each candidate replayed once (its outcome kept), and the steps replayed so far.
     tried: dict[tuple, Trace | None] = {}
-    # Steps replayed by all passes, and by ``split`` (its own budget).
-    spent = [0, 0]
+    # Steps replayed by all passes, by ``split`` and by ``dear`` (each its own budget).
+    spent = [0, 0, 0]
     valid: dict[tuple, bool] = {}
     been = {_key(trace.config, trace.steps)}
     while cheap() or dear() or split():

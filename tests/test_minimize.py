@@ -310,3 +310,77 @@ def test_minimize_refits_a_segment_to_a_request_made_smaller():
     assert replay(Trace(config, six)).invariant == "no_page_freed_twice"
     shortest = minimize(Trace(config, six, "no_page_freed_twice"))
     assert (shortest.invariant, len(shortest.steps)) == ("no_page_freed_twice", 5)
+
+
+def test_minimize_merges_two_steps_into_one_of_their_own_rule_first():
+    """unified-swa segment-queues-view: two one-slot segment frees queued in
+    a group, the row zeroed, end frees page 0 twice; one segment free of
+    both pages does it in five steps (found before the budget goes on the
+    thousands of other rules' steps the pair could become)."""
+    config = Config(target="builtin:unified-swa", mutant="segment-queues-view", page_size=4)
+    six = (
+        Step("begin", {}),
+        Step("alloc", {"n": 8}, "req_0"),
+        Step("free_segment", {"req": "req_0", "start": 4, "n": 1}),
+        Step("free_segment", {"req": "req_0", "start": 0, "n": 1}),
+        Step("overwrite_row", {"row": 0}),
+        Step("end", {}),
+    )
+    assert replay(Trace(config, six)).invariant == "no_page_freed_twice"
+    shortest = minimize(Trace(config, six, "no_page_freed_twice"))
+    assert (shortest.invariant, len(shortest.steps)) == ("no_page_freed_twice", 5)
+
+
+def test_minimize_makes_an_admitted_request_an_alloc_of_what_it_grew_by():
+    """dsv4-hisparse group-queues-view: a request admitted, then grown by one
+    token inside the group, is an alloc of a page at once (six steps to the
+    five-step aliasing story)."""
+    config = Config(target="builtin:dsv4-hisparse", mutant="group-queues-view", page_size=4)
+    six = (
+        Step("admit", {}, "req_0"),
+        Step("begin", {}),
+        Step("extend", {"reqs": ["req_0"], "tokens": [1]}),
+        Step("finish", {"req": "req_0"}),
+        Step("overwrite_row", {"row": 0}),
+        Step("end", {}),
+    )
+    assert replay(Trace(config, six)).invariant == "free_sets_agree"
+    shortest = minimize(Trace(config, six, "free_sets_agree"))
+    assert (shortest.invariant, len(shortest.steps)) == ("free_sets_agree", 5)
+
+
+def test_minimize_makes_a_request_on_a_prefix_a_plain_alloc_as_big():
+    """hisparse buffer-drops-surplus needs a request of two pages and a
+    one-page buffer: one made of a cached page and one more is made by an
+    alloc of both, and the cached page's request and rematch go (four steps
+    to two)."""
+    config = Config(target="builtin:hisparse", mutant="buffer-drops-surplus", page_size=4)
+    four = (
+        Step("alloc", {"n": 4}, "req_0"),
+        Step("rematch", {"req": "req_0", "dup": 0}, "cache_0"),
+        Step("alloc", {"n": 4, "prefix": "cache_0"}, "req_1"),
+        Step("device_buffer", {"req": "req_1", "n": 4}),
+    )
+    assert replay(Trace(config, four)).invariant == "device_free_sets_agree"
+    shortest = minimize(Trace(config, four, "device_free_sets_agree"))
+    assert (shortest.invariant, len(shortest.steps)) == ("device_free_sets_agree", 2)
+
+
+def test_minimize_swaps_two_steps_where_deletions_then_go_further():
+    """token flag-drift: a cached slot evicted inside a group, then end
+    twice.  With the finish moved into the group, its queued free does
+    what the eviction did, and the cache entry's rematch and evict go
+    (seven steps to the five-step drift story)."""
+    config = Config(target="builtin:token", mutant="flag-drift")
+    seven = (
+        Step("alloc", {"n": 1}, "req_0"),
+        Step("rematch", {"req": "req_0", "dup": 0}, "cache_0"),
+        Step("finish", {"req": "req_0"}),
+        Step("begin", {}),
+        Step("evict", {"entry": "cache_0"}),
+        Step("end", {}),
+        Step("end", {}),
+    )
+    assert replay(Trace(config, seven)).invariant == "no_page_freed_twice"
+    shortest = minimize(Trace(config, seven, "no_page_freed_twice"))
+    assert (shortest.invariant, len(shortest.steps)) == ("no_page_freed_twice", 5)

@@ -454,10 +454,12 @@ def _and_refitted(steps: tuple[Step, ...], config: Config):
 
 def _growth_hoisted(steps: tuple[Step, ...], config: Config):
     """``steps`` with one step that grows a single request made by a plain
-    ``alloc`` (``alloc(n, req=...)``, a one-request ``extend`` or
-    ``decode``) deleted and its slots taken by that ``alloc`` instead, each
-    in turn, where they fit one draw of the rule (in pages)."""
-    made = {step.returns: i for i, step in enumerate(steps) if step.rule == "alloc" and set(step.args) == {"n"}}
+    ``alloc`` or ``admit`` (``alloc(n, req=...)``, a one-request ``extend``
+    or ``decode``) deleted and its slots taken by that step, an ``alloc``
+    (an admit is an alloc of nothing), each in turn, where they fit one
+    draw of the rule (in pages)."""
+    made = {step.returns: i for i, step in enumerate(steps)
+            if (step.rule, set(step.args)) in (("alloc", {"n"}), ("admit", set()))}
     cap = _one_draw("alloc", "n", config)
     for i, step in enumerate(steps):
         if step.rule == "alloc" and set(step.args) == {"n", "req"}:
@@ -470,10 +472,26 @@ def _growth_hoisted(steps: tuple[Step, ...], config: Config):
             continue
         at = made[name]
         # An alloc takes whole pages: the slots it grows by round up to one.
-        grown = -(-(steps[at].args["n"] + more) // config.page_size) * config.page_size
+        grown = -(-(steps[at].args.get("n", 0) + more) // config.page_size) * config.page_size
         if grown <= cap:
-            yield from _and_refitted((*steps[:at], attrs.evolve(steps[at], args={"n": grown}), *steps[at + 1 : i],
+            alloc = Step("alloc", {"n": grown}, name)
+            yield from _and_refitted((*steps[:at], alloc, *steps[at + 1 : i],
                                       *steps[i + 1 :]), config)
+
+
+def _prefix_folded(steps: tuple[Step, ...], config: Config):
+    """``steps`` with one request made on a cached prefix (``alloc`` or
+    ``admit`` with ``prefix``) made by a plain ``alloc`` instead, its slots
+    grown by each whole number of pages in turn, up to what one draw of
+    the rule takes: the request holds as much without the cache entry,
+    whose request and ``rematch`` can then go."""
+    cap = _one_draw("alloc", "n", config)
+    for i, step in enumerate(steps):
+        if step.rule not in ("alloc", "admit") or "prefix" not in step.args or "req" in step.args:
+            continue
+        n = step.args.get("n", 0)
+        for more in range(config.page_size, cap - n + 1, config.page_size):
+            yield (*steps[:i], Step("alloc", {"n": n + more}, step.returns), *steps[i + 1 :])
 
 
 def _key(config: Config, steps: tuple[Step, ...]) -> tuple:
@@ -482,10 +500,11 @@ def _key(config: Config, steps: tuple[Step, ...]) -> tuple:
 
 
 # Steps the dearer passes of ``minimize`` may replay, all told: a bound on
-# its time that keeps it deterministic (a clock would not).
-DEAR_STEPS = 10000
+# its time that keeps it deterministic (a clock would not).  Only their own
+# replays count: cheap passes on a long trace once left them nothing.
+DEAR_STEPS = 6000
 # Steps ``minimize``'s split pass, the dearest, may replay besides.
-SPLIT_STEPS = 2000
+SPLIT_STEPS = 1500
 
 
 def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace:
@@ -501,17 +520,21 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     ``end`` of its own, which would give back the step deleted); delete a
     request and let other allocs carry its slots (``_carried``); merge two
     requests into one, where the second was made (``_merged``) or from the
-    first's alloc on (``_hoisted``); let a request's alloc take
-    what a later step grew it by (``_growth_hoisted``); make each argument
+    first's alloc on (``_hoisted``); make a request on a cached prefix
+    by a plain alloc as big (``_prefix_folded``; no longer); let a
+    request's alloc (or admit) take what a later step grew it by
+    (``_growth_hoisted``); make each argument
     simpler (``_smaller_args``; no longer), a later segment free of a
     request made smaller refitted to it (``_refitted``).  Where those change nothing,
     the dearer ones, until one succeeds: delete one step on another of
-    ``configs`` (strictly shorter, so in any order); delete two steps apart;
-    put one simple step (``_candidate_steps``, its amounts perhaps the sum
-    of theirs) in place of two adjacent ones, or in place of one it is
+    ``configs`` (strictly shorter, so in any order); put one simple step
+    (``_candidate_steps``, its amounts perhaps the sum of theirs) in place
+    of two adjacent ones, one of their own rules first; delete two steps
+    apart; swap two adjacent steps where ``descend`` then ends shorter;
+    put one simple step in place of one it is
     simpler than (``_simplicity``), which can let the cheap passes cut
-    again; these stop once candidates of ``DEAR_STEPS`` steps in all have
-    been replayed.  Last, ``split``: one step as two, kept where deletions
+    again; these stop once they have replayed candidates of ``DEAR_STEPS``
+    steps in all (the cheap passes' replays not counted).  Last, ``split``: one step as two, kept where deletions
     from there end shorter (its own budget, ``SPLIT_STEPS``).  Only a
     failure on the same invariant counts (``_fails_like``).  Each kept candidate is re-recorded,
     so names run ``req_0``, ``req_1``, ... again.  ``stop()``, when given,
@@ -578,6 +601,9 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             if name in {step.returns for step in best.steps}:
                 changed |= any(attempt(attrs.evolve(best, steps=_carried(best.steps, name, best.config, back)), shorter=True)
                                for back in (False, True))
+        # A request on a prefix made plain, as big: the prefix's steps may go next.
+        changed |= any(attempt(attrs.evolve(best, steps=steps), shorter=False)
+                       for steps in list(_prefix_folded(best.steps, best.config)))
         # A request grown later, made big enough at once: one step fewer.
         changed |= any(attempt(attrs.evolve(best, steps=steps), shorter=True)
                        for steps in list(_growth_hoisted(best.steps, best.config)))
@@ -608,6 +634,10 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         # fewer (a smaller pool fills sooner); strictly shorter, so in any order.
         candidates = [(config, steps[:i] + steps[i + 1 :], True)
                       for config in configs if config != best.config for i in range(len(steps))]
+        # Two adjacent steps as one of their own rules first (two segment
+        # frees as one): few candidates, where one pair alone of another
+        # rule may offer thousands (``reserve``'s five arguments).
+        merges, others = [], []
         for width in (2, 1):
             for i in range(len(steps) - width + 1):
                 replaced, made = steps[i : i + width], _made_before(steps, i)
@@ -616,17 +646,43 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                     if width == 1 and _simplicity(step) >= _simplicity(replaced[0]):
                         continue
                     step = attrs.evolve(step, returns=names.get(returns_kind(step.rule)))
-                    candidates.append((best.config, (*steps[:i], step, *steps[i + width :]), width > 1))
+                    own = width > 1 and step.rule in {s.rule for s in replaced}
+                    (merges if own else others).append((best.config, (*steps[:i], step, *steps[i + width :]), width > 1))
             if width == 2:
                 pairs = itertools.combinations(range(len(steps)), 2)
-                candidates += [(best.config, steps[:i] + steps[i + 1 : j] + steps[j + 1 :], True)
-                               for i, j in pairs if j > i + 1]
-        for config, candidate, shorter in candidates:
-            if spent[0] > DEAR_STEPS:
+                others += [(best.config, steps[:i] + steps[i + 1 : j] + steps[j + 1 :], True)
+                           for i, j in pairs if j > i + 1]
+        # Two adjacent steps swapped, kept only where deletions then end
+        # shorter (``descend``): a free moved into a group lets the step
+        # that queued the free there go.
+        swaps = [(*steps[:i], steps[i + 1], steps[i], *steps[i + 2 :]) for i in range(len(steps) - 1)]
+        for config, candidate, shorter in (*candidates, *merges, *((None, s, None) for s in swaps), *others):
+            if spent[2] > DEAR_STEPS:
                 return False
-            if attempt(attrs.evolve(best, config=config, steps=candidate), shorter):
+            before = spent[0]
+            kept = descended(candidate) if config is None else attempt(
+                attrs.evolve(best, config=config, steps=candidate), shorter)
+            # Only this pass's replays count against its budget: the cheap
+            # passes run to their fixed point whatever they cost.
+            spent[2] += spent[0] - before
+            if kept:
                 return True
         return False
+
+    def descended(steps: tuple[Step, ...]) -> bool:
+        """Whether ``steps``, where they fail, ``descend`` to a trace shorter
+        than ``best``, and take it."""
+        nonlocal best
+        found = check(attrs.evolve(best, steps=steps))
+        if found is None or steps == best.steps:
+            return False
+        found = descend(found)
+        key = _key(found.config, found.steps)
+        if len(found.steps) >= len(best.steps) or key in been:
+            return False
+        been.add(key)
+        best = found
+        return True
 
     def runs(steps: tuple[Step, ...]) -> bool:
         """Whether ``steps`` replay as a program (they may fail, or pass)."""
@@ -705,8 +761,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     rules: dict[Config, tuple[str, ...]] = {}
     # Each candidate replayed once (its outcome kept), and the steps replayed so far.
     tried: dict[tuple, Trace | None] = {}
-    # Steps replayed by all passes, and by ``split`` (its own budget).
-    spent = [0, 0]
+    # Steps replayed by all passes, by ``split`` and by ``dear`` (each its own budget).
+    spent = [0, 0, 0]
     valid: dict[tuple, bool] = {}
     been = {_key(trace.config, trace.steps)}
     while cheap() or dear() or split():

@@ -117,6 +117,10 @@ def machine_for(config: Config, record: RunRecord | None = None, *, draw_size: b
         base = type(f"Extend{base.__name__}", (ExtendRules, base), {})
     if any(state.runs(s) for s in HOOK_STEPS):
         base = type(f"Hooks{base.__name__}", (HookRules, base), {})
+    # A target without free groups (probe.GROUP_STEPS): no rule draws them,
+    # as the Mamba machine has none.
+    if getattr(base, "begin", None) is not None and not state.runs("begin"):
+        base = type(f"NoGroups{base.__name__}", (base,), {"begin": None, "end": None})
     base = one_step_machine(base)
     draws = draw_size and config.caller == "harness" and getattr(type(state), "draws_pool_size", True)
 

@@ -30,6 +30,11 @@ def sglang_config(version: str) -> Config:
     return Config(target="sglang:token", sglang_path=f".sglang/{version}")
 
 
+# A release's own bug behind its free-group bugs: a target of bench/bugs.py
+# over the release's class, with free groups kept out (0.5.18's NPU decode).
+SGLANG_DEEP = (Config(target="bench.bugs:npu_without_free_groups", page_size=4, sglang_path=".sglang/0.5.18"),)
+
+
 def unavailable(config: Config) -> str | None:
     """Why ``config`` cannot run here, or ``None`` when it builds."""
     if config.sglang_path and not Path(config.sglang_path).is_dir():
@@ -71,14 +76,14 @@ def _split(configs) -> tuple[list[Config], list[tuple[Config, str]]]:
 
 
 def bugs() -> tuple[list[Config], list[tuple[Config, str]]]:
-    """Every built-in mutant, the bench's harder bugs (``bench/bugs.py``) and
-    buggy sglang releases; and those skipped, with why."""
+    """Every built-in mutant, the bench's harder bugs (``bench/bugs.py``),
+    buggy sglang releases and their deeper bugs; and those skipped, with why."""
     return _split(every_bug())
 
 
 def every_bug() -> list[Config]:
     """Every bug the bench knows, whether or not it can be built here."""
-    return [*mutant_configs(), *HARD, *(sglang_config(v) for v in SGLANG_BUGGY)]
+    return [*mutant_configs(), *HARD, *(sglang_config(v) for v in SGLANG_BUGGY), *SGLANG_DEEP]
 
 
 def clean(match: str | None = None) -> tuple[list[Config], list[tuple[Config, str]]]:

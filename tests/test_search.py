@@ -2,6 +2,7 @@
 a pool size drawn per example, and a trace minimiser that shrinks on the
 run's own pool and makes arguments smaller."""
 
+import functools
 import random
 
 import attrs
@@ -86,6 +87,8 @@ def test_the_walk_reaches_every_pool_shape():
 def test_the_first_walk_example_runs_on_the_runs_own_pool_and_probes_no_other_shape(monkeypatch):
     """A walk's first example builds only the run's own pool shape, and nothing probes the others before a second example."""
     probed = []
+    # A cache of its own: shapes another test probed would hide a probe here.
+    monkeypatch.setattr(family, "_shapes", functools.cache(family._shapes.__wrapped__))
     monkeypatch.setattr(family, "builds_fresh", lambda config: probed.append(config) or True)
     monkeypatch.setattr(family, "_sorts", lambda config: probed.append(config) or True)
     assert _shapes_built(lambda m: walk(m, random.Random(0), 1, steps=3)) == {(None, False, 4)}
@@ -234,3 +237,20 @@ def test_the_walk_finds_the_one_rule_whose_guard_holds_among_many():
     """With one guard of twelve holding, every draw returns that rule (after its misses, a choice among those that hold)."""
     rng = random.Random(0)
     assert {_applicable(_rules("abcdefghijkl"), _Held({"k"}), rng).name for _ in range(200)} == {"k"}
+
+
+def test_machines_of_like_targets_share_one_rules_class_and_each_run_its_own_subclass():
+    """Two runs' machines are distinct classes over one shared step-rule class (made once, not once a run)."""
+    first, second = machine_for(Config()), machine_for(Config(mutant="alias"))
+    assert first is not second
+    assert first.__bases__[-1] is second.__bases__[-1]
+
+
+def test_a_configurations_pool_shapes_are_probed_once_a_process(monkeypatch):
+    """A second run of one configuration probes no shape again: its shapes are kept."""
+    probed = []
+    monkeypatch.setattr(family, "_shapes", functools.cache(family._shapes.__wrapped__))
+    monkeypatch.setattr(family, "builds_fresh", lambda config: probed.append(config) or True)
+    first = machine_for(Config()).shapes()
+    count = len(probed)
+    assert count and machine_for(Config()).shapes() == first and len(probed) == count

@@ -108,23 +108,15 @@ def machine_for(config: Config, record: RunRecord | None = None, *, draw_size: b
     size, each example's first step draws its pool size (``pool_sizes``);
     without, every example runs on ``config`` itself."""
     state = build(config)
-    base = next(f.machine for f in FAMILIES.values() if type(state) is f.lockstep)
+    family = next(f.machine for f in FAMILIES.values() if type(state) is f.lockstep)
     # The core's optional rules; a family with steps of its own names them itself.
     core = isinstance(state, Lockstep)
-    if core and state.runs("decode"):
-        base = type(f"Decode{base.__name__}", (DecodeRules, base), {})
-    if core and state.runs("extend"):
-        base = type(f"Extend{base.__name__}", (ExtendRules, base), {})
-    if any(state.runs(s) for s in HOOK_STEPS):
-        base = type(f"Hooks{base.__name__}", (HookRules, base), {})
-    base = one_step_machine(base)
+    base = _rules(family, core and state.runs("decode"), core and state.runs("extend"),
+                  any(state.runs(s) for s in HOOK_STEPS), state.runs("begin"))
     draws = draw_size and config.caller == "harness" and getattr(type(state), "draws_pool_size", True)
 
-    @functools.cache
     def probe() -> PoolShapes:
-        if not draws:
-            return OWN_SHAPE
-        return PoolShapes(pool_sizes(config, builds_fresh), pool_sorts(config, _sorts), pool_rows(config, builds_fresh))
+        return _shapes(config) if draws else OWN_SHAPE
 
     # The shapes offered before probing which build: whether an example draws one at all.
     offered = PoolShapes(pool_sizes(config, _any), pool_sorts(config, _any), pool_rows(config, _any))
@@ -134,6 +126,36 @@ def machine_for(config: Config, record: RunRecord | None = None, *, draw_size: b
     body = {"config": config, "record": record or RunRecord(), "build": staticmethod(build),
             "draws_shape": shaped, "shape_probe": staticmethod(probe)}
     return type(name, bases, body)
+
+
+@functools.cache
+def _rules(family: type, decode: bool, extend: bool, hooks: bool, groups: bool) -> type:
+    """``family``'s machine with the optional rules a target runs, through
+    one step rule (``one_step_machine``).  Made once per combination and
+    shared by the machines of every configuration (each its own subclass):
+    making the step rule's strategies took about half a millisecond of
+    every run's ``machine_for``."""
+    base = family
+    if decode:
+        base = type(f"Decode{base.__name__}", (DecodeRules, base), {})
+    if extend:
+        base = type(f"Extend{base.__name__}", (ExtendRules, base), {})
+    if hooks:
+        base = type(f"Hooks{base.__name__}", (HookRules, base), {})
+    # A target without free groups (probe.GROUP_STEPS): no rule draws them,
+    # as the Mamba machine has none.
+    if getattr(base, "begin", None) is not None and not groups:
+        base = type(f"NoGroups{base.__name__}", (base,), {"begin": None, "end": None})
+    return one_step_machine(base)
+
+
+@functools.cache
+def _shapes(config: Config) -> PoolShapes:
+    """The pool shapes that build for ``config`` (``machine_for``'s probe),
+    kept for the process: they depend on the configuration and the
+    target's code only, and probing builds the target in every shape
+    (about a millisecond), once a run rather than once a seed."""
+    return PoolShapes(pool_sizes(config, builds_fresh), pool_sorts(config, _sorts), pool_rows(config, builds_fresh))
 
 
 def _any(config: Config) -> bool:

@@ -6,7 +6,9 @@
   checkout named by ``--sglang-path``;
 - ``MODULE:ATTR`` — any importable factory or class, called with the
   parameters it names among ``size, page_size, device, need_sort, dtype,
-  kvcache`` (so sglang's own classes load as custom targets too).
+  kvcache`` (so sglang's own classes load as custom targets too); with
+  ``--sglang-path`` that release is loaded first, so the factory may
+  build on its classes.
 """
 
 from __future__ import annotations
@@ -98,6 +100,12 @@ def resolve(spec: str, mutant: str | None = None, sglang_path: str | None = None
         from state_machines.targets import sglang as sglang_targets
 
         return sglang_targets.resolve(name, sglang_path)
+    if sglang_path is not None:
+        # A custom target may build on a release's classes: that release
+        # loads first, as for sglang:NAME (one per process).
+        from state_machines.targets import sglang as sglang_targets
+
+        sglang_targets.load_sglang(sglang_path)
     return _custom(spec)
 
 

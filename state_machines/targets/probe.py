@@ -6,7 +6,9 @@ send decode and extend to ``alloc()``, which every target has) is called once
 on a throwaway copy of a freshly built allocator, and a method that raises
 (``NotImplementedError`` in a base class, a device kernel, an assertion
 about the pool's shape) disables its step with the reason, which ``fuzz``
-and ``targets`` print.  It is never a failure.  Probed once per class and
+and ``targets`` print.  It is never a failure.  The free-group steps
+(``begin``, ``end``) go off together where the target says it has no free
+groups (``NotImplementedError``; ``_groups``).  Probed once per class and
 pool shape.
 """
 
@@ -92,8 +94,37 @@ def disabled_steps(allocator, *, page_size: int, device: str, latent: bool = Fal
     return _PROBED[key]
 
 
+# The free-group steps, and the method each calls.
+GROUP_STEPS = {"begin": "free_group_begin", "end": "free_group_end"}
+
+
+def _groups(allocator) -> dict[str, str]:
+    """``begin`` and ``end`` with the reason, where opening and closing an
+    empty free group on a throwaway copy raises ``NotImplementedError`` (a
+    target that keeps free groups out, such as a bench bug that reaches a
+    release's decode bug past its group bugs); else nothing.  Any other
+    raise is left to the run, which reports it: an empty group that cannot
+    close is the allocator's failure, not a capability."""
+    if not all(callable(getattr(allocator, m, None)) for m in GROUP_STEPS.values()):
+        return {}
+    try:
+        throwaway = copy.deepcopy(allocator)
+    except Exception:  # noqa: BLE001 - uncopied, the steps stay on and the run judges them
+        return {}
+    for step, method in GROUP_STEPS.items():
+        try:
+            with quiet():
+                getattr(throwaway, method)()
+        except NotImplementedError as exc:
+            # Both go: an end with no begin runs only the repeated end.
+            return dict.fromkeys(GROUP_STEPS, f"no free groups: {method}: {one_line(exc)}")
+        except Exception:  # noqa: BLE001 - the run reports it (see above)
+            return {}
+    return {}
+
+
 def _probe(allocator, page_size: int, device: str, latent: bool) -> dict[str, str]:
-    out = {}
+    out = _groups(allocator)
     for step, (method, call) in OPTIONAL.items():
         if caller_sends(step, page_size, latent) is None or not callable(getattr(allocator, method, None)):
             continue

@@ -1,0 +1,65 @@
+"""A target that keeps free groups out: the probe turns begin and end off,
+with the reason, and no machine draws them."""
+
+import pytest
+
+from allocators.token import TokenAllocator
+from state_machines.config import Config
+from state_machines.harness import Step, build, machine_for
+from state_machines.harness.machines import machine_rules
+from state_machines.runs.runner import fuzz, replay
+from state_machines.runs.trace import Trace, TraceError, run_steps
+
+
+class WithoutGroups(TokenAllocator):
+    """A token pool whose free groups are not provided."""
+
+    def free_group_begin(self) -> None:
+        raise NotImplementedError("no groups here")
+
+    def free_group_end(self) -> None:
+        raise NotImplementedError("no groups here")
+
+
+class EndRaises(TokenAllocator):
+    """A token pool whose free_group_end() fails outright: a bug, not a capability."""
+
+    def free_group_end(self) -> None:
+        raise RuntimeError("broken end")
+
+
+WITHOUT = Config(target="tests.test_probe_groups:WithoutGroups")
+END_RAISES = Config(target="tests.test_probe_groups:EndRaises")
+
+
+def test_begin_and_end_are_disabled_with_the_targets_reason():
+    """Both free-group steps go off together, and the reason names the method and its message."""
+    state = build(WITHOUT)
+    assert state.why_not("begin") == state.why_not("end")
+    assert state.why_not("begin") == "no free groups: free_group_begin: NotImplementedError: no groups here"
+
+
+def test_a_machine_for_a_target_without_free_groups_draws_neither_begin_nor_end():
+    """The machine's rules lose begin and end and keep the rest."""
+    names = {r.name for r in machine_rules(machine_for(WITHOUT))}
+    assert not names & {"begin", "end"}
+    assert {"alloc", "free", "finish"} <= names
+
+
+def test_a_run_on_a_target_without_free_groups_is_clean():
+    """No step calls the refused methods: a run passes its examples."""
+    outcome = fuzz(WITHOUT, max_examples=30, seed=0, database=None)
+    assert outcome.ok, outcome.failures[0].program()
+
+
+def test_a_trace_holding_begin_is_refused_on_a_target_without_free_groups():
+    """Replay refuses a begin there with the probe's reason, before any call."""
+    with pytest.raises(TraceError, match="rule begin does not run .*no free groups"):
+        run_steps(build(WITHOUT), (Step("begin", {}),))
+
+
+def test_a_free_group_end_that_fails_otherwise_leaves_the_steps_on_for_the_run_to_report():
+    """Only NotImplementedError is a capability: another raise keeps end on, and the run reports it."""
+    state = build(END_RAISES)
+    assert state.runs("begin") and state.runs("end")
+    assert replay(Trace(END_RAISES, (Step("end", {}),))).invariant == "allocator_raised"

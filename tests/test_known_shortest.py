@@ -44,7 +44,8 @@ def _replay(trace, config, tmp_path):
 
 
 def _marks(known):
-    return [pytest.mark.sglang] if known.config.target.startswith("sglang:") else []
+    # A bench target over a release (sglang_path) drives sglang too.
+    return [pytest.mark.sglang] if known.config.target.startswith("sglang:") or known.config.sglang_path else []
 
 
 @pytest.mark.parametrize("known", [pytest.param(k, marks=_marks(k), id=k.name) for k in KNOWN])

@@ -63,3 +63,25 @@ def test_a_free_group_end_that_fails_otherwise_leaves_the_steps_on_for_the_run_t
     state = build(END_RAISES)
     assert state.runs("begin") and state.runs("end")
     assert replay(Trace(END_RAISES, (Step("end", {}),))).invariant == "allocator_raised"
+
+
+class SglangLikeWithoutGroups(WithoutGroups):
+    """The same refusal in a class that says it is sglang's (whose allocators always have free groups)."""
+
+    __module__ = "sglang.srt.mem_cache.allocator"
+
+
+def test_an_sglang_allocator_that_raises_not_implemented_in_its_groups_keeps_them_on():
+    """Only a custom target may keep free groups out: in sglang's own class the raise is a failure the run reports."""
+    state = build(Config(target="tests.test_probe_groups:SglangLikeWithoutGroups"))
+    assert state.runs("begin") and state.runs("end")
+    assert replay(Trace(state.config, (Step("begin", {}),))).invariant == "allocator_raised"
+
+
+def test_a_target_without_free_groups_counts_no_group_order_as_unreached():
+    """Coverage lists no group interleaving as applicable where begin and end cannot run."""
+    from state_machines.runs.coverage import Coverage
+
+    coverage = Coverage(WITHOUT, use_hypothesis=False)
+    coverage._new_example(build(WITHOUT))
+    assert not {"group_free_overwrite_end", "end_without_group", "end_after_end", "evict_in_group"} & set(coverage.applicable)

@@ -38,11 +38,11 @@ class Interleaving:
 
 
 INTERLEAVINGS = (
-    Interleaving("group_free_overwrite_end", "in one group: free of a row view, overwrite of that row, end"),
-    Interleaving("rematch_in_group", "a rematch that frees a duplicated span, inside a group"),
-    Interleaving("end_without_group", "free_group_end() with no group open"),
-    Interleaving("end_after_end", "a second end after a group that queued frees"),
-    Interleaving("evict_in_group", "a cache eviction inside a group"),
+    Interleaving("group_free_overwrite_end", "in one group: free of a row view, overwrite of that row, end", step="begin"),
+    Interleaving("rematch_in_group", "a rematch that frees a duplicated span, inside a group", step="begin"),
+    Interleaving("end_without_group", "free_group_end() with no group open", step="end"),
+    Interleaving("end_after_end", "a second end after a group that queued frees", step="begin"),
+    Interleaving("evict_in_group", "a cache eviction inside a group", step="begin"),
     Interleaving(
         "segment_ends_mid_page", "free_segment ending mid-page", needs=(lambda c: c.page_size > 1,)
     ),

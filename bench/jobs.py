@@ -11,6 +11,7 @@ from hypothesis import Phase, settings
 from bench import costs
 from bench.baseline import random_fuzz
 from state_machines.config import Config
+from state_machines.harness.family import forget_machines
 from state_machines.runs.runner import fuzz
 
 # Timing runs stop at the first failure: no shrinking, no example database.
@@ -47,11 +48,15 @@ def run(job: dict) -> dict:
 def _harness(config: Config, job: dict) -> dict:
     """Hypothesis up to the first failure, shrinking off."""
     settings.load_profile("bench-timing")
+    # Each timed run as a fresh process's: an earlier job (a shrink of the
+    # same bug) must not have paid its pool-shape probe for it.
+    forget_machines()
     outcome = fuzz(config, max_examples=job["max_examples"], seed=job["seed"], shrink=False)
     return _first_failure(outcome.record, outcome.failures[0] if outcome.failures else None, outcome.elapsed_s)
 
 
 def _baseline(config: Config, job: dict) -> dict:
+    forget_machines()
     outcome = random_fuzz(config, seed=job["seed"], max_examples=job["max_examples"])
     return _first_failure(outcome.record, outcome.failure, outcome.elapsed_s)
 

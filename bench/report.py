@@ -49,8 +49,8 @@ def markdown(data: dict) -> str:
         "Both clocks cover the same span: each starts once the configuration has been built and checked (a build "
         "outside the clock on both sides) and covers making the machine (`machine_for`: the target built again and "
         "its steps probed, on both sides; the harness also probes its other pool shapes when an example first "
-        "needs one, once a configuration in each worker process, as every run in one process does), every "
-        "example, and stops at the failing step; "
+        "needs one; the step rules and pool shapes `machine_for` keeps for a process are forgotten before each "
+        "timed run, so each pays them as a fresh `kv-lockstep fuzz` does), every example, and stops at the failing step; "
         f"figures are median [min–max]; *≤ci* is the share of seeds that found the bug within {st['ci_budget_examples']} "
         "examples (the `ci` profile's budget). *ratio* = harness median seconds / baseline median seconds: "
         "above 1 the harness is slower.",

@@ -79,3 +79,19 @@ def test_both_clocks_cover_making_the_machine(monkeypatch, side):
     else:
         record = random_fuzz(config, seed=0, max_examples=20).record
     assert record.first_failure_s is not None and record.first_failure_s >= 0.2
+
+
+@pytest.mark.parametrize("side", ["harness", "baseline"])
+def test_each_timed_run_probes_its_pool_shapes_as_a_fresh_process_would(monkeypatch, side):
+    """A timed job after another of the same bug (a shrink, an earlier seed) still pays machine_for's shape probe."""
+    from bench import jobs
+    from state_machines.harness import family
+
+    probed = []
+    monkeypatch.setattr(family, "builds_fresh", lambda config: probed.append(config) or True)
+    config = Config(mutant="alloc-off-by-one")
+    machine_for(config).shapes()  # an earlier job of the same configuration, in the same process
+    before = len(probed)
+    jobs.run({"kind": side, "config": config.to_dict(), "seed": 0, "max_examples": 5})
+    machine_for(config).shapes()
+    assert len(probed) > before

@@ -158,6 +158,13 @@ def _shapes(config: Config) -> PoolShapes:
     return PoolShapes(pool_sizes(config, builds_fresh), pool_sorts(config, _sorts), pool_rows(config, builds_fresh))
 
 
+def forget_machines() -> None:
+    """Post: ``machine_for`` makes its step-rule classes and probes pool
+    shapes afresh, as in a new process (the bench times each run so)."""
+    _rules.cache_clear()
+    _shapes.cache_clear()
+
+
 def _any(config: Config) -> bool:
     """Every shape, unprobed: what ``machine_for`` offers before it probes."""
     return True

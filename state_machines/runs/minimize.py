@@ -527,14 +527,15 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     simpler (``_smaller_args``; no longer), a later segment free of a
     request made smaller refitted to it (``_refitted``).  Where those change nothing,
     the dearer ones, until one succeeds: delete one step on another of
-    ``configs`` (strictly shorter, so in any order); put one simple step
-    (``_candidate_steps``, its amounts perhaps the sum of theirs) in place
-    of two adjacent ones, one of their own rules first; delete two steps
-    apart; swap two adjacent steps where ``descend`` then ends shorter;
-    put one simple step in place of one it is
-    simpler than (``_simplicity``), which can let the cheap passes cut
-    again; these stop once they have replayed candidates of ``DEAR_STEPS``
-    steps in all (the cheap passes' replays not counted).  Last, ``split``: one step as two, kept where deletions
+    ``configs`` (strictly shorter, so in any order); put one step of one
+    of their own rules (``_candidate_steps``, its amounts perhaps the sum
+    of theirs) in place of two adjacent ones; swap two adjacent steps where
+    ``descend`` then ends shorter; put one simple step of another rule in
+    place of two adjacent ones; delete two steps apart; put one simple
+    step in place of one it is simpler than (``_simplicity``), which can
+    let the cheap passes cut again.  These stop, between candidates, once
+    they have replayed ``DEAR_STEPS`` steps in all (a swap's ``descend``
+    counted; the cheap passes' replays not).  Last, ``split``: one step as two, kept where deletions
     from there end shorter (its own budget, ``SPLIT_STEPS``).  Only a
     failure on the same invariant counts (``_fails_like``).  Each kept candidate is re-recorded,
     so names run ``req_0``, ``req_1``, ... again.  ``stop()``, when given,
@@ -655,7 +656,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         # Two adjacent steps swapped, kept only where deletions then end
         # shorter (``descend``): a free moved into a group lets the step
         # that queued the free there go.
-        swaps = [(*steps[:i], steps[i + 1], steps[i], *steps[i + 2 :]) for i in range(len(steps) - 1)]
+        swaps = [(*steps[:i], steps[i + 1], steps[i], *steps[i + 2 :]) for i in range(len(steps) - 1)
+                 if steps[i] != steps[i + 1]]
         for config, candidate, shorter in (*candidates, *merges, *((None, s, None) for s in swaps), *others):
             if spent[2] > DEAR_STEPS:
                 return False
@@ -673,8 +675,10 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         """Whether ``steps``, where they fail, ``descend`` to a trace shorter
         than ``best``, and take it."""
         nonlocal best
+        if steps == best.steps:
+            return False
         found = check(attrs.evolve(best, steps=steps))
-        if found is None or steps == best.steps:
+        if found is None:
             return False
         found = descend(found)
         key = _key(found.config, found.steps)

@@ -56,6 +56,13 @@ def _fails(steps) -> tuple[str, int] | None:
     return None if failure is None else (failure.invariant, len(failure.steps))
 
 
+def _shrinks_to(config: Config, steps: tuple, invariant: str, length: int) -> None:
+    """``steps`` fail on ``invariant`` and the minimiser takes them to ``length`` steps failing on it."""
+    assert replay(Trace(config, steps)).invariant == invariant
+    shortest = minimize(Trace(config, steps, invariant))
+    assert (shortest.invariant, len(shortest.steps)) == (invariant, length)
+
+
 def test_padded_trace_still_fails_the_same_way():
     """The padding is harmless: the padded trace fails at its failing end, on free_sets_agree."""
     assert _fails(PADDED) == ("free_sets_agree", len(PADDED) - 1)
@@ -94,9 +101,7 @@ def test_minimize_puts_one_step_in_place_of_two():
         Step("alloc", {"n": 4, "req": "req_0"}),
         Step("end", {}),
     )
-    assert replay(Trace(config, six)).invariant == "free_sets_agree"
-    shortest = minimize(Trace(config, six, "free_sets_agree"))
-    assert (shortest.invariant, len(shortest.steps)) == ("free_sets_agree", 5)
+    _shrinks_to(config, six, "free_sets_agree", 5)
 
 
 def test_minimize_carries_a_deleted_requests_slots_onto_other_allocs():
@@ -124,9 +129,7 @@ def test_minimize_merges_two_requests_into_one():
         Step("finish", {"req": "req_2"}),
         Step("end", {}),
     )
-    assert replay(Trace(config, eight)).invariant == "free_sets_agree"
-    shortest = minimize(Trace(config, eight, "free_sets_agree"))
-    assert (shortest.invariant, len(shortest.steps)) == ("free_sets_agree", 4)
+    _shrinks_to(config, eight, "free_sets_agree", 4)
 
 
 def test_minimize_moves_to_a_smaller_pool_where_a_step_fewer_fails():
@@ -210,9 +213,7 @@ def test_minimize_hoists_a_later_request_into_the_first_alloc():
     steps, the known shortest)."""
     config = Config(target="bench.bugs:ThirdGroup")
     twelve = _groups(*[(Step("alloc", {"n": 1}, f"req_{i}"), Step("finish", {"req": f"req_{i}"})) for i in range(3)])
-    assert replay(Trace(config, twelve)).invariant == "free_sets_agree"
-    shortest = minimize(Trace(config, twelve, "free_sets_agree"))
-    assert (shortest.invariant, len(shortest.steps)) == ("free_sets_agree", 10)
+    _shrinks_to(config, twelve, "free_sets_agree", 10)
 
 
 def test_minimize_makes_a_request_big_enough_at_its_alloc():
@@ -225,9 +226,7 @@ def test_minimize_makes_a_request_big_enough_at_its_alloc():
         Step("extend", {"reqs": ["req_0"], "tokens": [1]}),
         *_groups((Step("finish", {"req": "req_0"}),)),
     )
-    assert replay(Trace(config, eleven)).invariant == "free_sets_agree"
-    shortest = minimize(Trace(config, eleven, "free_sets_agree"))
-    assert (shortest.invariant, len(shortest.steps)) == ("free_sets_agree", 10)
+    _shrinks_to(config, eleven, "free_sets_agree", 10)
 
 
 def test_minimize_drops_a_prefix_and_refits_the_segment_after_it():
@@ -241,9 +240,7 @@ def test_minimize_drops_a_prefix_and_refits_the_segment_after_it():
         Step("alloc", {"n": 12, "prefix": "cache_0"}, "req_1"),
         Step("free_segment", {"req": "req_1", "start": 16, "n": 11}),
     )
-    assert replay(Trace(config, four)).invariant == "free_sets_agree"
-    shortest = minimize(Trace(config, four, "free_sets_agree"))
-    assert (shortest.invariant, len(shortest.steps)) == ("free_sets_agree", 2)
+    _shrinks_to(config, four, "free_sets_agree", 2)
 
 
 def test_minimize_splits_a_step_that_does_two_things():
@@ -307,9 +304,7 @@ def test_minimize_refits_a_segment_to_a_request_made_smaller():
         Step("end", {}),
         Step("end", {}),
     )
-    assert replay(Trace(config, six)).invariant == "no_page_freed_twice"
-    shortest = minimize(Trace(config, six, "no_page_freed_twice"))
-    assert (shortest.invariant, len(shortest.steps)) == ("no_page_freed_twice", 5)
+    _shrinks_to(config, six, "no_page_freed_twice", 5)
 
 
 def test_minimize_merges_two_steps_into_one_of_their_own_rule_first():
@@ -326,9 +321,7 @@ def test_minimize_merges_two_steps_into_one_of_their_own_rule_first():
         Step("overwrite_row", {"row": 0}),
         Step("end", {}),
     )
-    assert replay(Trace(config, six)).invariant == "no_page_freed_twice"
-    shortest = minimize(Trace(config, six, "no_page_freed_twice"))
-    assert (shortest.invariant, len(shortest.steps)) == ("no_page_freed_twice", 5)
+    _shrinks_to(config, six, "no_page_freed_twice", 5)
 
 
 def test_minimize_makes_an_admitted_request_an_alloc_of_what_it_grew_by():
@@ -344,9 +337,7 @@ def test_minimize_makes_an_admitted_request_an_alloc_of_what_it_grew_by():
         Step("overwrite_row", {"row": 0}),
         Step("end", {}),
     )
-    assert replay(Trace(config, six)).invariant == "free_sets_agree"
-    shortest = minimize(Trace(config, six, "free_sets_agree"))
-    assert (shortest.invariant, len(shortest.steps)) == ("free_sets_agree", 5)
+    _shrinks_to(config, six, "free_sets_agree", 5)
 
 
 def test_minimize_makes_a_request_on_a_prefix_a_plain_alloc_as_big():
@@ -361,9 +352,7 @@ def test_minimize_makes_a_request_on_a_prefix_a_plain_alloc_as_big():
         Step("alloc", {"n": 4, "prefix": "cache_0"}, "req_1"),
         Step("device_buffer", {"req": "req_1", "n": 4}),
     )
-    assert replay(Trace(config, four)).invariant == "device_free_sets_agree"
-    shortest = minimize(Trace(config, four, "device_free_sets_agree"))
-    assert (shortest.invariant, len(shortest.steps)) == ("device_free_sets_agree", 2)
+    _shrinks_to(config, four, "device_free_sets_agree", 2)
 
 
 def test_minimize_swaps_two_steps_where_deletions_then_go_further():
@@ -381,6 +370,4 @@ def test_minimize_swaps_two_steps_where_deletions_then_go_further():
         Step("end", {}),
         Step("end", {}),
     )
-    assert replay(Trace(config, seven)).invariant == "no_page_freed_twice"
-    shortest = minimize(Trace(config, seven, "no_page_freed_twice"))
-    assert (shortest.invariant, len(shortest.steps)) == ("no_page_freed_twice", 5)
+    _shrinks_to(config, seven, "no_page_freed_twice", 5)

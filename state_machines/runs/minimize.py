@@ -722,12 +722,11 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         candidate (``_candidate_steps``) that acts on a request or entry it
         names, if it names one, and still leaves a program; then one more
         candidate after that, of a rule no step of the trace has (rows: any),
-        simplest first; where that fails, ``descend`` from it, and keep what
-        comes out shorter than ``best``.  One step that does two things
+        simplest first; where that fails, ``descend`` from it and keep what
+        comes out shorter than ``best`` (``descended``).  One step that does two things
         (``rematch`` frees a view and rewrites the row) becomes the two, and
         then the steps only the one needed can go.  Stops once
         ``SPLIT_STEPS`` steps in all have been replayed."""
-        nonlocal best
         steps, config = best.steps, best.config
         ints = _ints_in(steps) | set(range(config.rows))
         new_rules = tuple(r for r in rules[config] if r not in {step.rule for step in steps})
@@ -751,13 +750,10 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                     if spent[1] > SPLIT_STEPS:
                         return False
                     before = spent[0]
-                    found = check(attrs.evolve(best, steps=(*steps[:i], a, after[j], *steps[i + 1 :])))
-                    if found is not None:
-                        found = descend(found)
+                    kept = descended((*steps[:i], a, after[j], *steps[i + 1 :]))
                     # Replays for this pass count against its own budget only.
                     spent[1], spent[0] = spent[1] + spent[0] - before, before
-                    if found is not None and len(found.steps) < len(steps):
-                        best = found
+                    if kept:
                         return True
         return False
 

@@ -37,6 +37,10 @@ class Interleaving:
         return config.caller == "harness" and all(check(config) for check in self.needs)
 
 
+# The steps that free a request's slots, a row view among them (``rematch``
+# only where it frees a duplicated span): the first step of the group orders.
+FREES_A_REQUEST = frozenset({"free", "free_segment", "finish", "finish_segments", "rematch"})
+
 INTERLEAVINGS = (
     Interleaving("group_free_overwrite_end", "in one group: free of a row view, overwrite of that row, end", step="begin"),
     Interleaving("rematch_in_group", "a rematch that frees a duplicated span, inside a group", step="begin"),
@@ -178,7 +182,7 @@ class Coverage:
                     yield "group_free_overwrite_end"
                 self._last_group_queued = self._group_queued
                 self._freed_rows, self._overwritten = set(), set()
-        elif name in ("free", "free_segment", "finish", "finish_segments", "rematch"):
+        elif name in FREES_A_REQUEST:
             request = state.model.requests.get(call["req"].rid)
             if request is None:
                 return

@@ -19,6 +19,7 @@ import random
 
 from state_machines.harness.lockstep import InvariantViolation
 from state_machines.harness.machines import machine_rules
+from state_machines.runs.coverage import FREES_A_REQUEST
 
 # Steps in one walk example: longer than Hypothesis's (a failure that needs
 # a long history, ten allocs, a request grown to 9 pages, shows sooner), and
@@ -43,7 +44,7 @@ WALK_STEPS = 40
 # bugs needing a long run of allocs or a clear lose (clear-keeps-mamba 2.2x).
 # The walk itself, steps to a first failure over seeds 0-5: 0.96x uniform's.
 STEER = 0.15
-_FREES = frozenset({"free", "free_segment", "finish", "finish_segments", "rematch", "evict"})
+_FREES = FREES_A_REQUEST | {"evict"}
 _WRITES = frozenset({"overwrite_row", "decode", "extend", "alloc"})
 _BEGIN, _END = frozenset({"begin"}), frozenset({"end"})
 

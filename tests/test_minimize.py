@@ -1,14 +1,22 @@
 """The trace minimiser deletes steps a failure does not need, and only those."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import attrs
+import pytest
 
 from allocators.token import TokenAllocator
+from bench.targets import unavailable
 from state_machines.config import Config
 from state_machines.harness import Step
 from state_machines.runs.minimize import minimize, shrink_configs
 from state_machines.runs.runner import replay
 from state_machines.runs.trace import Trace
 
+REPO = Path(__file__).resolve().parent.parent
 TOKEN_ALIAS = Config(target="builtin:token", mutant="alias")
 
 # The aliasing story on the token pool: a view of row 0 is queued in a
@@ -371,3 +379,46 @@ def test_minimize_swaps_two_steps_where_deletions_then_go_further():
         Step("end", {}),
     )
     _shrinks_to(config, seven, "no_page_freed_twice", 5)
+
+
+def test_minimize_deletes_a_request_and_raises_an_amount_to_make_up_for_it():
+    """page-interleave merge-on-total needs a chain drawing class 0 twice
+    after a released class-0 page: a request that only held room goes
+    while the last load-back grows to one draw's most (16 slots), neither
+    of which fails alone (four steps to three)."""
+    config = Config(target="builtin:page-interleave", mutant="merge-on-total", page_size=4, need_sort=True, size=8)
+    four = (
+        Step("load_back", {"n": 4, "start": 2}, "req_0"),
+        Step("load_back", {"n": 4, "start": 2}, "req_1"),
+        Step("finish", {"req": "req_0"}),
+        Step("load_back", {"n": 4, "start": 2}),
+    )
+    _shrinks_to(config, four, "allocator_raised", 3)
+
+
+# sglang 0.5.18's NPU decode bug (bench.bugs:npu_without_free_groups), met
+# on a pool resized to 5 pages: the resize's 5 pages go to the two allocs.
+NPU_DECODE = Config(target="bench.bugs:npu_without_free_groups", page_size=4, sglang_path=".sglang/0.5.18")
+NPU_RESIZED = (
+    Step("resize", {"pages": 5}),
+    Step("alloc", {"n": 8}, "req_0"),
+    Step("decode", {"reqs": ["req_0"]}),
+    Step("alloc", {"n": 4}, "req_1"),
+    Step("decode", {"reqs": ["req_1", "req_0"]}),
+)
+
+
+@pytest.mark.sglang
+def test_minimize_undoes_a_resize_and_lets_the_allocs_hold_its_pages():
+    """The NPU decode bug needs the pool down to one free page: a resize to
+    5 of 10 pages is undone and the allocs take its 5 pages (8 and 4 slots
+    become 16 and 16), five steps to four (the known shortest).  In a
+    process of its own: one process can import only one sglang release."""
+    if (reason := unavailable(NPU_DECODE)) is not None:
+        pytest.skip(reason)
+    run = subprocess.run(
+        [sys.executable, "-c", "from tests.test_minimize import _shrinks_to, NPU_DECODE, NPU_RESIZED; "
+         "_shrinks_to(NPU_DECODE, NPU_RESIZED, 'allocator_raised', 4)"],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    assert run.returncode == 0, run.stdout + run.stderr

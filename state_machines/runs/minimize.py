@@ -21,6 +21,7 @@ from state_machines.runs.trace import (
     ENTRY,
     FLAG,
     LIST,
+    PAGES,
     REQ,
     REQS,
     RULES,
@@ -300,7 +301,17 @@ def _carried(steps: tuple[Step, ...], name: str, config: Config, backward: bool 
                 moved[step.rule, key] = moved.get((step.rule, key), 0) + value
             elif not gone and listed is not None and isinstance(value, list):
                 moved[step.rule, key] = moved.get((step.rule, key), 0) + value[listed]
-    out = list(_without(steps, name))
+    return _spread(_without(steps, name), moved, config, backward)
+
+
+def _spread(steps: tuple[Step, ...], moved: dict[tuple[str, str], int], config: Config,
+            backward: bool = False) -> tuple[Step, ...]:
+    """``steps`` with the slots of ``moved`` (``{(rule, argument): slots}``,
+    keys of ``_CARRIED``) added to their steps of that rule and argument,
+    earliest first (latest first with ``backward``), each up to what one
+    draw of the rule takes, in whole multiples of the argument's unit;
+    what does not fit is dropped."""
+    moved, out = dict(moved), list(steps)
     order = range(len(out) - 1, -1, -1) if backward else range(len(out))
     for i in order:
         step = out[i]
@@ -321,6 +332,60 @@ def _carried(steps: tuple[Step, ...], name: str, config: Config, backward: bool 
             args[key] = grown if isinstance(value, list) else grown[0]
         out[i] = attrs.evolve(step, args=args) if args != step.args else step
     return tuple(out)
+
+
+def _pool_pages(steps: tuple[Step, ...], i: int, config: Config) -> int:
+    """The pages the pool holds before ``steps[i]``: the last ``resize``'s
+    before it, else the configuration's."""
+    pages = config.pool_size // config.page_size
+    for step in steps[:i]:
+        if step.rule == "resize":
+            pages = step.args["pages"]
+    return pages
+
+
+def _resize_carried(steps: tuple[Step, ...], config: Config, backward: bool = False):
+    """``steps`` without one ``resize`` that took pages off the pool, each in
+    turn, those pages added to the requests' ``alloc`` instead
+    (``_spread``, earliest first, or latest with ``backward``): a request
+    that holds the pages the resize took fills the pool as well, and the
+    resize goes."""
+    for i, step in enumerate(steps):
+        if step.rule != "resize" or (gone := _pool_pages(steps, i, config) - step.args["pages"]) <= 0:
+            continue
+        yield _spread((*steps[:i], *steps[i + 1 :]), {("alloc", "n"): gone * config.page_size}, config, backward)
+
+
+def _compensated(steps: tuple[Step, ...], name: str, config: Config):
+    """``_without(steps, name)`` with one argument changed to make up for
+    the room ``name`` took, each in turn: a ``resize`` to as many pages
+    fewer as the request held at its last step (when ``_size_before``
+    knows), one page fewer or one more; or an amount of slots or span
+    (an element of a list too) raised to what one draw takes (the
+    machine's ``MAX_PAGES`` pages, at most its bound).  Two changes at
+    once: a request that only took room goes while the pool stays as full,
+    where neither change alone fails (the room comes back on the step
+    that asks, not on an earlier one)."""
+    ps, held = config.page_size, _size_before(steps, name, len(steps))
+    out = _without(steps, name)
+    for i, step in enumerate(out):
+        kinds = arg_kinds(step.rule)
+        for key, value in step.args.items():
+            unit = kinds.get(key, "").removeprefix(LIST)
+            if isinstance(value, bool) or unit not in (SLOTS, SPAN, PAGES):
+                continue
+            lo, hi, multiple = int_bounds(unit, config)
+            if step.rule == "resize":
+                values = {value - 1, value + 1} | ({value - -(-held // ps)} if held and held > 0 else set())
+            elif unit == PAGES:
+                continue
+            else:
+                values = {min(hi, MAX_PAGES * ps) // multiple * multiple}
+            for v in sorted(v for v in values if lo <= v <= hi):
+                for j, item in enumerate(value if isinstance(value, list) else [value]):
+                    if v != item:
+                        grown = [*value[:j], v, *value[j + 1 :]] if isinstance(value, list) else v
+                        yield (*out[:i], attrs.evolve(step, args={**step.args, key: grown}), *out[i + 1 :])
 
 
 def _renamed(step: Step, old: str, new: str) -> Step | None:
@@ -526,7 +591,10 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     (``_growth_hoisted``); make each argument
     simpler (``_smaller_args``; no longer), a later segment free of a
     request made smaller refitted to it (``_refitted``).  Where those change nothing,
-    the dearer ones, until one succeeds: delete one step on another of
+    the dearer ones, until one succeeds: delete a request or entry and
+    make up for the room it took, a resize made smaller or an amount
+    raised (``_compensated``); undo a resize, the allocs holding its pages
+    (``_resize_carried``); delete one step on another of
     ``configs`` (strictly shorter, so in any order); put one step of one
     of their own rules (``_candidate_steps``, its amounts perhaps the sum
     of theirs) in place of two adjacent ones; swap two adjacent steps where
@@ -633,8 +701,16 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             rules[best.config] = _runnable_rules(best.config)
         # Another pool shape of ``configs`` where the failure needs a step
         # fewer (a smaller pool fills sooner); strictly shorter, so in any order.
-        candidates = [(config, steps[:i] + steps[i + 1 :], True)
-                      for config in configs if config != best.config for i in range(len(steps))]
+        # A request or entry deleted, the room it took made up for
+        # (``_compensated``): strictly shorter, and few candidates.
+        candidates = [(best.config, c, True) for name in [s.returns for s in steps if s.returns]
+                      for c in _compensated(steps, name, best.config)]
+        # A resize undone, the requests holding its pages instead (after
+        # those: a resize and fewer requests may be shorter still).
+        candidates += [(best.config, c, True) for back in (False, True)
+                       for c in _resize_carried(steps, best.config, back)]
+        candidates += [(config, steps[:i] + steps[i + 1 :], True)
+                       for config in configs if config != best.config for i in range(len(steps))]
         # Two adjacent steps as one of their own rules first (two segment
         # frees as one): few candidates, where one pair alone of another
         # rule may offer thousands (``reserve``'s five arguments).

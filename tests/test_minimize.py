@@ -422,3 +422,21 @@ def test_minimize_undoes_a_resize_and_lets_the_allocs_hold_its_pages():
         cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_minimize_moves_to_a_smaller_pool_with_the_amounts_rounded_up():
+    """token merge-drops-release needs the free pages short and released
+    pages to merge: two allocs of 4 of the default 10 slots, the second
+    finished, and an extend of 3.  Scaled to a 4-slot pool and rounded up
+    (2, 2, 2) they fill it as before (rounded down, 1, 1, 1, they do not);
+    there the two requests merge into one (four steps to three)."""
+    config = Config(target="builtin:token", mutant="merge-drops-release", need_sort=True)
+    four = (
+        Step("alloc", {"n": 4}, "req_0"),
+        Step("alloc", {"n": 4}, "req_1"),
+        Step("finish", {"req": "req_1"}),
+        Step("extend", {"reqs": ["req_0"], "tokens": [3]}),
+    )
+    assert replay(Trace(config, four)).invariant == "alloc_none_iff_short"
+    shortest = minimize(Trace(config, four, "alloc_none_iff_short"), configs=(config, attrs.evolve(config, size=4)))
+    assert (shortest.config.size, len(shortest.steps)) == (4, 3)

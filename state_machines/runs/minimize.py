@@ -65,13 +65,13 @@ def shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> 
     return tuple(dict.fromkeys(found))
 
 
-def _scaled(steps: tuple[Step, ...], config: Config, smaller: Config) -> tuple[Step, ...]:
+def _scaled(steps: tuple[Step, ...], config: Config, smaller: Config, up: bool = False) -> tuple[Step, ...]:
     """``steps`` for the pool of ``smaller``: each amount of slots or span
     (an alloc's or a free's ``n``, an extend's tokens; not an offset)
-    scaled down by the ratio of the two pools, rounded down to its multiple,
-    at least its lowest.  One amount that filled the pool fills the smaller
-    one too; several may not (rounding), so the pass keeps a scaled trace
-    only where it still fails and is strictly shorter."""
+    scaled down by the ratio of the two pools, rounded down to its multiple
+    (up with ``up``), at least its lowest.  One amount that filled the pool
+    fills the smaller one too; several may not (rounding down leaves room,
+    rounding up may ask more than is left)."""
     out = []
     for step in steps:
         kinds, args = arg_kinds(step.rule), dict(step.args)
@@ -80,7 +80,8 @@ def _scaled(steps: tuple[Step, ...], config: Config, smaller: Config) -> tuple[S
             if unit not in (SLOTS, SPAN) or isinstance(value, bool):
                 continue
             lo, _, multiple = int_bounds(unit, smaller)
-            scale = [max(lo, v * smaller.pool_size // config.pool_size // multiple * multiple)
+            per = config.pool_size * multiple
+            scale = [max(lo, (-(-v * smaller.pool_size // per) if up else v * smaller.pool_size // per) * multiple)
                      for v in (value if isinstance(value, list) else [value])]
             args[key] = scale if isinstance(value, list) else scale[0]
         out.append(attrs.evolve(step, args=args) if args != step.args else step)
@@ -579,7 +580,9 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
 
     To a fixed point, cheap passes first: move the trace onto the first of
     ``configs`` (the run's own pool, then smaller ones) before its own that
-    it still fails on, if any; delete a request or entry with every step
+    it still fails on, if any, or onto a smaller one with the amounts
+    scaled to it (``_scaled``: rounded down, strictly shorter; rounded up,
+    no longer); delete a request or entry with every step
     that names it (``_without``); delete runs of 8, 4, 2 and 1 steps
     (strictly shorter: a replay's teardown may close a group with an
     ``end`` of its own, which would give back the step deleted); delete a
@@ -643,9 +646,12 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                 changed = True
                 break
         for config in configs:
-            # A smaller pool with the amounts scaled to it: strictly shorter.
-            if config.pool_size < best.config.pool_size and attempt(
-                    attrs.evolve(best, config=config, steps=_scaled(best.steps, best.config, config)), shorter=True):
+            # A smaller pool with the amounts scaled down to it: strictly
+            # shorter; rounded up, as long (two requests that filled the
+            # pool fill the smaller one, and may merge there).
+            if config.pool_size < best.config.pool_size and any(
+                    attempt(attrs.evolve(best, config=config, steps=_scaled(best.steps, best.config, config, up)),
+                            shorter=not up) for up in (False, True)):
                 changed = True
                 break
         for name in [step.returns for step in best.steps if step.returns]:

@@ -76,9 +76,11 @@ def markdown(data: dict) -> str:
         "",
         f"{st['shrink_seeds']} seeds per bug with shrinking on, as `kv-lockstep fuzz` runs but with "
         "`report_multiple_bugs=False`: the first failure is shrunk by the trace minimiser "
-        "(`minimize.minimize`: the run's own or a smaller pool, amounts scaled to it, a request with every step naming "
-        "it, runs of steps, a request whose slots other allocs carry, two requests merged, a prefixed request made a plain "
-        "alloc, growth taken at the alloc (or admit), smaller arguments (segments refitted), one step for two, two "
+        "(`minimize.minimize`: the run's own or a smaller pool, amounts scaled to it (rounded down or up), a request with "
+        "every step naming it, runs of steps, a request whose slots other allocs carry, two requests merged, a prefixed "
+        "request made a plain alloc, growth taken at the alloc (or admit), smaller arguments (segments refitted), a "
+        "request deleted with the room it took made up for (a resize smaller, an amount raised), a resize undone with "
+        "the allocs holding its pages, one step for two, two "
         "adjacent steps swapped where deletions then go further, one step split in two, each replayed; only a failure "
         "on the same invariant counts). *shrunk* is the "
         "length of the shrunk trace, median "
@@ -105,9 +107,10 @@ def markdown(data: dict) -> str:
         out += [
             "",
             f"Shrinking stops above the known shortest trace (median) on {len(longer)} of {len(data['bugs'])} bugs. "
-            "Why: each of the minimiser's passes changes one thing at a time (a step, a request, an argument, the "
-            "pool), and some shortest traces are two changes away (an alloc and a finish to swap for a row overwrite "
-            "while the first alloc grows), so it settles in a local minimum; which one depends on the failing example "
+            "Why: the minimiser's passes change one or two things at a time (a step, a request, an argument, the "
+            "pool; a request deleted and an amount raised), and some shortest traces are further away (a group's "
+            "begin moved before a rematch, then a slide of the request in place of its finish and the cache's "
+            "evict_swa), so it settles in a local minimum; which one depends on the failing example "
             "found, so on the seed. It never trades the failing invariant, so a failure met on one invariant is not "
             "shrunk to a shorter trace of another.",
         ]

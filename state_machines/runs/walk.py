@@ -8,7 +8,8 @@ each example's pool shape as Hypothesis would (``FreeGroupMachine.shaped``;
 the first example on the run's own), then each step's rule uniformly among
 those whose guard holds (a share ``STEER`` of steps steered toward the
 coverage probe's group orders; a decode wherever the pool is at its edge,
-``_at_edge``) and each argument uniformly in its declared range.  Its failures are shrunk like
+``_at_edge``) and each argument uniformly in its declared range (but a
+share ``FILL`` of allocs leaving 0 or 1 page free).  Its failures are shrunk like
 Hypothesis's (``minimize.minimize``); a run it leaves clean goes on to
 Hypothesis, with its database, replay and mutations, for the rest of the
 examples.

@@ -3,7 +3,11 @@ a pool size drawn per example, and a trace minimiser that shrinks on the
 run's own pool and makes arguments smaller."""
 
 import functools
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import attrs
 import pytest
@@ -20,7 +24,7 @@ from state_machines.runs import walk as walk_module
 from state_machines.runs.minimize import _without, minimize
 from state_machines.runs.runner import fuzz, fuzz_settings, replay
 from state_machines.runs.trace import Trace
-from state_machines.runs.walk import _applicable, _Steer, _steered, walk
+from state_machines.runs.walk import _applicable, _at_edge, _filling, _Steer, _steered, walk
 from tests.test_minimize import ALIAS, TOKEN_ALIAS
 
 BIG_POOL = next(c for c in HARD if c.target.endswith("BigPool"))
@@ -274,3 +278,83 @@ def test_a_steered_walk_opens_a_group_whenever_none_is_open(monkeypatch):
     record = RunRecord()
     walk(machine_for(Config(), record), random.Random(0), 5, steps=40)
     assert record.rule_counts["begin"] > record.steps / 8
+
+
+NPU = Config(target="builtin:npu", page_size=4)
+
+
+def _fresh(config: Config):
+    """A machine of ``config`` built on its own pool shape."""
+    machine = machine_for(config)()
+    if machine.draws_shape:
+        machine.shape(0, 0, 0)
+    return machine
+
+
+def _npu_machine_with_one_request(pages: int):
+    """A machine on NPU's 10-page pool holding one new request of ``pages`` pages (at a page's end)."""
+    machine = _fresh(NPU)
+    machine.alloc(pages=pages, who=0)
+    return machine
+
+
+def _decode_rule(machine):
+    return next(r for r in machine_rules(type(machine)) if r.name == "decode")
+
+
+def test_the_walk_decodes_where_a_decode_takes_the_pools_last_free_page():
+    """One request at a page's end and one page free: the edge names the decode rule."""
+    machine = _npu_machine_with_one_request(9)
+    assert machine.state.model.num_free == 1
+    assert _at_edge(_decode_rule(machine), machine).name == "decode"
+
+
+def test_the_walk_leaves_the_rule_to_chance_where_a_decode_would_leave_pages_free():
+    """One request at a page's end and two pages free: no edge, the rule is drawn as ever."""
+    machine = _npu_machine_with_one_request(8)
+    assert _at_edge(_decode_rule(machine), machine) is None
+
+
+def test_a_fill_draw_leaves_the_pool_with_exactly_one_page_free_or_none():
+    """Over twenty fresh machines a new request of the fill's pages leaves exactly 0 or 1 page free, each seen."""
+    rng, left = random.Random(0), set()
+    for _ in range(20):
+        machine = _npu_machine_with_one_request(2)
+        machine.alloc(pages=_filling(machine, rng), who=0)
+        left.add(machine.state.model.num_free)
+    assert left == {0, 1}
+
+
+def test_a_fill_draw_takes_at_most_a_rows_pages():
+    """On a 64-page pool the fill asks for a row's pages (row_pages), not the 63 or 64 free."""
+    machine = _fresh(attrs.evolve(NPU, size=256))
+    assert _filling(machine, random.Random(0)) == machine.state.config.row_pages
+
+
+REPO = Path(__file__).resolve().parents[1]
+_WALK_NPU = """
+import random, sys
+from bench.targets import SGLANG_DEEP
+from state_machines.harness import RunRecord, machine_for
+from state_machines.harness.lockstep import InvariantViolation
+from state_machines.runs.walk import walk
+record = RunRecord()
+try:
+    walk(machine_for(SGLANG_DEEP[0], record), random.Random(7), 100)
+except InvariantViolation as exc:
+    print(exc.invariant, record.examples_to_failure)
+"""
+
+
+@pytest.mark.sglang
+def test_the_walk_meets_sglang_0518s_npu_decode_bug_within_a_hundred_examples():
+    """sglang 0.5.18's NPU alloc_decode bug (free groups kept out), on walk seed 7: met within 100 examples (without the edge and the fill, not in 1,500)."""
+    from bench.targets import SGLANG_DEEP, unavailable
+
+    if (reason := unavailable(SGLANG_DEEP[0])) is not None:
+        pytest.skip(reason)
+    # A process of its own: one process can import only one sglang release.
+    run = subprocess.run([sys.executable, "-c", _WALK_NPU], cwd=REPO, capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split()[0] == "allocator_raised", run.stdout

@@ -398,12 +398,7 @@ class DecodeRules:
     @draws(guard=lambda s: s.decodable(), mask=(1, 15), order=(0, 3))
     def decode(self, mask, order):
         s = self.state
-        live = s.decodable()
-        # A request that needs a new page needs room for it in its row.
-        batch = [
-            r for i, r in enumerate(live)
-            if mask >> (i % 4) & 1 and (s.room(r) > 0 or not s.model.decode_needs_page(r.rid, s.page_size))
-        ]
+        batch = self.decode_batch(mask)
         if not batch or not s.decode_fits(batch):
             return
         if order == 0:
@@ -414,6 +409,16 @@ class DecodeRules:
             k = order % len(batch)
             batch = batch[k:] + batch[:k]
         self._do("decode", batch)
+
+    def decode_batch(self, mask: int = 15) -> list:
+        """The decodable requests that bit ``i % 4`` of ``mask`` picks for
+        the ``i``-th (15: every one), in their order, less each that needs a
+        new page and has no room for it in its row."""
+        s = self.state
+        return [
+            r for i, r in enumerate(s.decodable())
+            if mask >> (i % 4) & 1 and (s.room(r) > 0 or not s.model.decode_needs_page(r.rid, s.page_size))
+        ]
 
 
 # An extend grows a request by 1 .. EXTEND_TOKENS_PAGES * page_size tokens.

@@ -64,11 +64,12 @@ def _fails(steps) -> tuple[str, int] | None:
     return None if failure is None else (failure.invariant, len(failure.steps))
 
 
-def _shrinks_to(config: Config, steps: tuple, invariant: str, length: int) -> None:
-    """``steps`` fail on ``invariant`` and the minimiser takes them to ``length`` steps failing on it."""
+def _shrinks_to(config: Config, steps: tuple, invariant: str, length: int) -> Trace:
+    """``steps`` fail on ``invariant`` and the minimiser takes them to ``length`` steps failing on it; that trace."""
     assert replay(Trace(config, steps)).invariant == invariant
     shortest = minimize(Trace(config, steps, invariant))
     assert (shortest.invariant, len(shortest.steps)) == (invariant, length)
+    return shortest
 
 
 def test_padded_trace_still_fails_the_same_way():
@@ -383,9 +384,9 @@ def test_minimize_swaps_two_steps_where_deletions_then_go_further():
 
 def test_minimize_deletes_a_request_and_raises_an_amount_to_make_up_for_it():
     """page-interleave merge-on-total needs a chain drawing class 0 twice
-    after a released class-0 page: a request that only held room goes
-    while the last load-back grows to one draw's most (16 slots), neither
-    of which fails alone (four steps to three)."""
+    after a released class-0 page: the second request, which only held
+    room, goes while the first load-back grows to one draw's most (16
+    slots), neither of which fails alone (four steps to three)."""
     config = Config(target="builtin:page-interleave", mutant="merge-on-total", page_size=4, need_sort=True, size=8)
     four = (
         Step("load_back", {"n": 4, "start": 2}, "req_0"),
@@ -393,7 +394,8 @@ def test_minimize_deletes_a_request_and_raises_an_amount_to_make_up_for_it():
         Step("finish", {"req": "req_0"}),
         Step("load_back", {"n": 4, "start": 2}),
     )
-    _shrinks_to(config, four, "allocator_raised", 3)
+    three = _shrinks_to(config, four, "allocator_raised", 3)
+    assert [(s.rule, s.args.get("n")) for s in three.steps] == [("load_back", 16), ("finish", None), ("load_back", 4)]
 
 
 # sglang 0.5.18's NPU decode bug (bench.bugs:npu_without_free_groups), met
@@ -418,7 +420,9 @@ def test_minimize_undoes_a_resize_and_lets_the_allocs_hold_its_pages():
         pytest.skip(reason)
     run = subprocess.run(
         [sys.executable, "-c", "from tests.test_minimize import _shrinks_to, NPU_DECODE, NPU_RESIZED; "
-         "_shrinks_to(NPU_DECODE, NPU_RESIZED, 'allocator_raised', 4)"],
+         "t = _shrinks_to(NPU_DECODE, NPU_RESIZED, 'allocator_raised', 4); "
+         "assert [(s.rule, s.args.get('n')) for s in t.steps] == "
+         "[('alloc', 16), ('decode', None), ('alloc', 16), ('decode', None)], t.steps"],
         cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
     assert run.returncode == 0, run.stdout + run.stderr

@@ -428,6 +428,34 @@ def test_minimize_undoes_a_resize_and_lets_the_allocs_hold_its_pages():
     assert run.returncode == 0, run.stdout + run.stderr
 
 
+# The NPU decode bug as the bench's walk met it and shrank it to six steps:
+# req_0's tail free folded into its alloc, then the resize undone.
+NPU_FREED = (
+    Step("resize", {"pages": 6}),
+    Step("alloc", {"n": 8}, "req_0"),
+    Step("alloc", {"n": 12}, "req_1"),
+    Step("free", {"req": "req_0", "n": 4}),
+    Step("decode", {"reqs": ["req_1"]}),
+    Step("decode", {"reqs": ["req_0", "req_1"]}),
+)
+
+
+@pytest.mark.sglang
+def test_minimize_folds_a_tail_free_into_the_requests_alloc():
+    """The NPU decode bug with req_0 allocated 8 slots and 4 freed: the free
+    goes and the alloc takes 4, after which the resize is undone, six steps
+    to four (the known shortest's length).  In a process of its own."""
+    if (reason := unavailable(NPU_DECODE)) is not None:
+        pytest.skip(reason)
+    run = subprocess.run(
+        [sys.executable, "-c", "from tests.test_minimize import _shrinks_to, NPU_DECODE, NPU_FREED; "
+         "t = _shrinks_to(NPU_DECODE, NPU_FREED, 'allocator_raised', 4); "
+         "assert 'free' not in [s.rule for s in t.steps], t.steps"],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
 def test_minimize_moves_to_a_smaller_pool_with_the_amounts_rounded_up():
     """token merge-drops-release needs the free pages short and released
     pages to merge: two allocs of 4 of the default 10 slots, the second

@@ -525,7 +525,9 @@ def _growth_hoisted(steps: tuple[Step, ...], config: Config):
     ``alloc`` or ``admit`` (``alloc(n, req=...)``, a one-request ``extend``
     or ``decode``) deleted and its slots taken by that step, an ``alloc``
     (an admit is an alloc of nothing), each in turn, where they fit one
-    draw of the rule (in pages)."""
+    draw of the rule (in pages); or one ``free`` of the request's last
+    slots deleted and that alloc made as much smaller, where a page is
+    left."""
     made = {step.returns: i for i, step in enumerate(steps)
             if (step.rule, set(step.args)) in (("alloc", {"n"}), ("admit", set()))}
     cap = _one_draw("alloc", "n", config)
@@ -534,6 +536,9 @@ def _growth_hoisted(steps: tuple[Step, ...], config: Config):
             name, more = step.args["req"], step.args["n"]
         elif step.rule in ("extend", "decode") and len(step.args["reqs"]) == 1:
             name, more = step.args["reqs"][0], step.args["tokens"][0] if step.rule == "extend" else 1
+        elif step.rule == "free":
+            # A tail free: the request held that much less from its alloc on.
+            name, more = step.args["req"], -step.args["n"]
         else:
             continue
         if name not in made or made[name] > i:
@@ -541,7 +546,7 @@ def _growth_hoisted(steps: tuple[Step, ...], config: Config):
         at = made[name]
         # An alloc takes whole pages: the slots it grows by round up to one.
         grown = -(-(steps[at].args.get("n", 0) + more) // config.page_size) * config.page_size
-        if grown <= cap:
+        if config.page_size <= grown <= cap:
             alloc = Step("alloc", {"n": grown}, name)
             yield from _and_refitted((*steps[:at], alloc, *steps[at + 1 : i],
                                       *steps[i + 1 :]), config)
@@ -592,8 +597,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     requests into one, where the second was made (``_merged``) or from the
     first's alloc on (``_hoisted``); make a request on a cached prefix
     by a plain alloc as big (``_prefix_folded``; no longer); let a
-    request's alloc (or admit) take what a later step grew it by
-    (``_growth_hoisted``); make each argument
+    request's alloc (or admit) take what a later step grew it by, or give
+    up what a later free of its tail gave back (``_growth_hoisted``); make each argument
     simpler (``_smaller_args``; no longer), a later segment free of a
     request made smaller refitted to it (``_refitted``).  Where those change nothing,
     the dearer ones, until one succeeds: delete a request or entry and

@@ -366,9 +366,9 @@ def _compensated(steps: tuple[Step, ...], name: str, config: Config):
     machine's ``MAX_PAGES`` pages, at most its bound).  Two changes at
     once: a request that only took room goes while the pool stays as full,
     where neither change alone fails (merge-on-total: the second of two
-    load-backs goes and the first takes a draw's most).  A pool made
-    larger or a free made bigger makes up for nothing, and fails no replay
-    that matters; each is one replay of a few steps."""
+    load-backs goes and the first takes a draw's most).  Among them are a
+    pool made larger and a free made bigger, which make up for nothing;
+    each costs one replay."""
     ps, held = config.page_size, _size_before(steps, name, len(steps))
     out = _without(steps, name)
     for i, step in enumerate(out):

@@ -51,36 +51,37 @@ _FREES = FREES_A_REQUEST | {"evict"}
 _WRITES = frozenset({"overwrite_row", "decode", "extend", "alloc"})
 _BEGIN, _END = frozenset({"begin"}), frozenset({"end"})
 
-# Two state-dependent levers, read off the model's counts: at the pool's
-# edge the step is a decode (``_at_edge``: where a decode of every request
-# that can take a token would take exactly the pages the model counts free,
-# one at least; its batch and order drawn as ever; off for the rest of an
-# example once the target refuses one, ``_refused``), and a share FILL of allocs asks for the pages that
-# leave exactly 0 or 1 page free (``_filling``; at most a row's, so a big pool
-# fills over several).  The fill may ask more pages than the rule declares
-# (its ``pages`` range, which Hypothesis and bench/baseline.py draw from),
-# never more than a row holds, so its traces stay within trace.py's bounds;
-# it counts the model's ``num_free`` only, and the rule caps it as any
-# draw (a request grown to its row's room, a prefixed one to what its row
-# has left), so it leaves 0 or 1 page free for a new request only.  sglang 0.5.18's NPU ``alloc_decode`` fails only at
-# that edge, with a request at a page's end before a mid-page one
-# (bench.bugs:npu_without_free_groups).  Plain random steps seldom decode
-# there (half the rules allocate, free or end a request, and a batch mixing
-# both kinds is rare): the walk met it in 2 examples of 3,000 (walk seed 1),
-# and `fuzz` (3,000 examples) on 8 seeds of 10, the baseline on 7.  With
-# the edge alone 56 in 3,000; with the fill as well 47, and `fuzz` on 10
-# seeds of 10 within 70 examples (2-70, median 15.5); the walk alone, seeds
-# 0-9, 1,500 examples: 10 of 10, median 15.5 examples (a decode of every
-# request at the edge instead of a drawn batch: median 35.5, up to 225).  The fill alone: 4 in
-# 3,000.  Over the 67 built-in bugs (measured as for STEER below, steering
-# on, seeds 7 and 8 pooled): steering alone 0.768x the baseline's steps,
-# the edge 0.760x, the fill 0.756x (31 slower), both 0.732x (0.731x,
-# 0.728x; 28 slower, as before).  Both gain on the bugs that need the pool
-# full: ExactlyFull 1.33x the baseline's steps to 0.83x, NPU decode-one-past
-# 1.05x to 0.71x, decode-boundary 0.99x to 0.79x, BigFree 0.73x to 0.31x;
-# a long run of small allocs loses a little (TenthAlloc 1.2x more steps
-# than steering alone).  An integer argument at either end of its range in
-# a quarter of draws (as Hypothesis biases them) lost: 0.818x (seed 7).
+# Two state-dependent levers, read off the model's counts: at the pool's edge
+# the step is a decode (``_at_edge``: where a decode of every request that can
+# take a token would take exactly the pages the model counts free, one at
+# least; its batch and order drawn as ever; off for the rest of an example
+# once the target refuses one, ``_refused``), and a share FILL of allocs asks
+# for the pages that leave exactly 0 or 1 page free (``_filling``; at most a
+# row's, so a big pool fills over several).  The fill may ask more pages than
+# the rule declares (its ``pages`` range, which Hypothesis and
+# bench/baseline.py draw from), never more than a row holds, so its traces
+# stay within trace.py's bounds; it counts the model's ``num_free`` only, and
+# the rule caps it as any draw (a request grown to its row's room, a prefixed
+# one to what its row has left), so it leaves 0 or 1 page free for a new
+# request only.  sglang 0.5.18's NPU ``alloc_decode`` fails only at that edge,
+# with a request at a page's end before a mid-page one
+# (bench.bugs:npu_without_free_groups).  Plain random steps seldom decode there
+# (half the rules allocate, free or end a request, and a batch mixing both
+# kinds is rare): the walk met it in 2 examples of 3,000 (walk seed 1), and
+# `fuzz` (3,000 examples) on 8 seeds of 10, the baseline on 7.  With the edge
+# alone 56 in 3,000; with the fill as well 47, and `fuzz` on 10 seeds of 10
+# within 70 examples (2-70, median 15.5); the walk alone, seeds 0-9, 1,500
+# examples: 10 of 10, median 15.5 examples (a decode of every request at the
+# edge instead of a drawn batch: median 35.5, up to 225).  The fill alone: 4 in
+# 3,000.  Over the 67 built-in bugs (measured as for STEER below, steering on,
+# seeds 7 and 8 pooled): steering alone 0.768x the baseline's steps, the edge
+# 0.760x, the fill 0.756x (31 slower), both 0.732x (0.731x, 0.728x; 28 slower,
+# as before).  Both gain on the bugs that need the pool full: ExactlyFull 1.33x
+# the baseline's steps to 0.83x, NPU decode-one-past 1.05x to 0.71x,
+# decode-boundary 0.99x to 0.79x, BigFree 0.73x to 0.31x; a long run of small
+# allocs loses a little (TenthAlloc 1.2x more steps than steering alone). An
+# integer argument at either end of its range in a quarter of draws (as
+# Hypothesis biases them) lost: 0.818x (seed 7).
 FILL = 0.25
 
 # Examples the walk runs on, at least, after its first failure, for others.

@@ -335,26 +335,20 @@ def _spread(steps: tuple[Step, ...], moved: dict[tuple[str, str], int], config: 
     return tuple(out)
 
 
-def _pool_pages(steps: tuple[Step, ...], i: int, config: Config) -> int:
-    """The pages the pool holds before ``steps[i]``: the last ``resize``'s
-    before it, else the configuration's."""
-    pages = config.pool_size // config.page_size
-    for step in steps[:i]:
-        if step.rule == "resize":
-            pages = step.args["pages"]
-    return pages
-
-
 def _resize_carried(steps: tuple[Step, ...], config: Config, backward: bool = False):
     """``steps`` without one ``resize`` that took pages off the pool, each in
     turn, those pages added to the requests' ``alloc`` instead
     (``_spread``, earliest first, or latest with ``backward``): a request
     that holds the pages the resize took fills the pool as well, and the
     resize goes."""
+    # The pages the pool holds before each step: the last resize's, else the configuration's.
+    pages = config.pool_size // config.page_size
     for i, step in enumerate(steps):
-        if step.rule != "resize" or (gone := _pool_pages(steps, i, config) - step.args["pages"]) <= 0:
+        if step.rule != "resize":
             continue
-        yield _spread((*steps[:i], *steps[i + 1 :]), {("alloc", "n"): gone * config.page_size}, config, backward)
+        gone, pages = pages - step.args["pages"], step.args["pages"]
+        if gone > 0:
+            yield _spread((*steps[:i], *steps[i + 1 :]), {("alloc", "n"): gone * config.page_size}, config, backward)
 
 
 def _compensated(steps: tuple[Step, ...], name: str, config: Config):

@@ -240,11 +240,8 @@ def _refused(machine, steps: int, decoded: tuple) -> bool:
 
 def _filling(machine, rng: random.Random) -> int | None:
     """Pages that leave the model's free pages at 0 or 1 (drawn evenly), at
-    most a row's; None where that is no page, or the model counts none."""
-    free = getattr(getattr(machine.state, "model", None), "num_free", None)
-    if free is None:
-        return None
-    pages = min(free - rng.randrange(2), machine.state.config.row_pages)
+    most a row's; None where that is no page."""
+    pages = min(machine.state.model.num_free - rng.randrange(2), machine.state.config.row_pages)
     return pages if pages >= 1 else None
 
 

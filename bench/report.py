@@ -37,7 +37,7 @@ def markdown(data: dict) -> str:
         "## Time to failure: harness against a plain random fuzzer",
         "",
         f"Each bug, {st['seeds']} seeds per fuzzer. **Harness**: `state_machines.runs.runner.fuzz` without shrinking "
-        "(no example database): half the examples a seeded random walk over the machine's rules "
+        "(no example database): three quarters of the examples a seeded random walk over the machine's rules "
         "(`state_machines/runs/walk.py`, 40 steps, the first example on the run's own pool, then the pool shape "
         "drawn per example), then Hypothesis (one `step` rule picking among the applicable rules, pool shape drawn), "
         "so the time is to the *first* failing example; shrinking is measured separately below. "
@@ -218,7 +218,7 @@ def _losses(data: dict) -> list[str]:
         f"**Where the harness still loses** ({len(lost)} of {len(data['bugs'])}): {names}. "
         "Likely causes, not measured bug by bug: after its first example the harness's walk draws each example's "
         "pool shape, where the baseline always walks the default pool, and a bug that needs the pool full takes "
-        "many times the steps on a large one; and a search the walk's half of the examples leaves clean goes on "
+        "many times the steps on a large one; and a search the walk's three quarters of the examples leave clean goes on "
         "under Hypothesis, whose engine costs several times a step's own time per step.",
     ]
 

@@ -22,6 +22,17 @@ from state_machines.runs.walk import walk
 # Steps in one example; long enough for begin .. free .. overwrite .. end.
 STEPS_PER_EXAMPLE = 20
 
+# Quarters of a run's examples the walk (runs/walk.py) takes, from the first;
+# Hypothesis takes the rest where the walk found nothing.  Per example the walk
+# finds failures sooner than Hypothesis on every bench bug (it met each one
+# first in the last `make bench`), most of all on the deepest, sglang 0.5.18's
+# NPU decode (bench.bugs:npu_without_free_groups), measured on seeds 0-19 with
+# the ci profile's 200 examples: the walk alone found it on 20 of 20 (2-138
+# examples, median 26.5), Hypothesis alone on 5 of 20 (6 with the walk's two
+# levers in its step rule too, which cost bench.bugs:TenthAlloc 1 example
+# to 69.5, median over 10 seeds: not kept), half and half on 18 of 20.
+WALK_QUARTERS = 3
+
 
 @frozen
 class Outcome:
@@ -89,10 +100,10 @@ def fuzz(
     """Run ``config`` under Hypothesis until ``max_examples`` or a failure.
 
     The configuration is built once first, so bad input raises
-    ``TargetError`` here rather than inside Hypothesis.  Half the examples
-    are a seeded random walk over the same rules (``walk``; seeded by
-    ``seed``, or 0 under ``derandomize``), the rest Hypothesis's, which
-    runs only where the walk found nothing.  A failure the walk finds is
+    ``TargetError`` here rather than inside Hypothesis.  Three quarters of
+    the examples (``WALK_QUARTERS``) are a seeded random walk over the same
+    rules (``walk``; seeded by ``seed``, or 0 under ``derandomize``), the
+    rest Hypothesis's, which runs only where the walk found nothing.  A failure the walk finds is
     saved in the example database (when there is one) and replayed first
     next time, as Hypothesis replays its own.  With ``shrink``,
     each failure Hypothesis found is shrunk by ``minimize`` (on the run's
@@ -120,7 +131,7 @@ def fuzz(
     started = time.monotonic()
     failures: tuple[Trace, ...] = ()
     chosen = fuzz_settings(max_examples, database, derandomize, shrink=False)
-    walked = chosen.max_examples // 2
+    walked = chosen.max_examples * WALK_QUARTERS // 4
     try:
         _walk_saved(machine, chosen.database, record)
         # Each failure is saved as the walk meets it, so an interrupt later

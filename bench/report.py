@@ -76,11 +76,11 @@ def markdown(data: dict) -> str:
         "",
         f"{st['shrink_seeds']} seeds per bug with shrinking on, as `kv-lockstep fuzz` runs but with "
         "`report_multiple_bugs=False`: the first failure is shrunk by the trace minimiser "
-        "(`minimize.minimize`: the run's own or a smaller pool, amounts scaled to it (rounded down or up), a request with "
+        "(`minimize.minimize`: the run's own or a smaller pool, amounts scaled to it (rounded down, up or to the nearest), a request with "
         "every step naming it, runs of steps, a request whose slots other allocs carry, two requests merged, a prefixed "
         "request made a plain alloc, growth taken at the alloc (or admit), a tail free folded into it, smaller arguments (segments refitted), a "
         "request deleted with the room it took made up for (a resize smaller, an amount raised), a resize undone with "
-        "the allocs holding its pages, one step for two, two "
+        "the allocs holding its pages, one step for two, one simpler step on the same request for one, two "
         "adjacent steps swapped where deletions then go further, one step split in two, each replayed; only a failure "
         "on the same invariant counts). *shrunk* is the "
         "length of the shrunk trace, median "

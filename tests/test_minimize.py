@@ -472,3 +472,75 @@ def test_minimize_moves_to_a_smaller_pool_with_the_amounts_rounded_up():
     assert replay(Trace(config, four)).invariant == "alloc_none_iff_short"
     shortest = minimize(Trace(config, four, "alloc_none_iff_short"), configs=(config, attrs.evolve(config, size=4)))
     assert (shortest.config.size, len(shortest.steps)) == (4, 3)
+
+
+def test_minimize_moves_to_a_smaller_pool_with_the_amounts_rounded_to_the_nearest():
+    """token merge-drops-release as the bench's seed 0 shrank it: allocs of
+    4 and 6 of the default 10 slots fill the pool, the first is finished and
+    the second decodes.  On a 4-slot pool, rounded down (1, 2) they leave
+    room and rounded up (2, 3) the second does not fit; to the nearest
+    (2, 2) they fill it as before, and the two requests then merge (four
+    steps to three)."""
+    config = Config(target="builtin:token", mutant="merge-drops-release", need_sort=True)
+    four = (
+        Step("alloc", {"n": 4}, "req_0"),
+        Step("alloc", {"n": 6}, "req_1"),
+        Step("finish", {"req": "req_0"}),
+        Step("decode", {"reqs": ["req_1"]}),
+    )
+    assert replay(Trace(config, four)).invariant == "alloc_none_iff_short"
+    shortest = minimize(Trace(config, four, "alloc_none_iff_short"), configs=(config, attrs.evolve(config, size=4)))
+    assert (shortest.config.size, len(shortest.steps)) == (4, 3)
+
+
+THIRD_GROUP = Config(target="bench.bugs:ThirdGroup")
+
+
+def test_minimize_merges_two_requests_one_extend_grows_together():
+    """bench.bugs ThirdGroup needs three groups that each free something.
+    Two admitted requests grown by one extend of both are one request
+    grown by the sum (the extend keeps one entry of 2 tokens): the merged
+    request then gives each group its free (thirteen steps to the known
+    shortest's ten)."""
+    thirteen = (
+        Step("begin", {}),
+        Step("admit", {}, "req_0"),
+        Step("admit", {}, "req_1"),
+        Step("extend", {"reqs": ["req_1", "req_0"], "tokens": [1, 1]}),
+        Step("free", {"req": "req_0", "n": 1}),
+        Step("end", {}),
+        Step("begin", {}),
+        Step("finish", {"req": "req_1"}),
+        Step("end", {}),
+        Step("alloc", {"n": 1}, "req_2"),
+        Step("begin", {}),
+        Step("free_segment", {"req": "req_2", "start": 0, "n": 1}),
+        Step("end", {}),
+    )
+    _shrinks_to(THIRD_GROUP, thirteen, "free_sets_agree", 10)
+
+
+def test_minimize_puts_a_step_on_the_same_request_in_place_of_one_first():
+    """ThirdGroup as the bench's seed 0 met it: the second group frees by a
+    rematch over a cache entry.  A finish of the same request in its place
+    (a rule the trace has, naming what the rematch named) is tried before
+    the dearer moves run out of budget; the cache entry and its request go
+    after it (fifteen steps to ten)."""
+    fifteen = (
+        Step("admit", {}, "req_0"),
+        Step("admit", {}, "req_1"),
+        Step("extend", {"reqs": ["req_1", "req_0"], "tokens": [1, 1]}),
+        Step("rematch", {"req": "req_1", "dup": 0}, "cache_0"),
+        Step("alloc", {"n": 1}, "req_2"),
+        Step("begin", {}),
+        Step("alloc", {"n": 1}, "req_3"),
+        Step("free_segment", {"req": "req_0", "start": 0, "n": 1}),
+        Step("end", {}),
+        Step("begin", {}),
+        Step("rematch", {"req": "req_3", "dup": 1, "entry": "cache_0"}),
+        Step("end", {}),
+        Step("begin", {}),
+        Step("finish", {"req": "req_2"}),
+        Step("end", {}),
+    )
+    _shrinks_to(attrs.evolve(THIRD_GROUP, need_sort=True), fifteen, "free_sets_agree", 10)

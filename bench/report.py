@@ -78,7 +78,7 @@ def markdown(data: dict) -> str:
         "`report_multiple_bugs=False`: the first failure is shrunk by the trace minimiser "
         "(`minimize.minimize`: the run's own or a smaller pool, amounts scaled to it (rounded down, up or to the nearest), a request with "
         "every step naming it, runs of steps, a request whose slots other allocs carry, two requests merged, a prefixed "
-        "request made a plain alloc, growth taken at the alloc (or admit), a tail free folded into it, smaller arguments (segments refitted), a "
+        "request made a plain alloc (the entry's request as much smaller), growth taken at the alloc (or admit), a tail free folded into it, smaller arguments (segments refitted), a "
         "request deleted with the room it took made up for (a resize smaller, an amount raised), a resize undone with "
         "the allocs holding its pages, one step for two, one simpler step on the same request for one, two "
         "adjacent steps swapped where deletions then go further, one step split in two, each replayed; only a failure "

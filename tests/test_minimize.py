@@ -456,6 +456,35 @@ def test_minimize_folds_a_tail_free_into_the_requests_alloc():
     assert run.returncode == 0, run.stdout + run.stderr
 
 
+# The NPU decode bug as the bench's seed 1 shrank it, on a 4-page pool:
+# req_1 shares req_0's two cached pages, its own page freed.
+NPU_PREFIXED = (
+    Step("alloc", {"n": 8}, "req_0"),
+    Step("rematch", {"req": "req_0", "dup": 0}, "cache_0"),
+    Step("alloc", {"n": 4, "prefix": "cache_0"}, "req_1"),
+    Step("free", {"req": "req_1", "n": 4}),
+    Step("decode", {"reqs": ["req_1"]}),
+    Step("decode", {"reqs": ["req_0", "req_1"]}),
+)
+
+
+@pytest.mark.sglang
+def test_minimize_folds_a_prefix_and_takes_its_pages_off_the_entrys_request():
+    """The NPU decode bug needs one page free at the last decode.  req_1
+    made a plain alloc (8 slots) holds the two pages it shared with req_0
+    on its own, so req_0's alloc gives up as much (8 to 4): the pool is as
+    full, and the rematch, then the free, go (six steps to four, the known
+    shortest's length).  In a process of its own."""
+    if (reason := unavailable(NPU_DECODE)) is not None:
+        pytest.skip(reason)
+    run = subprocess.run(
+        [sys.executable, "-c", "import attrs; from tests.test_minimize import _shrinks_to, NPU_DECODE, NPU_PREFIXED; "
+         "_shrinks_to(attrs.evolve(NPU_DECODE, size=16), NPU_PREFIXED, 'allocator_raised', 4)"],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
 def test_minimize_moves_to_a_smaller_pool_with_the_amounts_rounded_up():
     """token merge-drops-release needs the free pages short and released
     pages to merge: two allocs of 4 of the default 10 slots, the second

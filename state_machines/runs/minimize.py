@@ -568,14 +568,25 @@ def _prefix_folded(steps: tuple[Step, ...], config: Config):
     ``admit`` with ``prefix``) made by a plain ``alloc`` instead, its slots
     grown by each whole number of pages in turn, up to what one draw of
     the rule takes: the request holds as much without the cache entry,
-    whose request and ``rematch`` can then go."""
-    cap = _one_draw("alloc", "n", config)
+    whose request and ``rematch`` can then go.  After each, the same with
+    the plain ``alloc`` of the request whose ``rematch`` made the entry
+    made as much smaller (at least a page left): the pages the two shared
+    are held twice now, and the pool stays as full as it was."""
+    cap, ps = _one_draw("alloc", "n", config), config.page_size
+    made = {step.returns: i for i, step in enumerate(steps) if step.returns}
     for i, step in enumerate(steps):
         if step.rule not in ("alloc", "admit") or "prefix" not in step.args or "req" in step.args:
             continue
-        n = step.args.get("n", 0)
-        for more in range(config.page_size, cap - n + 1, config.page_size):
-            yield (*steps[:i], Step("alloc", {"n": n + more}, step.returns), *steps[i + 1 :])
+        n, cached = step.args.get("n", 0), made.get(step.args["prefix"])
+        donor = made.get(steps[cached].args.get("req")) if cached is not None and steps[cached].rule == "rematch" else None
+        if donor is not None and (steps[donor].rule, set(steps[donor].args)) != ("alloc", {"n"}):
+            donor = None
+        for more in range(ps, cap - n + 1, ps):
+            folded = (*steps[:i], Step("alloc", {"n": n + more}, step.returns), *steps[i + 1 :])
+            yield folded
+            if donor is not None and steps[donor].args["n"] - more >= ps:
+                yield (*folded[:donor], attrs.evolve(steps[donor], args={"n": steps[donor].args["n"] - more}),
+                       *folded[donor + 1 :])
 
 
 def _key(config: Config, steps: tuple[Step, ...]) -> tuple:
@@ -608,7 +619,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     requests into one, where the second was made (``_merged``) or from the
     first's alloc on (``_hoisted``), an extend of both growing the one by
     both's tokens (``_renamed``); make a request on a cached prefix
-    by a plain alloc as big (``_prefix_folded``; no longer); let a
+    by a plain alloc as big, the alloc of the entry's request perhaps as
+    much smaller (``_prefix_folded``; no longer); let a
     request's alloc (or admit) take what a later step grew it by, or give
     up what a later free of its tail gave back (``_growth_hoisted``); make each argument
     simpler (``_smaller_args``; no longer), a later segment free of a

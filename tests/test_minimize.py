@@ -456,6 +456,35 @@ def test_minimize_folds_a_tail_free_into_the_requests_alloc():
     assert run.returncode == 0, run.stdout + run.stderr
 
 
+# The NPU decode bug as the bench's seed 1 shrank it, on a 4-page pool:
+# req_1 shares req_0's two cached pages, its own page freed.
+NPU_PREFIXED = (
+    Step("alloc", {"n": 8}, "req_0"),
+    Step("rematch", {"req": "req_0", "dup": 0}, "cache_0"),
+    Step("alloc", {"n": 4, "prefix": "cache_0"}, "req_1"),
+    Step("free", {"req": "req_1", "n": 4}),
+    Step("decode", {"reqs": ["req_1"]}),
+    Step("decode", {"reqs": ["req_0", "req_1"]}),
+)
+
+
+@pytest.mark.sglang
+def test_minimize_folds_a_prefix_and_takes_its_pages_off_the_entrys_request():
+    """The NPU decode bug needs one page free at the last decode.  req_1
+    made a plain alloc (8 slots) holds the two pages it shared with req_0
+    on its own, so req_0's alloc gives up as much (8 to 4): the pool is as
+    full, and the rematch, then the free, go (six steps to four, the known
+    shortest's length).  In a process of its own."""
+    if (reason := unavailable(NPU_DECODE)) is not None:
+        pytest.skip(reason)
+    run = subprocess.run(
+        [sys.executable, "-c", "import attrs; from tests.test_minimize import _shrinks_to, NPU_DECODE, NPU_PREFIXED; "
+         "_shrinks_to(attrs.evolve(NPU_DECODE, size=16), NPU_PREFIXED, 'allocator_raised', 4)"],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
 def test_minimize_moves_to_a_smaller_pool_with_the_amounts_rounded_up():
     """token merge-drops-release needs the free pages short and released
     pages to merge: two allocs of 4 of the default 10 slots, the second
@@ -472,3 +501,75 @@ def test_minimize_moves_to_a_smaller_pool_with_the_amounts_rounded_up():
     assert replay(Trace(config, four)).invariant == "alloc_none_iff_short"
     shortest = minimize(Trace(config, four, "alloc_none_iff_short"), configs=(config, attrs.evolve(config, size=4)))
     assert (shortest.config.size, len(shortest.steps)) == (4, 3)
+
+
+def test_minimize_moves_to_a_smaller_pool_with_the_amounts_rounded_to_the_nearest():
+    """token merge-drops-release as the bench's seed 0 shrank it: allocs of
+    4 and 6 of the default 10 slots fill the pool, the first is finished and
+    the second decodes.  On a 4-slot pool, rounded down (1, 2) they leave
+    room and rounded up (2, 3) the second does not fit; to the nearest
+    (2, 2) they fill it as before, and the two requests then merge (four
+    steps to three)."""
+    config = Config(target="builtin:token", mutant="merge-drops-release", need_sort=True)
+    four = (
+        Step("alloc", {"n": 4}, "req_0"),
+        Step("alloc", {"n": 6}, "req_1"),
+        Step("finish", {"req": "req_0"}),
+        Step("decode", {"reqs": ["req_1"]}),
+    )
+    assert replay(Trace(config, four)).invariant == "alloc_none_iff_short"
+    shortest = minimize(Trace(config, four, "alloc_none_iff_short"), configs=(config, attrs.evolve(config, size=4)))
+    assert (shortest.config.size, len(shortest.steps)) == (4, 3)
+
+
+THIRD_GROUP = Config(target="bench.bugs:ThirdGroup")
+
+
+def test_minimize_merges_two_requests_one_extend_grows_together():
+    """bench.bugs ThirdGroup needs three groups that each free something.
+    Two admitted requests grown by one extend of both are one request
+    grown by the sum (the extend keeps one entry of 2 tokens): the merged
+    request then gives each group its free (thirteen steps to the known
+    shortest's ten)."""
+    thirteen = (
+        Step("begin", {}),
+        Step("admit", {}, "req_0"),
+        Step("admit", {}, "req_1"),
+        Step("extend", {"reqs": ["req_1", "req_0"], "tokens": [1, 1]}),
+        Step("free", {"req": "req_0", "n": 1}),
+        Step("end", {}),
+        Step("begin", {}),
+        Step("finish", {"req": "req_1"}),
+        Step("end", {}),
+        Step("alloc", {"n": 1}, "req_2"),
+        Step("begin", {}),
+        Step("free_segment", {"req": "req_2", "start": 0, "n": 1}),
+        Step("end", {}),
+    )
+    _shrinks_to(THIRD_GROUP, thirteen, "free_sets_agree", 10)
+
+
+def test_minimize_puts_a_step_on_the_same_request_in_place_of_one_first():
+    """ThirdGroup as the bench's seed 0 met it: the second group frees by a
+    rematch over a cache entry.  A finish of the same request in its place
+    (a rule the trace has, naming what the rematch named) is tried before
+    the dearer moves run out of budget; the cache entry and its request go
+    after it (fifteen steps to ten)."""
+    fifteen = (
+        Step("admit", {}, "req_0"),
+        Step("admit", {}, "req_1"),
+        Step("extend", {"reqs": ["req_1", "req_0"], "tokens": [1, 1]}),
+        Step("rematch", {"req": "req_1", "dup": 0}, "cache_0"),
+        Step("alloc", {"n": 1}, "req_2"),
+        Step("begin", {}),
+        Step("alloc", {"n": 1}, "req_3"),
+        Step("free_segment", {"req": "req_0", "start": 0, "n": 1}),
+        Step("end", {}),
+        Step("begin", {}),
+        Step("rematch", {"req": "req_3", "dup": 1, "entry": "cache_0"}),
+        Step("end", {}),
+        Step("begin", {}),
+        Step("finish", {"req": "req_2"}),
+        Step("end", {}),
+    )
+    _shrinks_to(attrs.evolve(THIRD_GROUP, need_sort=True), fifteen, "free_sets_agree", 10)

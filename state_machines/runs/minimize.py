@@ -65,13 +65,14 @@ def shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> 
     return tuple(dict.fromkeys(found))
 
 
-def _scaled(steps: tuple[Step, ...], config: Config, smaller: Config, up: bool = False) -> tuple[Step, ...]:
+def _scaled(steps: tuple[Step, ...], config: Config, smaller: Config, rounding: str = "down") -> tuple[Step, ...]:
     """``steps`` for the pool of ``smaller``: each amount of slots or span
     (an alloc's or a free's ``n``, an extend's tokens; not an offset)
     scaled down by the ratio of the two pools, rounded down to its multiple
-    (up with ``up``), at least its lowest.  One amount that filled the pool
-    fills the smaller one too; several may not (rounding down leaves room,
-    rounding up may ask more than is left)."""
+    (``rounding``: or up, or to the nearest, a half up), at least its
+    lowest.  One amount that filled the pool fills the smaller one too;
+    several may not (rounding down leaves room, rounding up may ask more
+    than is left; to the nearest, 4 and 6 of 10 slots are 2 and 2 of 4)."""
     out = []
     for step in steps:
         kinds, args = arg_kinds(step.rule), dict(step.args)
@@ -81,7 +82,9 @@ def _scaled(steps: tuple[Step, ...], config: Config, smaller: Config, up: bool =
                 continue
             lo, _, multiple = int_bounds(unit, smaller)
             per = config.pool_size * multiple
-            scale = [max(lo, (-(-v * smaller.pool_size // per) if up else v * smaller.pool_size // per) * multiple)
+            # The amount in multiples of the smaller pool, as (numerator, denominator) to round.
+            top, bottom = {"down": (0, 1), "up": (per - 1, 1), "near": (per, 2)}[rounding]
+            scale = [max(lo, (v * smaller.pool_size * bottom + top) // (per * bottom) * multiple)
                      for v in (value if isinstance(value, list) else [value])]
             args[key] = scale if isinstance(value, list) else scale[0]
         out.append(attrs.evolve(step, args=args) if args != step.args else step)
@@ -386,15 +389,29 @@ def _compensated(steps: tuple[Step, ...], name: str, config: Config):
 
 
 def _renamed(step: Step, old: str, new: str) -> Step | None:
-    """``step`` naming request ``new`` wherever it named ``old``; None where
-    one batch would then name ``new`` twice."""
-    args = {}
+    """``step`` naming request ``new`` wherever it named ``old``.  A batch
+    that names both keeps ``new`` once, with ``old``'s entry of the step's
+    parallel list of integers added to its own (``extend``'s tokens: one
+    request grows by what both grew by); None where there is no such list
+    (a ``decode`` grows each request it names by one)."""
+    args = dict(step.args)
     for key, value in step.args.items():
         if isinstance(value, list) and old in value:
-            if new in value:
+            if new not in value:
+                args[key] = [new if v == old else v for v in value]
+                continue
+            i, j = value.index(old), value.index(new)
+            lists = [k for k, v in step.args.items() if k != key and isinstance(v, list) and len(v) == len(value)
+                     and all(isinstance(x, int) for x in v)]
+            if not lists:
                 return None
-            value = [new if v == old else v for v in value]
-        args[key] = new if value == old else value
+            for other in lists:
+                items = list(step.args[other])
+                items[j] += items[i]
+                args[other] = items[:i] + items[i + 1 :]
+            args[key] = value[:i] + value[i + 1 :]
+        elif value == old:
+            args[key] = new
     return attrs.evolve(step, args=args) if args != step.args else step
 
 
@@ -551,14 +568,25 @@ def _prefix_folded(steps: tuple[Step, ...], config: Config):
     ``admit`` with ``prefix``) made by a plain ``alloc`` instead, its slots
     grown by each whole number of pages in turn, up to what one draw of
     the rule takes: the request holds as much without the cache entry,
-    whose request and ``rematch`` can then go."""
-    cap = _one_draw("alloc", "n", config)
+    whose request and ``rematch`` can then go.  After each, the same with
+    the plain ``alloc`` of the request whose ``rematch`` made the entry
+    made as much smaller (at least a page left): the pages the two shared
+    are held twice now, and the pool stays as full as it was."""
+    cap, ps = _one_draw("alloc", "n", config), config.page_size
+    made = {step.returns: i for i, step in enumerate(steps) if step.returns}
     for i, step in enumerate(steps):
         if step.rule not in ("alloc", "admit") or "prefix" not in step.args or "req" in step.args:
             continue
-        n = step.args.get("n", 0)
-        for more in range(config.page_size, cap - n + 1, config.page_size):
-            yield (*steps[:i], Step("alloc", {"n": n + more}, step.returns), *steps[i + 1 :])
+        n, cached = step.args.get("n", 0), made.get(step.args["prefix"])
+        donor = made.get(steps[cached].args.get("req")) if cached is not None and steps[cached].rule == "rematch" else None
+        if donor is not None and (steps[donor].rule, set(steps[donor].args)) != ("alloc", {"n"}):
+            donor = None
+        for more in range(ps, cap - n + 1, ps):
+            folded = (*steps[:i], Step("alloc", {"n": n + more}, step.returns), *steps[i + 1 :])
+            yield folded
+            if donor is not None and steps[donor].args["n"] - more >= ps:
+                yield (*folded[:donor], attrs.evolve(steps[donor], args={"n": steps[donor].args["n"] - more}),
+                       *folded[donor + 1 :])
 
 
 def _key(config: Config, steps: tuple[Step, ...]) -> tuple:
@@ -582,15 +610,17 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     To a fixed point, cheap passes first: move the trace onto the first of
     ``configs`` (the run's own pool, then smaller ones) before its own that
     it still fails on, if any, or onto a smaller one with the amounts
-    scaled to it (``_scaled``: rounded down, strictly shorter; rounded up,
-    no longer); delete a request or entry with every step
+    scaled to it (``_scaled``: rounded down, strictly shorter; rounded up
+    or to the nearest, no longer); delete a request or entry with every step
     that names it (``_without``); delete runs of 8, 4, 2 and 1 steps
     (strictly shorter: a replay's teardown may close a group with an
     ``end`` of its own, which would give back the step deleted); delete a
     request and let other allocs carry its slots (``_carried``); merge two
     requests into one, where the second was made (``_merged``) or from the
-    first's alloc on (``_hoisted``); make a request on a cached prefix
-    by a plain alloc as big (``_prefix_folded``; no longer); let a
+    first's alloc on (``_hoisted``), an extend of both growing the one by
+    both's tokens (``_renamed``); make a request on a cached prefix
+    by a plain alloc as big, the alloc of the entry's request perhaps as
+    much smaller (``_prefix_folded``; no longer); let a
     request's alloc (or admit) take what a later step grew it by, or give
     up what a later free of its tail gave back (``_growth_hoisted``); make each argument
     simpler (``_smaller_args``; no longer), a later segment free of a
@@ -601,10 +631,12 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     (``_resize_carried``); delete one step on another of
     ``configs`` (strictly shorter, so in any order); put one step of one
     of their own rules (``_candidate_steps``, its amounts perhaps the sum
-    of theirs) in place of two adjacent ones; swap two adjacent steps where
+    of theirs) in place of two adjacent ones; put one simpler step of a
+    rule the trace has, naming a request or entry the step named, in place
+    of it (a group's free by a rematch made a finish); swap two adjacent steps where
     ``descend`` then ends shorter; put one simple step of another rule in
-    place of two adjacent ones; delete two steps apart; put one simple
-    step in place of one it is simpler than (``_simplicity``), which can
+    place of two adjacent ones; delete two steps apart; put any other
+    simple step in place of one it is simpler than (``_simplicity``), which can
     let the cheap passes cut again.  These stop, between candidates, once
     they have replayed ``DEAR_STEPS`` steps in all (a swap's ``descend``
     counted; the cheap passes' replays not).  Last, ``split``: one step as two, kept where deletions
@@ -648,11 +680,11 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                 break
         for config in configs:
             # A smaller pool with the amounts scaled down to it: strictly
-            # shorter; rounded up, as long (two requests that filled the
-            # pool fill the smaller one, and may merge there).
+            # shorter; rounded up or to the nearest, as long (two requests
+            # that filled the pool fill the smaller one, and may merge there).
             if config.pool_size < best.config.pool_size and any(
-                    attempt(attrs.evolve(best, config=config, steps=_scaled(best.steps, best.config, config, up)),
-                            shorter=not up) for up in (False, True)):
+                    attempt(attrs.evolve(best, config=config, steps=_scaled(best.steps, best.config, config, rounding)),
+                            shorter=rounding == "down") for rounding in ("down", "up", "near")):
                 changed = True
                 break
         for name in [step.returns for step in best.steps if step.returns]:
@@ -721,7 +753,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         # Two adjacent steps as one of their own rules first (two segment
         # frees as one): few candidates, where one pair alone of another
         # rule may offer thousands (``reserve``'s five arguments).
-        merges, others = [], []
+        merges, near, others = [], [], []
+        had = {s.rule for s in steps}
         for width in (2, 1):
             for i in range(len(steps) - width + 1):
                 replaced, made = steps[i : i + width], _made_before(steps, i)
@@ -731,7 +764,11 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                         continue
                     step = attrs.evolve(step, returns=names.get(returns_kind(step.rule)))
                     own = width > 1 and step.rule in {s.rule for s in replaced}
-                    (merges if own else others).append((best.config, (*steps[:i], step, *steps[i + width :]), width > 1))
+                    # One step in place of one, of a rule the trace has and
+                    # naming a request or entry the step it replaces names.
+                    close = width == 1 and step.rule in had and _refs(step) & _refs(replaced[0])
+                    (merges if own else near if close else others).append(
+                        (best.config, (*steps[:i], step, *steps[i + width :]), width > 1))
             if width == 2:
                 pairs = itertools.combinations(range(len(steps)), 2)
                 others += [(best.config, steps[:i] + steps[i + 1 : j] + steps[j + 1 :], True)
@@ -741,7 +778,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         # that queued the free there go.
         swaps = [(*steps[:i], steps[i + 1], steps[i], *steps[i + 2 :]) for i in range(len(steps) - 1)
                  if steps[i] != steps[i + 1]]
-        for config, candidate, shorter in (*candidates, *merges, *((None, s, None) for s in swaps), *others):
+        for config, candidate, shorter in (*candidates, *merges, *near, *((None, s, None) for s in swaps), *others):
             if spent[2] > DEAR_STEPS:
                 return False
             before = spent[0]

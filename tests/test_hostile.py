@@ -241,6 +241,16 @@ def test_decode_takes_the_list_form_and_the_older_string(tmp_path, capsys):
         assert code == 0, out + err
 
 
+def test_a_resize_is_bounded_by_the_pools_pages_not_a_rows():
+    """The walk's own trace on a drawn 24-page pool, resized to 15 pages (past
+    a row's 12), loads back; a resize to 25 pages is refused at load."""
+    config = Config(target="builtin:token", size=24)
+    kept = Trace(config, (Step("resize", {"pages": 15}),))
+    assert Trace.from_dict(json.loads(kept.to_json())) == kept
+    with pytest.raises(TraceError, match=r"steps\[0\]\.args\.pages is 25, outside 1\.\.24"):
+        Trace.from_dict(json.loads(Trace(config, (Step("resize", {"pages": 25}),)).to_json()))
+
+
 # --------------------------------------------------------------------------- #
 # Code a trace names never runs unless the command line names it.
 

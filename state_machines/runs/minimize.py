@@ -21,7 +21,7 @@ from state_machines.runs.trace import (
     ENTRY,
     FLAG,
     LIST,
-    PAGES,
+    POOL,
     REQ,
     REQS,
     RULES,
@@ -372,13 +372,11 @@ def _compensated(steps: tuple[Step, ...], name: str, config: Config):
         kinds = arg_kinds(step.rule)
         for key, value in step.args.items():
             unit = kinds.get(key, "").removeprefix(LIST)
-            if isinstance(value, bool) or unit not in (SLOTS, SPAN, PAGES):
+            if isinstance(value, bool) or unit not in (SLOTS, SPAN, POOL):
                 continue
             lo, hi, multiple = int_bounds(unit, config)
-            if step.rule == "resize":
+            if unit == POOL:
                 values = {value - 1, value + 1} | ({value - -(-held // ps)} if held and held > 0 else set())
-            elif unit == PAGES:
-                continue
             else:
                 values = {min(hi, MAX_PAGES * ps) // multiple * multiple}
             for v in sorted(v for v in values if lo <= v <= hi):

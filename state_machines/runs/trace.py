@@ -63,6 +63,7 @@ OFFSET = "offset"  # a page-aligned offset in a row: 0 .. row_pages * page_size 
 ROW = "row"        # a row of req_to_token: 0 .. rows - 1
 PAGES = "pages"    # pages: 1 .. row_pages
 PAGES0 = "pages0"  # pages, possibly none: 0 .. row_pages
+POOL = "pool"      # pages of the pool (a resize's): 1 .. pool_size // page_size
 PROMPT = "prompt"  # a prompt, one decimal digit per page (state_machines/callers): 1 .. 999
 FLAG, REQ, ENTRY, REQS = seam.FLAG, seam.REQ, seam.ENTRY, seam.REQS
 LIST = "list of "  # prefixed to a unit: a list[int] argument, each element in the unit
@@ -101,7 +102,7 @@ _UNITS = {
     # The scheduler-hook steps (harness/hooks.py).
     ("ask", "tokens"): SPAN,
     ("finish_segments", "cut"): PAGES0,
-    ("resize", "pages"): PAGES,
+    ("resize", "pages"): POOL,
     # The unified SWA pool's admission questions (harness/unified_hybrid.py).
     ("reserve", "full"): PAGES0,
     ("reserve", "swa"): PAGES0,
@@ -158,7 +159,7 @@ def returns_kind(rule: str) -> str | None:
 def int_bounds(kind: str, config: Config) -> tuple[int, int, int]:
     """(lowest, highest, multiple of) for an integer argument of ``kind``."""
     ps, row_slots = config.page_size, config.row_pages * config.page_size
-    if kind not in (SLOTS, SPAN, SPAN0, OFFSET, ROW, PAGES, PAGES0, PROMPT):
+    if kind not in (SLOTS, SPAN, SPAN0, OFFSET, ROW, PAGES, PAGES0, POOL, PROMPT):
         raise TraceError(f"an integer argument of kind {kind!r} has no bounds in state_machines/runs/trace.py")
     return {
         SLOTS: (ps, row_slots, ps),
@@ -168,6 +169,7 @@ def int_bounds(kind: str, config: Config) -> tuple[int, int, int]:
         ROW: (0, config.rows - 1, 1),
         PAGES: (1, config.row_pages, 1),
         PAGES0: (0, config.row_pages, 1),
+        POOL: (1, config.pool_size // ps, 1),
         PROMPT: (1, 999, 1),
     }[kind]
 

@@ -1,8 +1,12 @@
 """A target that keeps free groups out: the probe turns begin and end off,
-with the reason, and no machine draws them."""
+with the reason, and no machine draws them.  And a probe's verdict does
+not hang on the pool size a process builds first."""
 
 import pytest
 
+import attrs
+
+from allocators.paged import PagedAllocator
 from allocators.token import TokenAllocator
 from state_machines.config import Config
 from state_machines.harness import Step, build, machine_for
@@ -85,3 +89,24 @@ def test_a_target_without_free_groups_counts_no_group_order_as_unreached():
     coverage = Coverage(WITHOUT, use_hypothesis=False)
     coverage._new_example(build(WITHOUT))
     assert not {"group_free_overwrite_end", "end_without_group", "end_after_end", "evict_in_group"} & set(coverage.applicable)
+
+
+class ExtendNeedsAKernel(PagedAllocator):
+    """A paged pool whose ``alloc_extend`` returns None where the pool is
+    short, before anything else (as sglang's does), and otherwise needs a
+    kernel this machine lacks (as 0.5.18's NPU one needs sgl_kernel_npu)."""
+
+    def alloc_extend(self, *args, **kwargs):
+        if self.available_size() < args[5]:
+            return None
+        raise ModuleNotFoundError("No module named 'a_kernel'")
+
+
+def test_extend_is_probed_on_the_runs_own_pool_whatever_size_is_built_first():
+    """Built first on a 2-page pool, where the probe's extend (10 slots)
+    returns None before the kernel, extend is still off, with the kernel's
+    reason, there and on the default pool (a shrunk trace replayed in a
+    fresh process builds its small pool first)."""
+    small = Config(target="tests.test_probe_groups:ExtendNeedsAKernel", page_size=4, size=8)
+    assert "a_kernel" in (build(small).why_not("extend") or "")
+    assert "a_kernel" in (build(attrs.evolve(small, size=None)).why_not("extend") or "")

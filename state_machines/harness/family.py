@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+import attrs
 from attrs import frozen
 
 from state_machines import targets
@@ -96,7 +97,18 @@ def build(config: Config | None = None, **overrides) -> Lockstep:
         row_dtype=config.row_dtype,
     )
     family = family_of(target, allocator)
-    disabled = probe.disabled_steps(allocator, page_size=config.page_size, device=config.device, latent=config.latent)
+
+    def own_pool():
+        # The optional steps are probed on the configuration's own pool size:
+        # a pool too small for the probe's extend returns None before the
+        # method's kernel runs, and the verdict is kept for every size.
+        return targets.build(
+            target, size=attrs.evolve(config, size=None).pool_size, page_size=config.page_size,
+            device=config.device, need_sort=config.need_sort, row_dtype=config.row_dtype,
+        )
+
+    disabled = probe.disabled_steps(allocator, page_size=config.page_size, device=config.device, latent=config.latent,
+                                    own=None if config.size is None else own_pool)
     return family.lockstep.create(config, allocator, defers_frees=target.defers_frees, disabled=disabled)
 
 

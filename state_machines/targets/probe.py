@@ -85,13 +85,30 @@ def caller_sends(step: str, page_size: int, latent: bool) -> str | None:
 _PROBED: dict[tuple, dict[str, str]] = {}
 
 
-def disabled_steps(allocator, *, page_size: int, device: str, latent: bool = False) -> dict[str, str]:
+def disabled_steps(allocator, *, page_size: int, device: str, latent: bool = False, own=None) -> dict[str, str]:
     """Optional steps this allocator cannot run here, each with the reason.
-    Only the methods the caller sends a step to are probed (``caller_sends``)."""
+    Only the methods the caller sends a step to are probed (``caller_sends``).
+    The verdict is kept for every pool size, so it is taken on the pool
+    ``own()`` builds (the configuration's own size) where ``own`` is given
+    and builds: on a pool too small for the probe's calls a method may
+    return before it reaches what fails here (0.5.18's NPU ``alloc_extend``
+    returns None on a 2-page pool before it imports ``sgl_kernel_npu``), and
+    the first size built would decide for all."""
     key = (type(allocator), page_size, device, getattr(allocator, "need_sort", None), latent)
     if key not in _PROBED:
-        _PROBED[key] = _probe(allocator, page_size, device, latent)
+        _PROBED[key] = _probe(_own_or(allocator, own), page_size, device, latent)
     return _PROBED[key]
+
+
+def _own_or(allocator, own):
+    """``own()``'s allocator where it builds one of the same class; else ``allocator``."""
+    if own is None:
+        return allocator
+    try:
+        built = own()
+    except Exception:  # noqa: BLE001 - the pool the run asked for is probed instead
+        return allocator
+    return built if type(built) is type(allocator) else allocator
 
 
 # The free-group steps, and the method each calls.

@@ -251,7 +251,7 @@ def _raw_losses(data: dict) -> list[str]:
         f"- as few steps or fewer, a dearer step ({len(fewer)}): {names(fewer)}. Where both sides find the bug in "
         "the first example with the same steps, the times differ by the harness's own start (its runner and "
         "settings) and by noise; where the harness took fewer steps, each cost more (Hypothesis's engine in the "
-        "second half of its examples, larger pools).",
+        "last quarter of its examples, larger pools).",
     ]
 
 

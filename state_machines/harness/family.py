@@ -99,9 +99,10 @@ def build(config: Config | None = None, **overrides) -> Lockstep:
     family = family_of(target, allocator)
 
     def own_pool():
-        # The optional steps are probed on the configuration's own pool size:
-        # a pool too small for the probe's extend returns None before the
-        # method's kernel runs, and the verdict is kept for every size.
+        # The optional steps are probed on the target's default pool (10
+        # pages), not on a size the configuration pins: a pool too small for
+        # the probe's extend returns None before the method's kernel runs,
+        # and the verdict is kept for every size.
         return targets.build(
             target, size=attrs.evolve(config, size=None).pool_size, page_size=config.page_size,
             device=config.device, need_sort=config.need_sort, row_dtype=config.row_dtype,

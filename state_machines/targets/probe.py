@@ -8,8 +8,9 @@ on a throwaway copy of a freshly built allocator, and a method that raises
 about the pool's shape) disables its step with the reason, which ``fuzz``
 and ``targets`` print.  It is never a failure.  The free-group steps
 (``begin``, ``end``) go off together where a custom target says it has no free
-groups (``NotImplementedError``; ``_groups``).  Probed once per class and
-pool shape.
+groups (``NotImplementedError``; ``_groups``).  Probed once per class,
+page size, device, ``need_sort`` and ``latent``, on the default pool size
+(``disabled_steps``), the verdict kept for every size.
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def disabled_steps(allocator, *, page_size: int, device: str, latent: bool = Fal
     """Optional steps this allocator cannot run here, each with the reason.
     Only the methods the caller sends a step to are probed (``caller_sends``).
     The verdict is kept for every pool size, so it is taken on the pool
-    ``own()`` builds (the configuration's own size) where ``own`` is given
+    ``own()`` builds (``family.build``: the target's default size, 10
+    pages, where the configuration pins another) where ``own`` is given
     and builds: on a pool too small for the probe's calls a method may
     return before it reaches what fails here (0.5.18's NPU ``alloc_extend``
     returns None on a 2-page pool before it imports ``sgl_kernel_npu``), and

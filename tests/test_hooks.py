@@ -8,10 +8,12 @@ import subprocess
 import sys
 import textwrap
 
+import attrs
 import pytest
 import torch
 
 from allocators.paged import PagedAllocator
+from state_machines.config import Config
 from state_machines.harness import InvariantViolation, build
 from tests.test_sglang import REPO, release_dir
 
@@ -178,3 +180,23 @@ def test_a_swa_request_ending_mid_page_grows_by_extend_not_alloc():
     req = state.admit()
     state.extend(reqs=[req], tokens=[1])
     assert req not in state.allocatable() and req in state.extendable()
+
+
+class StaleResize(PagedAllocator):
+    """sglang 0.5.23's resize (base.py:261-265): ``num_pages`` follows only
+    above page size 1."""
+
+    def resize(self, config) -> None:
+        self.size = config.max_total_num_tokens
+        if self.page_size > 1:
+            self.num_pages = self.size // self.page_size
+        self.clear()
+
+
+def test_resize_is_probed_off_whatever_pool_size_is_built_first():
+    """At page size 1 a resize that leaves num_pages stale is off on a pool
+    of 1 page, where a resize to 1 page cannot show it, and so on the
+    default pool after it (the verdict is kept for every size)."""
+    one = Config(target="tests.test_hooks:StaleResize", size=1)
+    assert "num_pages at 1" in (build(one).why_not("resize") or "")
+    assert "num_pages at 1" in (build(attrs.evolve(one, size=None)).why_not("resize") or "")

@@ -193,17 +193,23 @@ def _probe_steps(allocator, hooks: dict[str, str], asked: tuple[str, ...]) -> di
     else:
         page_size = getattr(allocator, "page_size", 1)
         resized = copy.deepcopy(allocator)
+        # To 1 page, but to 2 on a pool of 1 page, where a resize to 1 would
+        # leave num_pages as it was either way (the verdict is kept for
+        # every size: built first on 1 page, 0.5.23's paged pool at page
+        # size 1 kept resize on, and a resize to 5 on the default pool then
+        # broke free_sets_agree).
+        to = 2 if getattr(allocator, "num_pages", None) == 1 else 1
         try:
             with quiet():
-                resized.resize(resize_config(1, page_size))
+                resized.resize(resize_config(to, page_size))
         except Exception as exc:  # noqa: BLE001
             out["resize"] = f"resize: {one_line(exc)}"
         else:
             pages = getattr(resized, "num_pages", None)
-            if page_size == 1 and pages is not None and pages != 1:
+            if page_size == 1 and pages is not None and pages != to:
                 # 0.5.23 base.py:261-265 updates num_pages only above page size 1;
                 # at 1 sglang builds TokenToKVPoolAllocator (kv_cache_configurator.py).
-                out["resize"] = (f"resize to 1 page leaves {name}.num_pages at {pages} at page size 1, where "
+                out["resize"] = (f"resize to {to} page{'s' if to > 1 else ''} leaves {name}.num_pages at {pages} at page size 1, where "
                                  "sglang builds the token allocator instead: no caller resizes this class here "
                                  "(a latent finding, README)")
     return out

@@ -2,9 +2,8 @@
 with the reason, and no machine draws them.  And a probe's verdict does
 not hang on the pool size a process builds first."""
 
-import pytest
-
 import attrs
+import pytest
 
 from allocators.paged import PagedAllocator
 from allocators.token import TokenAllocator

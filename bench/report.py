@@ -217,10 +217,10 @@ def _losses(data: dict) -> list[str]:
     return [
         "",
         f"**Where the harness still loses** ({len(lost)} of {len(data['bugs'])}): {names}. "
-        "Likely causes, not measured bug by bug: after its first example the harness's walk draws each example's "
-        "pool shape, where the baseline always walks the default pool, and a bug that needs the pool full takes "
-        "many times the steps on a large one; and a search the walk's three quarters of the examples leave clean goes on "
-        "under Hypothesis, whose engine costs several times a step's own time per step.",
+        "Where it also took more steps, the lever table under *Time to failure* measures what each of the walk's "
+        "levers costs the bug (the pool shape drawn after the first example, where the baseline always walks the "
+        "default pool, the steering, the edge decode, the fill); a search the walk's three quarters of the "
+        "examples leave clean goes on under Hypothesis, whose engine costs several times a step's own time per step.",
     ]
 
 

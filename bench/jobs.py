@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import time
 
@@ -11,8 +12,10 @@ from hypothesis import Phase, settings
 from bench import costs
 from bench.baseline import random_fuzz
 from state_machines.config import Config
-from state_machines.harness.family import forget_machines
-from state_machines.runs.runner import fuzz
+from state_machines.harness.family import forget_machines, machine_for
+from state_machines.harness.machines import RunRecord
+from state_machines.runs.runner import WALK_QUARTERS, fuzz
+from state_machines.runs.walk import walk
 
 # Timing runs stop at the first failure: no shrinking, no example database.
 settings.register_profile(
@@ -53,6 +56,29 @@ def _harness(config: Config, job: dict) -> dict:
     forget_machines()
     outcome = fuzz(config, max_examples=job["max_examples"], seed=job["seed"], shrink=False)
     return _first_failure(outcome.record, outcome.failures[0] if outcome.failures else None, outcome.elapsed_s)
+
+
+class _Met(Exception):
+    """The walk met its first failure: no need to run on for others."""
+
+
+def _ablation(config: Config, job: dict) -> dict:
+    """The harness's walk on the harness's seed and examples, with the
+    levers ``job["off"]`` switched off (``walk(off=)``): steps and examples
+    to its first failure."""
+    forget_machines()
+    record = RunRecord()
+
+    def met(violation):
+        raise _Met
+
+    try:
+        walk(machine_for(config, record), random.Random(job["seed"]), job["max_examples"] * WALK_QUARTERS // 4,
+             on_failure=met, off=frozenset(job["off"]))
+    except _Met:
+        pass
+    return {"found": record.steps_to_failure is not None, "steps": record.steps_to_failure,
+            "examples": record.examples_to_failure}
 
 
 def _baseline(config: Config, job: dict) -> dict:
@@ -118,4 +144,4 @@ def _costs(config: Config, job: dict) -> dict:
     return {"steps": timer.steps, "step_us": step_us, "us_per_step": us}
 
 
-_RUNNERS = {"harness": _harness, "baseline": _baseline, "shrink": _shrink, "throughput": _throughput, "costs": _costs}
+_RUNNERS = {"ablation": _ablation, "harness": _harness, "baseline": _baseline, "shrink": _shrink, "throughput": _throughput, "costs": _costs}

@@ -71,6 +71,7 @@ def markdown(data: dict) -> str:
         f"**Headline** (geometric mean over bugs): harness : baseline time to first failure = "
         f"**{_s(hl['geomean_ratio_seconds'])}** in seconds, **{_s(hl['geomean_ratio_steps'])}** in steps.",
         *_raw_losses(data),
+        *_ablation_table(data),
         "",
         "## Shrinking",
         "",
@@ -216,10 +217,10 @@ def _losses(data: dict) -> list[str]:
     return [
         "",
         f"**Where the harness still loses** ({len(lost)} of {len(data['bugs'])}): {names}. "
-        "Likely causes, not measured bug by bug: after its first example the harness's walk draws each example's "
-        "pool shape, where the baseline always walks the default pool, and a bug that needs the pool full takes "
-        "many times the steps on a large one; and a search the walk's three quarters of the examples leave clean goes on "
-        "under Hypothesis, whose engine costs several times a step's own time per step.",
+        "Where it also took more steps, the lever table under *Time to failure* measures what each of the walk's "
+        "levers costs the bug (the pool shape drawn after the first example, where the baseline always walks the "
+        "default pool, the steering, the edge decode, the fill); a search the walk's three quarters of the "
+        "examples leave clean goes on under Hypothesis, whose engine costs several times a step's own time per step.",
     ]
 
 
@@ -243,16 +244,50 @@ def _raw_losses(data: dict) -> list[str]:
         f"**Where the harness still loses in raw seconds** ({len(lost)} of {len(data['bugs'])}; the bar's 0.25 s "
         "floor hides these):",
         "",
-        f"- more steps than the baseline, a search loss ({len(more)}): {names(more)}. A bug that needs the pool "
-        "full or nearly so loses here: the walk draws each example's pool shape after the first, and on a pool of 24 or 64 pages "
-        "such a bug takes tens of times the steps it takes on the default 10 (measured step by step while "
-        "choosing the walk's length); a bug both sides meet within a few dozen steps also swings about 2x "
-        "between seed sets of 5.",
+        f"- more steps than the baseline, a search loss ({len(more)}): {names(more)}. The table below measures, "
+        "bug by bug, what each of the walk's levers costs; a bug both sides meet within a few dozen steps also "
+        "swings about 2x between seed sets of 5.",
         f"- as few steps or fewer, a dearer step ({len(fewer)}): {names(fewer)}. Where both sides find the bug in "
         "the first example with the same steps, the times differ by the harness's own start (its runner and "
         "settings) and by noise; where the harness took fewer steps, each cost more (Hypothesis's engine in the "
         "last quarter of its examples, larger pools).",
     ]
+
+
+# A lever whose absence cuts the walk's steps to this share or less is named as a cause.
+_CAUSE = 0.8
+_LEVER_NAMES = {"steer": "steering", "edge": "edge decode", "fill": "fill", "shape": "pool shape drawn"}
+
+
+def _ablation_table(data: dict) -> list[str]:
+    """Each bug the harness took more steps on than the baseline, with the
+    walk's median steps on the ablation's seeds with every lever on and with
+    each off (as a ratio to all on), and the levers that cost it most."""
+    rows = [b for b in data["bugs"] if b.get("ablation")]
+    if not rows:
+        return []
+    seeds = rows[0]["ablation"]["seeds"]
+    levers = list(rows[0]["ablation"]["off"])
+    out = [
+        "",
+        f"**What each lever costs the bugs the harness took more steps on** (`python -m bench` runs the walk again on "
+        f"the harness's {seeds} seeds, with every lever on and with each off in turn, `walk(off=)`; each column is the "
+        f"median steps to the first failure with that lever off, over those with all on: below 1 that lever costs "
+        f"the bug steps; *cause* names each at {_CAUSE} or below, *none* where no lever alone does, which leaves "
+        "the seeds' noise or the levers together):",
+        "",
+        "| bug | steps vs baseline | walk steps, all on | " + " | ".join(f"{_LEVER_NAMES[x]} off" for x in levers) + " | cause |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in levers) + " | --- |",
+    ]
+    for b in sorted(rows, key=lambda b: -(b["ratio_steps"] or 0)):
+        ab = b["ablation"]
+        ab_off = ab["off"]
+        causes = [_LEVER_NAMES[x] for x in levers if ab_off[x]["ratio"] is not None and ab_off[x]["ratio"] <= _CAUSE]
+        out.append(
+            f"| {b['name']} | {_s(b['ratio_steps'])} | {_n(ab['steps_all_on'])} | "
+            + " | ".join(_s(ab_off[x]["ratio"]) for x in levers) + f" | {', '.join(causes) or 'none'} |"
+        )
+    return out
 
 
 def _split(costs: dict) -> dict:

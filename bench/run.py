@@ -18,6 +18,7 @@ from pathlib import Path
 from bench import report, targets
 from bench.known_shortest import BY_NAME, bug_name
 from state_machines.config import Config
+from state_machines.runs.walk import LEVERS
 
 HERE = Path(__file__).resolve().parent
 # The `ci` profile's budget: a bug found within it is caught by `make test`.
@@ -79,6 +80,56 @@ def plan(bugs, clean, seeds: int, cap: int = CAP_EXAMPLES, shrink_seeds: int = S
             jobs.append({"kind": "harness", "config": c, "seed": s, "max_examples": cap})
             jobs.append({"kind": "baseline", "config": c, "seed": s, "max_examples": cap})
     return jobs
+
+
+def plan_ablation(bugs, seeds: int, cap: int) -> list[dict]:
+    """For each of ``bugs``, the walk on the harness's ``seeds`` with all
+    its levers on (``off`` empty: the harness's own walk) and with each
+    one off.  A run takes 0.01-0.5 s."""
+    return [
+        {"kind": "ablation", "config": config.to_dict(), "seed": s, "max_examples": cap, "off": off}
+        for config in bugs
+        for off in ([], *([lever] for lever in LEVERS))
+        for s in range(seeds)
+    ]
+
+
+def summarize_ablation(runs: list[dict]) -> dict:
+    """Median steps to the first failure with every lever on, and with each
+    off: its steps and their ratio to all on's (below 1 that lever costs
+    the bug steps); a seed that found nothing counts as beyond the cap."""
+    def steps(off: list) -> float | None:
+        return spread([r["steps"] if r["found"] else None for r in runs if r["off"] == off])["median"]
+
+    on = steps([])
+    return {
+        "seeds": len({r["seed"] for r in runs}),
+        "steps_all_on": on,
+        "off": {lever: {"steps": steps([lever]), "ratio": ratio(steps([lever]), on)} for lever in LEVERS},
+    }
+
+
+def run_jobs(jobs: list[dict], processes: int, started: float, verbose: bool) -> list[dict]:
+    """Each of ``jobs`` run in worker processes (``bench.jobs.run``), in the order they end."""
+    from bench import jobs as job_module
+
+    results = []
+    ctx = multiprocessing.get_context("spawn")
+    # A process can import one sglang release only, so each release's runs
+    # get worker processes of their own; the built-in runs share the rest.
+    by_release: dict[str | None, list[dict]] = {}
+    for job in jobs:
+        by_release.setdefault(job["config"].get("sglang_path"), []).append(job)
+    for group in by_release.values():
+        with ctx.Pool(processes, initializer=job_module.init_worker) as pool:
+            for result in pool.imap_unordered(job_module.run, group):
+                results.append(result)
+                i = len(results)
+                if verbose:
+                    print(f"  {result['kind']} {bug_name(Config.from_dict(result['config']))} {result['job_s']:.1f} s", file=sys.stderr)
+                if i % 50 == 0 or i == len(jobs):
+                    print(f"  {i}/{len(jobs)} runs, {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return results
 
 
 def spread(values: list[float | None]) -> dict:
@@ -241,26 +292,18 @@ def main(argv: list[str] | None = None) -> int:
     jobs = plan(bugs, clean, args.seeds, args.cap, args.shrink_seeds)
     print(f"bench: {len(bugs)} bugs, {len(clean)} clean targets, {len(jobs)} runs on {args.processes} processes", file=sys.stderr)
 
-    from bench import jobs as job_module
-
-    results = []
-    ctx = multiprocessing.get_context("spawn")
-    # A process can import one sglang release only, so each release's runs
-    # get worker processes of their own; the built-in runs share the rest.
-    by_release: dict[str | None, list[dict]] = {}
-    for job in jobs:
-        by_release.setdefault(job["config"].get("sglang_path"), []).append(job)
-    for group in by_release.values():
-        with ctx.Pool(args.processes, initializer=job_module.init_worker) as pool:
-            for result in pool.imap_unordered(job_module.run, group):
-                results.append(result)
-                i = len(results)
-                if args.verbose:
-                    print(f"  {result['kind']} {bug_name(Config.from_dict(result['config']))} {result['job_s']:.1f} s", file=sys.stderr)
-                if i % 50 == 0 or i == len(jobs):
-                    print(f"  {i}/{len(jobs)} runs, {time.monotonic() - started:.0f} s", file=sys.stderr)
-
+    results = run_jobs(jobs, args.processes, started, args.verbose)
     bug_rows, clean_rows = collect(bugs, clean, results)
+    # Where the harness took more steps than the baseline, the walk again
+    # with each lever off in turn: what each costs that bug.
+    losers = [r for r in bug_rows if (r["ratio_steps"] or 0) > 1]
+    again = plan_ablation([Config.from_dict(r["config"]) for r in losers], args.seeds, args.cap)
+    if again:
+        print(f"bench: {len(again)} runs of the walk with a lever off, on the {len(losers)} bugs it took more steps on",
+              file=sys.stderr)
+    ablated = run_jobs(again, args.processes, started, args.verbose)
+    for row in losers:
+        row["ablation"] = summarize_ablation([r for r in ablated if r["config"] == row["config"]])
     data = {
         "machine": machine(),
         "settings": {

@@ -95,3 +95,19 @@ def test_each_timed_run_probes_its_pool_shapes_as_a_fresh_process_would(monkeypa
     jobs.run({"kind": side, "config": config.to_dict(), "seed": 0, "max_examples": 5})
     machine_for(config).shapes()
     assert len(probed) > before
+
+
+def test_the_ablation_with_every_lever_on_is_the_harnesss_own_walk():
+    """bench's ablation job with nothing off meets the first failure on the
+    very step the harness's run does (same seed, same walk); with the fill
+    off, ExactlyFull (which needs the pool exactly full) takes more steps."""
+    from bench import jobs
+
+    config = Config(target="bench.bugs:ExactlyFull")
+    for seed in range(3):
+        harness = jobs.run({"kind": "harness", "config": config.to_dict(), "seed": seed, "max_examples": 200})
+        ablated = jobs.run({"kind": "ablation", "config": config.to_dict(), "seed": seed, "max_examples": 200, "off": []})
+        assert (ablated["steps"], ablated["examples"]) == (harness["steps"], harness["examples"])
+    steps = {off: sum(jobs.run({"kind": "ablation", "config": config.to_dict(), "seed": s, "max_examples": 200,
+                                "off": list(off)})["steps"] for s in range(5)) for off in ((), ("fill",))}
+    assert steps[("fill",)] > steps[()], steps

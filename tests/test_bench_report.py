@@ -20,3 +20,18 @@ def test_raw_losses_split_search_losses_from_dearer_steps():
 def test_raw_losses_say_so_when_there_are_none():
     """With no bug slower in raw seconds the section says the harness is nowhere slower."""
     assert "nowhere slower" in "\n".join(_raw_losses({"bugs": [_bug("won", 0.5, 0.4)]}))
+
+
+def test_the_lever_table_names_each_lever_whose_absence_cuts_the_steps():
+    """A lever whose absence leaves 0.8 of the steps or fewer is named as a cause; none such: 'none'."""
+    from bench.report import _ablation_table
+
+    def ablated(name, **ratios):
+        off = {lever: {"steps": 10 * r, "ratio": r} for lever, r in ratios.items()}
+        return {**_bug(name, 2.0, 1.5), "ablation": {"seeds": 5, "steps_all_on": 10, "off": off}}
+
+    rows = [ablated("fills", steer=1.0, edge=0.9, fill=0.5, shape=1.2), ablated("noise", steer=0.9, edge=1.0, fill=1.1, shape=0.85)]
+    text = "\n".join(_ablation_table({"bugs": rows + [_bug("won", 0.5, 0.4)]}))
+    fills, noise = (line for line in text.splitlines() if line.startswith("| fills") or line.startswith("| noise"))
+    assert fills.endswith("| fill |") and noise.endswith("| none |")
+    assert "won" not in text and "harness's 5 seeds" in text

@@ -115,7 +115,14 @@ class WalkFailures(Exception):
         self.exceptions = exceptions
 
 
-def walk(machine_class, rng: random.Random, examples: int, steps: int = WALK_STEPS, on_failure=None) -> None:
+# The walk's departures from a plain uniform walk, each of which ``walk(off=)``
+# can switch off (bench/ measures what each costs a bug the walk loses on).
+LEVERS = ("steer", "edge", "fill", "shape")
+
+
+def walk(
+    machine_class, rng: random.Random, examples: int, steps: int = WALK_STEPS, on_failure=None, off: frozenset = frozenset(),
+) -> None:
     """Run ``examples`` examples of ``steps`` steps each on fresh machines
     of ``machine_class``.
 
@@ -129,7 +136,11 @@ def walk(machine_class, rng: random.Random, examples: int, steps: int = WALK_STE
     machine's ``record`` counts examples and steps, and the time to the
     first failure, as under Hypothesis.  ``on_failure(violation)``, when
     given, is called at once with each distinct violation (to save it before
-    the walk runs on: an interrupt then loses nothing).
+    the walk runs on: an interrupt then loses nothing).  ``off`` names
+    levers (``LEVERS``) to switch off: the steering (``STEER``), the edge
+    decode, the fill (``FILL``), the pool shape drawn after the first
+    example.  Each still draws what it would have, so the rest of the walk
+    draws as it did.
     """
     rules = machine_rules(machine_class)
     # Each rule's arguments in the order they are drawn, sorted once.
@@ -149,19 +160,21 @@ def walk(machine_class, rng: random.Random, examples: int, steps: int = WALK_STE
                 machine.shape(0, 0, 0)
             elif machine.draws_shape:
                 shapes = machine.shapes()
-                machine.shape(*(rng.randrange(len(c)) for c in (shapes.sizes, shapes.sorts, shapes.row_counts)))
+                drawn = tuple(rng.randrange(len(c)) for c in (shapes.sizes, shapes.sorts, shapes.row_counts))
+                machine.shape(*((0, 0, 0) if "shape" in off else drawn))
             steer = _Steer()
             # The decode steered to at the edge; None for the rest of the
             # example once the target refused one (``_refused``), which the
             # edge would otherwise take again on every step left.
-            edge = decode
+            edge = None if "edge" in off else decode
             for _ in range(steps):
                 in_group = machine.state.in_group
                 at_edge = _at_edge(edge, machine)
-                chosen = at_edge or _steered(rules, machine, rng, steer.wanted(in_group)) or _applicable(rules, machine, rng)
+                chosen = (at_edge or _steered(rules, machine, rng, steer.wanted(in_group), 0 if "steer" in off else STEER)
+                          or _applicable(rules, machine, rng))
                 steer.saw(chosen.name, in_group)
                 args = {k: rng.random() < 0.5 if r is bool else rng.randint(*r) for k, r in ordered[chosen.name]}
-                if chosen.name == "alloc" and "pages" in args and rng.random() < FILL:
+                if chosen.name == "alloc" and "pages" in args and rng.random() < (0 if "fill" in off else FILL):
                     args["pages"] = _filling(machine, rng) or args["pages"]
                 before = at_edge and (machine.record.steps, _decoded(machine))
                 chosen.body(machine, **args)
@@ -245,10 +258,10 @@ def _filling(machine, rng: random.Random) -> int | None:
     return pages if pages >= 1 else None
 
 
-def _steered(rules: list, machine, rng: random.Random, wanted: frozenset):
-    """With chance ``STEER``, a rule drawn uniformly among those named in
+def _steered(rules: list, machine, rng: random.Random, wanted: frozenset, share: float = STEER):
+    """With chance ``share``, a rule drawn uniformly among those named in
     ``wanted`` whose guard holds; else, or when none holds, None."""
-    if rng.random() >= STEER:
+    if rng.random() >= share:
         return None
     held = [r for r in rules if r.name in wanted and r.applies(machine)]
     return rng.choice(held) if held else None

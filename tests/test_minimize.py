@@ -12,7 +12,7 @@ from allocators.token import TokenAllocator
 from bench.targets import unavailable
 from state_machines.config import Config
 from state_machines.harness import Step
-from state_machines.runs.minimize import minimize, shrink_configs
+from state_machines.runs.minimize import _scaled, minimize, shrink_configs
 from state_machines.runs.runner import replay
 from state_machines.runs.trace import Trace
 
@@ -297,6 +297,16 @@ def test_minimize_moves_to_a_smaller_pool_with_the_amounts_scaled():
     assert replay(Trace(config, three)).invariant == "free_sets_agree"
     shortest = minimize(Trace(config, three, "free_sets_agree"), configs=(config, attrs.evolve(config, size=2)))
     assert (shortest.config.size, len(shortest.steps)) == (2, 1)
+
+
+def test_a_resize_is_scaled_with_the_pool_as_amounts_are():
+    """On a pool half the size a resize to 8 of 16 pages is a resize to 4
+    of 8 (a resize to 8 there would be past the pool and refused at
+    replay); an alloc's slots scale alike."""
+    config = Config(target="builtin:paged", page_size=4, size=64)
+    steps = (Step("resize", {"pages": 8}), Step("alloc", {"n": 16}, "req_0"))
+    scaled = _scaled(steps, config, attrs.evolve(config, size=32))
+    assert [s.args for s in scaled] == [{"pages": 4}, {"n": 8}]
 
 
 def test_minimize_refits_a_segment_to_a_request_made_smaller():

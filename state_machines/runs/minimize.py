@@ -67,8 +67,8 @@ def shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> 
 
 def _scaled(steps: tuple[Step, ...], config: Config, smaller: Config, rounding: str = "down") -> tuple[Step, ...]:
     """``steps`` for the pool of ``smaller``: each amount of slots or span
-    (an alloc's or a free's ``n``, an extend's tokens; not an offset)
-    scaled down by the ratio of the two pools, rounded down to its multiple
+    (an alloc's or a free's ``n``, an extend's tokens; not an offset), and
+    a resize's pages of the pool, scaled down by the ratio of the two pools, rounded down to its multiple
     (``rounding``: or up, or to the nearest, a half up), at least its
     lowest.  One amount that filled the pool fills the smaller one too;
     several may not (rounding down leaves room, rounding up may ask more
@@ -78,7 +78,7 @@ def _scaled(steps: tuple[Step, ...], config: Config, smaller: Config, rounding: 
         kinds, args = arg_kinds(step.rule), dict(step.args)
         for key, value in step.args.items():
             unit = kinds.get(key, "").removeprefix(LIST)
-            if unit not in (SLOTS, SPAN) or isinstance(value, bool):
+            if unit not in (SLOTS, SPAN, POOL) or isinstance(value, bool):
                 continue
             lo, _, multiple = int_bounds(unit, smaller)
             per = config.pool_size * multiple

@@ -68,9 +68,9 @@ def shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> 
 def _scaled(steps: tuple[Step, ...], config: Config, smaller: Config, rounding: str = "down") -> tuple[Step, ...]:
     """``steps`` for the pool of ``smaller``: each amount of slots or span
     (an alloc's or a free's ``n``, an extend's tokens; not an offset), and
-    a resize's pages of the pool, scaled down by the ratio of the two pools, rounded down to its multiple
-    (``rounding``: or up, or to the nearest, a half up), at least its
-    lowest.  One amount that filled the pool fills the smaller one too;
+    a resize's pages of the pool, scaled down by the ratio of the two
+    pools, rounded down to its multiple (``rounding``: or up, or to the
+    nearest, a half up), at least its lowest.  One amount that filled the pool fills the smaller one too;
     several may not (rounding down leaves room, rounding up may ask more
     than is left; to the nearest, 4 and 6 of 10 slots are 2 and 2 of 4)."""
     out = []

@@ -103,9 +103,9 @@ def fuzz(
     ``TargetError`` here rather than inside Hypothesis.  Three quarters of
     the examples (``WALK_QUARTERS``) are a seeded random walk over the same
     rules (``walk``; seeded by ``seed``, or 0 under ``derandomize``), the
-    rest Hypothesis's, which runs only where the walk found nothing.  A failure the walk finds is
-    saved in the example database (when there is one) and replayed first
-    next time, as Hypothesis replays its own.  With ``shrink``,
+    rest Hypothesis's, which runs only where the walk found nothing.  A
+    failure the walk finds is saved in the example database (when there is
+    one) and replayed first next time, as Hypothesis replays its own.  With ``shrink``,
     each failure Hypothesis found is shrunk by ``minimize`` (on the run's
     own pool shape or a smaller pool where the failure still shows), not by
     Hypothesis's shrinker, which replays whole examples through the engine

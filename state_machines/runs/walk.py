@@ -139,8 +139,9 @@ def walk(
     the walk runs on: an interrupt then loses nothing).  ``off`` names
     levers (``LEVERS``) to switch off: the steering (``STEER``), the edge
     decode, the fill (``FILL``), the pool shape drawn after the first
-    example.  Each still draws what it would have, so the rest of the walk
-    draws as it did.
+    example.  One switched off still takes the random draws it would have
+    taken, so the walk runs as it did up to the first step that lever would
+    have changed.
     """
     rules = machine_rules(machine_class)
     # Each rule's arguments in the order they are drawn, sorted once.

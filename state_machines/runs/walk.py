@@ -259,10 +259,11 @@ def _filling(machine, rng: random.Random) -> int | None:
     return pages if pages >= 1 else None
 
 
-def _steered(rules: list, machine, rng: random.Random, wanted: frozenset, share: float = STEER):
-    """With chance ``share``, a rule drawn uniformly among those named in
-    ``wanted`` whose guard holds; else, or when none holds, None."""
-    if rng.random() >= share:
+def _steered(rules: list, machine, rng: random.Random, wanted: frozenset, share: float | None = None):
+    """With chance ``share`` (``STEER`` where None, read when called), a
+    rule drawn uniformly among those named in ``wanted`` whose guard holds;
+    else, or when none holds, None."""
+    if rng.random() >= (STEER if share is None else share):
         return None
     held = [r for r in rules if r.name in wanted and r.applies(machine)]
     return rng.choice(held) if held else None

@@ -92,24 +92,22 @@ def build(config: Config | None = None, **overrides) -> Lockstep:
         return FAMILIES["caller"].lockstep.from_config(config)
     target = targets.resolve(config.target, config.mutant, config.sglang_path)
     devices.require(config.device)
-    allocator = targets.build(
-        target, size=config.pool_size, page_size=config.page_size, device=config.device, need_sort=config.need_sort,
-        row_dtype=config.row_dtype,
-    )
-    family = family_of(target, allocator)
 
-    def own_pool():
-        # The optional steps are probed on the target's default pool (10
-        # pages), not on a size the configuration pins: a pool too small for
-        # the probe's extend returns None before the method's kernel runs,
-        # and the verdict is kept for every size.
+    def pool(size: int):
         return targets.build(
-            target, size=attrs.evolve(config, size=None).pool_size, page_size=config.page_size,
-            device=config.device, need_sort=config.need_sort, row_dtype=config.row_dtype,
+            target, size=size, page_size=config.page_size, device=config.device, need_sort=config.need_sort,
+            row_dtype=config.row_dtype,
         )
 
+    allocator = pool(config.pool_size)
+    family = family_of(target, allocator)
+    # The optional steps are probed on the target's default pool (10 pages),
+    # not on a size the configuration pins: a pool too small for the probe's
+    # extend returns None before the method's kernel runs, and the verdict is
+    # kept for every size.
+    default = attrs.evolve(config, size=None).pool_size
     disabled = probe.disabled_steps(allocator, page_size=config.page_size, device=config.device, latent=config.latent,
-                                    own=None if config.size is None else own_pool)
+                                    own=None if config.size is None else lambda: pool(default))
     return family.lockstep.create(config, allocator, defers_frees=target.defers_frees, disabled=disabled)
 
 

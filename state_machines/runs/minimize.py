@@ -70,9 +70,10 @@ def _scaled(steps: tuple[Step, ...], config: Config, smaller: Config, rounding: 
     (an alloc's or a free's ``n``, an extend's tokens; not an offset), and
     a resize's pages of the pool, scaled down by the ratio of the two
     pools, rounded down to its multiple (``rounding``: or up, or to the
-    nearest, a half up), at least its lowest.  One amount that filled the pool fills the smaller one too;
-    several may not (rounding down leaves room, rounding up may ask more
-    than is left; to the nearest, 4 and 6 of 10 slots are 2 and 2 of 4)."""
+    nearest, a half up), at least its lowest.  One amount that filled the
+    pool fills the smaller one too; several may not (rounding down leaves
+    room, rounding up may ask more than is left; to the nearest, 4 and 6
+    of 10 slots are 2 and 2 of 4)."""
     out = []
     for step in steps:
         kinds, args = arg_kinds(step.rule), dict(step.args)
@@ -399,8 +400,10 @@ def _renamed(step: Step, old: str, new: str) -> Step | None:
                 args[key] = [new if v == old else v for v in value]
                 continue
             i, j = value.index(old), value.index(new)
-            lists = [k for k, v in step.args.items() if k != key and isinstance(v, list) and len(v) == len(value)
-                     and all(isinstance(x, int) for x in v)]
+            # The step's lists of integers, one entry a request (the rule's declared kinds).
+            kinds = arg_kinds(step.rule)
+            lists = [k for k, v in step.args.items() if k != key and kinds.get(k, "").startswith(LIST)
+                     and len(v) == len(value)]
             if not lists:
                 return None
             for other in lists:

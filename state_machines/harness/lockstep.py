@@ -178,7 +178,28 @@ def read_census(allocator, model=None) -> Census:
     return Census([page for part in parts for page in ids(part)])
 
 
+# The deadline (``time.monotonic()``) of the outermost timed call running
+# now; None between calls (``_with_deadline``).
+_deadline: float | None = None
+# When the interval timer was last set to fire (``time.monotonic()``); None
+# once it has fired, or while ``_on_alarm`` is not the handler.
+_fires_at: float | None = None
+
+
 def _on_alarm(signum, frame):
+    """SIGALRM: a timed call past its deadline raises ``TimeoutError``.  The
+    timer outlives the calls (``_with_deadline``): between calls it does
+    nothing, and inside a call whose deadline is still ahead (the timer set
+    for an earlier call's) it is set again for the rest."""
+    global _fires_at
+    _fires_at = None
+    if _deadline is None:
+        return
+    left = _deadline - time.monotonic()
+    if left > 0:
+        _fires_at = _deadline
+        _signal.setitimer(signal.ITIMER_REAL, left)
+        return
     raise TimeoutError(f"no return within {CALL_TIMEOUT_S:g} s")
 
 
@@ -189,24 +210,40 @@ def _with_deadline(seconds: float, fn, args: tuple):
     """``fn(*args)``, interrupted with ``TimeoutError`` past ``seconds`` (main
     thread only; elsewhere, no limit).  A plain function, not a context
     manager: it wraps every allocator call, and a generator's enter and exit
-    cost more than the timer."""
+    cost more than the timer.
+
+    The timer is set only where it would not fire by this call's deadline,
+    or would fire within half of ``seconds`` (then to ``seconds``), and is
+    never switched off: while calls come often it never fires, and one that
+    fires early is set again for the rest (``_on_alarm``).  Setting it on
+    every call and switching it off after (as before) took 26 µs of a
+    builtin:token walk step (183 µs against 157 µs with no timer, CPU time,
+    median of 8 alternating runs on the 2-core bench machine, where a timer
+    syscall costs several µs); setting it on every call alone, 12 µs."""
+    global _deadline, _fires_at
     if not _HAS_TIMER or threading.get_ident() != threading.main_thread().ident:
+        return fn(*args)
+    if _deadline is not None:
+        # Called from inside a timed call (an allocator calling back into the
+        # harness, e.g. its cache evicting): the outer deadline stands.
         return fn(*args)
     # Installed once; restoring another handler per call costs more than the
     # call.  _signal's getsignal returns the handler as is (signal's wraps it
     # in an enum lookup that costs more than the check).
     if _signal.getsignal(signal.SIGALRM) is not _on_alarm:
         signal.signal(signal.SIGALRM, _on_alarm)
-    elif _signal.getitimer(signal.ITIMER_REAL)[0]:
-        # Called from inside a timed call (an allocator calling back into the
-        # harness, e.g. its cache evicting): the outer deadline stands, and
-        # ending this call must not switch the outer call's timer off.
-        return fn(*args)
-    _signal.setitimer(signal.ITIMER_REAL, seconds)
+        _fires_at = None
+    now = time.monotonic()
+    deadline = now + seconds
+    fires = _fires_at
+    if fires is None or fires > deadline or fires - now < seconds / 2:
+        _fires_at = deadline
+        _signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
+        _deadline = deadline
         return fn(*args)
     finally:
-        _signal.setitimer(signal.ITIMER_REAL, 0)
+        _deadline = None
 
 
 # Who watches the harness's calls (``watch_calls``); None costs one test per call.

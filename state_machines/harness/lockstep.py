@@ -69,7 +69,8 @@ def violation_type(invariant: str) -> type[InvariantViolation]:
 
 def ids(t) -> list[int]:
     """A tensor's values, flattened, as Python ints (floats for a float tensor)."""
-    if t.device.type != "cpu":
+    # ``is_cpu``: a fifth of what ``device.type`` costs, and ids() reads every call's answer.
+    if not t.is_cpu:
         t = t.to("cpu")
     return (t if t.dim() == 1 else t.reshape(-1)).tolist()
 
@@ -166,6 +167,9 @@ def read_census(allocator, model=None) -> Census:
     a ``TensorCensus`` of its integer tensors where it lists at least
     ``TENSOR_CENSUS_PAGES``, else a ``Census`` of ``census_of``'s list."""
     parts = _census_parts(allocator)
+    if len(parts) == 1 and isinstance(parts[0], torch.Tensor) and parts[0].numel() < TENSOR_CENSUS_PAGES:
+        # One small tensor (``get_all_free_pages()``'s): its list as is.
+        return Census(ids(parts[0]))
     # The size first: a small pool (every step of a default run) skips the dtype tests.
     if (
         parts
@@ -909,12 +913,21 @@ class Lockstep:
         """Every invariant on every pool, in ``CHECKS`` order; the first
         failure raises."""
         censuses = []
+        # Each predicate called here, not through ``_judge`` (which times it
+        # for an observer): its keyword call cost about 2 µs a predicate, a
+        # sixth of what the six cost on a 10-page pool.  Same predicates, same
+        # order, the same name and message on failure.
+        timed = _observer is not None and _observer.judged is not None
         for pool in self.pools():
             census = self._call(f"{pool.prefix}census", read_census, pool.allocator, pool.model)
             available = int(self._call(f"{pool.prefix}available_size()", pool.allocator.available_size))
+            page_size, model = pool.page_size or self.page_size, pool.model
             for predicate in CHECKS:
-                self._judge(predicate, census, available, pool.page_size or self.page_size, pool.model,
-                            name=pool.prefix + predicate.__name__, label=pool.label)
+                if timed:
+                    self._judge(predicate, census, available, page_size, model,
+                                name=pool.prefix + predicate.__name__, label=pool.label)
+                elif problem := predicate(census, available, page_size, model):
+                    self._fail(pool.prefix + predicate.__name__, pool.label + problem)
             censuses.append(census)
         self.check_joint(censuses)
 

@@ -393,24 +393,30 @@ class OwnershipModel:
         want: dict[int, Owner] = {}
         claims = 0
         locks: list[int] = []
+        # A request with no own pages (admitted, or all rematched) or no
+        # locks adds nothing: skipped without a call.
         for req in self.requests.values():
-            want.update(dict.fromkeys(req.own, owner(REQUEST, req.rid)))
-            claims += len(req.own)
-            locks += req.locks
+            if req.own:
+                want.update(dict.fromkeys(req.own, owner(REQUEST, req.rid)))
+                claims += len(req.own)
+            if req.locks:
+                locks += req.locks
         for entry in self.cache.values():
             want.update(dict.fromkeys(entry.pages, owner(CACHE, entry.eid)))
             claims += len(entry.pages)
-        queued = self.ledger.queued_pages()
-        want.update(dict.fromkeys(queued, owner(QUEUED)))
-        claims += len(queued)
-        return (
-            len(want) == claims
-            and self.cache.keys() >= set(locks)
-            # A handful of requests and entries: counting in the list beats a Counter.
-            and all(locks.count(e.eid) == e.lock_count for e in self.cache.values())
-            and want.keys() == self.owner.held
-            and want.items() <= self.owner.items()
-        )
+        if self.ledger.group:
+            queued = self.ledger.queued_pages()
+            want.update(dict.fromkeys(queued, owner(QUEUED)))
+            claims += len(queued)
+        if len(want) != claims or want.keys() != self.owner.held:
+            return False
+        # A handful of requests and entries: counting in the list beats a Counter.
+        if self.cache and not (self.cache.keys() >= set(locks)
+                               and all(locks.count(e.eid) == e.lock_count for e in self.cache.values())):
+            return False
+        if locks and not self.cache:
+            return False
+        return want.items() <= self.owner.items()
 
     def violations(self) -> list[str]:
         """What is inconsistent inside the model; empty when healthy."""

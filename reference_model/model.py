@@ -71,6 +71,11 @@ class OwnerMap(dict):
 
     def __init__(self, items=()):
         super().__init__(items)
+        if not self:
+            # Empty (a harness's model before its first census): what the
+            # passes below make of no pages, without them.
+            self.kinds, self.free, self.held, self.flags = {}, set(), set(), array("q")
+            return
         # Built once per example, for every page of the pool: C-level passes
         # (map, set, Counter, slices) wherever the pages allow.
         kinds = Counter(map(attrgetter("kind"), dict.values(self)))

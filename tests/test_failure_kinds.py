@@ -66,3 +66,37 @@ def test_a_call_made_inside_a_timed_call_leaves_the_outer_deadline_standing():
     else:
         raise AssertionError("the outer call ran past its deadline")
     assert time.perf_counter() - t0 < 1.5
+
+
+def test_a_call_after_one_with_a_longer_limit_is_cut_at_its_own():
+    """The timer an earlier call left running (10 s ahead) does not stand for a later call's shorter limit."""
+    from state_machines.harness.lockstep import _with_deadline
+
+    _with_deadline(10.0, lambda: None, ())
+    t0 = time.perf_counter()
+    try:
+        _with_deadline(0.2, time.sleep, (2,))
+    except TimeoutError:
+        pass
+    else:
+        raise AssertionError("the call ran past its 0.2 s limit")
+    assert time.perf_counter() - t0 < 1.5
+
+
+def test_the_timer_left_by_a_call_does_nothing_when_it_fires_between_calls():
+    """The timer outlives the call; firing after it, outside any call, it raises nothing."""
+    from state_machines.harness.lockstep import _with_deadline
+
+    _with_deadline(0.1, lambda: None, ())
+    time.sleep(0.4)  # the timer fires here, between calls
+
+
+def test_a_call_within_its_limit_runs_on_when_an_earlier_calls_timer_fires_inside_it():
+    """A timer set for an earlier call's deadline fires inside a later call that is
+    still within its own limit: the call is not cut, it runs to the end."""
+    from state_machines.harness.lockstep import _with_deadline
+
+    _with_deadline(1.0, lambda: None, ())  # the timer: 1 s from now
+    time.sleep(0.3)
+    # Deadline 1.3 s; the timer fires at 1 s, inside the call, which ends at 1.2 s.
+    _with_deadline(1.0, time.sleep, (0.9,))

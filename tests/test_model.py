@@ -151,3 +151,12 @@ CORRUPTIONS = (
 def test_violations_report_each_inconsistency(how):
     """violations() (its quick pass over the structures included) names each kind of model corruption."""
     assert _corrupted(how).violations() != []
+
+
+def test_violations_report_a_lock_with_the_cache_empty():
+    """A request locking an entry when the cache holds none is a violation (the quick pass skips its lock checks only where no request locks anything)."""
+    model = fresh()
+    req = model.new_request(row=0, pages=[1, 2])
+    assert model.violations() == []
+    req.locks.append(0)
+    assert model.violations() == ["req_0 locks evicted cache_0"]

@@ -105,9 +105,9 @@ def build(config: Config | None = None, **overrides) -> Lockstep:
     # not on a size the configuration pins: a pool too small for the probe's
     # extend returns None before the method's kernel runs, and the verdict is
     # kept for every size.
-    default = attrs.evolve(config, size=None).pool_size
+    # (The default size is worked out only where it is asked: every example builds.)
     disabled = probe.disabled_steps(allocator, page_size=config.page_size, device=config.device, latent=config.latent,
-                                    own=None if config.size is None else lambda: pool(default))
+                                    own=None if config.size is None else lambda: pool(attrs.evolve(config, size=None).pool_size))
     return family.lockstep.create(config, allocator, defers_frees=target.defers_frees, disabled=disabled)
 
 

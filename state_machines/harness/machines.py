@@ -213,13 +213,13 @@ class FreeGroupMachine(RuleBasedStateMachine):
     def begin(self):
         self._do("begin")
 
-    @draws(guard=lambda s: s.with_own_pages(), which=PICKS, pages=(1, MAX_PAGES))
+    @draws(guard=lambda s: s.any_with_own_pages(), which=PICKS, pages=(1, MAX_PAGES))
     def free(self, which, pages):
         req = _pick(self.state.with_own_pages(), which)
         pages = min(pages, len(self.state.model.requests[req.rid].own))
         self._do("free", req, pages * self.state.page_size)
 
-    @draws(guard=lambda s: s.with_own_pages(), which=PICKS, start=(0, 15), trim=(0, 7))
+    @draws(guard=lambda s: s.any_with_own_pages(), which=PICKS, start=(0, 15), trim=(0, 7))
     def free_segment(self, which, start, trim):
         s = self.state
         req = _pick(s.with_own_pages(), which)
@@ -228,7 +228,7 @@ class FreeGroupMachine(RuleBasedStateMachine):
         end = len(request.pages) * s.page_size - trim % self.segment_trim_room(request)
         self._do("free_segment", req, start_page * s.page_size, end - start_page * s.page_size)
 
-    @draws(guard=lambda s: s.empty_frees and s.live(), which=PICKS, how=(0, 5))
+    @draws(guard=lambda s: s.empty_frees and s.any_live(), which=PICKS, how=(0, 5))
     def free_empty_span(self, which, how):
         self._do("free_empty_span", _pick(self.state.live(), which), how)
 
@@ -245,7 +245,7 @@ class FreeGroupMachine(RuleBasedStateMachine):
         # clean row tests nothing, and would crowd out the steps that matter.
         self._do("overwrite_row", _pick(self.state.stale_rows(), row))
 
-    @draws(guard=lambda s: s.with_own_pages(), which=PICKS, dup=(0, MAX_PAGES), entry=PICKS)
+    @draws(guard=lambda s: s.any_with_own_pages(), which=PICKS, dup=(0, MAX_PAGES), entry=PICKS)
     def rematch(self, which, dup, entry):
         s = self.state
         req = _pick(s.with_own_pages(), which)
@@ -255,11 +255,11 @@ class FreeGroupMachine(RuleBasedStateMachine):
             dup = 0
         self._do("rematch", req, dup, _pick(donors, entry) if donors else None)
 
-    @draws(guard=lambda s: s.evictable(), which=PICKS)
+    @draws(guard=lambda s: s.any_evictable(), which=PICKS)
     def evict(self, which):
         self._do("evict", _pick(self.state.evictable(), which))
 
-    @draws(guard=lambda s: s.live(), which=PICKS)
+    @draws(guard=lambda s: s.any_live(), which=PICKS)
     def finish(self, which):
         self._do("finish", _pick(self.state.live(), which))
 
@@ -432,7 +432,7 @@ class ExtendRules:
     """Mixed into a machine whose target runs ``extend``."""
 
     @draws(
-        guard=lambda s: s.live() or s.free_rows(),
+        guard=lambda s: s.any_live() or s.free_rows(),
         mask=(0, 15), fresh=(0, 2), prefix=(0, 4), order=(0, 3),
         t0=(1, 64), t1=(1, 64), t2=(1, 64), t3=(1, 64),
     )
@@ -477,7 +477,7 @@ class HookRules:
     def offload(self, which):
         self._do("offload", _pick(self.state.decodable(), which))
 
-    @draws(guard=lambda s: s.runs("finish_segments") and s.live(), which=PICKS, cut=(0, MAX_PAGES))
+    @draws(guard=lambda s: s.runs("finish_segments") and s.any_live(), which=PICKS, cut=(0, MAX_PAGES))
     def finish_segments(self, which, cut):
         s = self.state
         req = _pick(s.live(), which)

@@ -131,9 +131,14 @@ def step(fn: Callable) -> Callable:
         raise TypeError(f"step {fn.__name__} is declared twice with different arguments")
     STEPS.setdefault(fn.__name__, spec)
 
+    # ``spec.bind``, inline with the names read once: every step goes through here.
+    names = tuple(p.name for p in spec.params)
+
     @functools.wraps(fn)
     def run(self, *args, **kwargs):
-        call = spec.bind(args, kwargs)
+        call = dict(zip(names, args))
+        if kwargs:
+            call.update(kwargs)
         if self.step_depth:
             # A family's override calling super(): the outer call records and checks.
             return fn(self, **call)

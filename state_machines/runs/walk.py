@@ -144,8 +144,11 @@ def walk(
     have changed.
     """
     rules = machine_rules(machine_class)
-    # Each rule's arguments in the order they are drawn, sorted once.
-    ordered = {r.name: sorted(r.draws.items()) for r in rules}
+    # Each rule's arguments in the order they are drawn, sorted once: (name,
+    # None, 0) for a flag, else (name, low, the range's width).
+    ordered = {r.name: [(k, None, 0) if v is bool else (k, v[0], v[1] - v[0] + 1) for k, v in sorted(r.draws.items())]
+               for r in rules}
+    below = _below(rng)
     # The decode rule that takes a batch (``DecodeRules``), steered to at the pool's edge.
     decode = next((r for r in rules if r.name == "decode"), None) if hasattr(machine_class, "decode_batch") else None
     found: dict[str, InvariantViolation] = {}
@@ -172,9 +175,9 @@ def walk(
                 in_group = machine.state.in_group
                 at_edge = _at_edge(edge, machine)
                 chosen = (at_edge or _steered(rules, machine, rng, steer.wanted(in_group), 0 if "steer" in off else STEER)
-                          or _applicable(rules, machine, rng))
+                          or _applicable(rules, machine, rng, below))
                 steer.saw(chosen.name, in_group)
-                args = {k: rng.random() < 0.5 if r is bool else rng.randint(*r) for k, r in ordered[chosen.name]}
+                args = {k: rng.random() < 0.5 if low is None else low + below(width) for k, low, width in ordered[chosen.name]}
                 if chosen.name == "alloc" and "pages" in args and rng.random() < (0 if "fill" in off else FILL):
                     args["pages"] = _filling(machine, rng) or args["pages"]
                 before = at_edge and (machine.record.steps, _decoded(machine))
@@ -269,7 +272,15 @@ def _steered(rules: list, machine, rng: random.Random, wanted: frozenset, share:
     return rng.choice(held) if held else None
 
 
-def _applicable(rules: list, machine, rng: random.Random):
+def _below(rng: random.Random):
+    """``n -> rng.randrange(n)`` (n > 0), the same draws: ``Random._randbelow``,
+    which ``randrange`` and ``randint`` end in, where the generator has it.
+    The walk draws a rule and each argument per step, and ``randint``'s
+    argument checks cost about twice the draw."""
+    return getattr(rng, "_randbelow", rng.randrange)
+
+
+def _applicable(rules: list, machine, rng: random.Random, below=None):
     """A rule drawn uniformly among those of ``rules`` whose guard holds on
     ``machine`` (at least one must).
 
@@ -279,8 +290,9 @@ def _applicable(rules: list, machine, rng: random.Random):
     requests).  After as many misses as there are rules, chooses among the
     applicable ones, so a state where few hold costs no more than that.
     """
+    below = below or _below(rng)
     for _ in range(len(rules)):
-        rule = rules[rng.randrange(len(rules))]
+        rule = rules[below(len(rules))]
         if rule.applies(machine):
             return rule
     return rng.choice([r for r in rules if r.applies(machine)])

@@ -100,3 +100,18 @@ def test_a_call_within_its_limit_runs_on_when_an_earlier_calls_timer_fires_insid
     time.sleep(0.3)
     # Deadline 1.3 s; the timer fires at 1 s, inside the call, which ends at 1.2 s.
     _with_deadline(1.0, time.sleep, (0.9,))
+
+
+def test_no_call_timer_outlives_a_run():
+    """The timer calls leave running is switched off as fuzz and replay return:
+    an alarm of theirs must not reach code that runs after them."""
+    import signal
+
+    from state_machines.runs.trace import replay
+
+    outcome = fuzz(Config(target="builtin:token"), max_examples=5)
+    assert not outcome.failures
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    trace = fuzz(_target(RaisesOnAlloc), max_examples=5).failures[0]
+    assert replay(trace) is not None
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)

@@ -15,6 +15,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from state_machines.config import Config
 from state_machines.harness import InvariantViolation, RunRecord, build, machine_for
+from state_machines.harness.lockstep import disarm_call_timer
 from state_machines.runs.minimize import minimize, shrink_configs
 from state_machines.runs.trace import Trace, replay, run_steps
 from state_machines.runs.walk import walk
@@ -155,6 +156,7 @@ def fuzz(
         failures = tuple(_under_full_limit(t, config, watch.first_hang) for t in traces)
     finally:
         record.probe = watch.inner
+        disarm_call_timer()
     return Outcome(config, failures, record, time.monotonic() - started)
 
 

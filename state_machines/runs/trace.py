@@ -21,6 +21,7 @@ from attrs import fields, frozen
 from state_machines.config import Config
 from state_machines.harness import STEPS, EntryRef, InvariantViolation, Lockstep, ReqRef, Step, build
 from state_machines.harness import steps as seam
+from state_machines.harness.lockstep import disarm_call_timer
 
 FORMAT = "kv-lockstep-trace/1"
 
@@ -669,6 +670,8 @@ def replay(trace: Trace, config: Config | None = None) -> InvariantViolation | N
         state.teardown()
     except InvariantViolation as exc:
         return exc
+    finally:
+        disarm_call_timer()
     return None
 
 

@@ -583,3 +583,42 @@ def test_minimize_puts_a_step_on_the_same_request_in_place_of_one_first():
         Step("end", {}),
     )
     _shrinks_to(attrs.evolve(THIRD_GROUP, need_sort=True), fifteen, "free_sets_agree", 10)
+
+
+def test_minimize_moves_a_step_and_puts_a_new_one_after_it_where_no_single_move_helps():
+    """swa end-resolves-swa as the bench's seed 0 left it before the pass of
+    two moves (``paired``): the begin moved before the rematch still fails;
+    a slide put after it leaves the evict_swa nothing to drop, so that goes,
+    and then the finish (seven steps to the six-step story of
+    bench/known_shortest.py)."""
+    config = Config(target="builtin:swa", mutant="end-resolves-swa", page_size=4, size=16, rows=1)
+    seven = (
+        Step("alloc", {"n": 4}, "req_0"),
+        Step("rematch", {"req": "req_0", "dup": 0}, "cache_0"),
+        Step("finish", {"req": "req_0"}),
+        Step("begin", {}),
+        Step("evict_swa", {"entry": "cache_0"}),
+        Step("remap", {"entry": "cache_0"}),
+        Step("end", {}),
+    )
+    shortest = _shrinks_to(config, seven, "swa_free_sets_agree", 6)
+    assert [s.rule for s in shortest.steps] == ["alloc", "begin", "slide", "rematch", "remap", "end"]
+
+
+def test_minimize_folds_a_growth_and_makes_the_step_that_then_breaks_simpler():
+    """unified-swa segment-queues-view as the bench's seed 0 left it before
+    the pass of two moves (``paired``): the second alloc folded into the
+    first (the segment refitted to the larger request) leaves the free
+    nothing of its own to free; an overwrite of the row in its place fails
+    as before (six steps to five)."""
+    config = Config(target="builtin:unified-swa", mutant="segment-queues-view", page_size=4, rows=4)
+    six = (
+        Step("begin", {}),
+        Step("alloc", {"n": 4}, "req_0"),
+        Step("free_segment", {"req": "req_0", "start": 0, "n": 1}),
+        Step("alloc", {"n": 4, "req": "req_0"}),
+        Step("free", {"req": "req_0", "n": 4}),
+        Step("end", {}),
+    )
+    shortest = _shrinks_to(config, six, "no_page_freed_twice", 5)
+    assert "overwrite_row" in [s.rule for s in shortest.steps]

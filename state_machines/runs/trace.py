@@ -52,6 +52,14 @@ class TraceError(Exception):
     """A trace file that cannot be read; the CLI prints it on one line, exit 2."""
 
 
+class StepNotApplicable(TraceError):
+    """A step that does not apply where it stands in a trace (``step``: its index)."""
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
+
 # --------------------------------------------------------------------------- #
 # The step schema.  Rules, their arguments, each argument's kind and what a
 # rule may return come from the harness's step declarations (``STEPS``);
@@ -647,11 +655,12 @@ def run_steps(state: Lockstep, steps) -> None:
             else:
                 args[key] = value
         if reason := _not_applicable(state, step.rule, args):
-            raise TraceError(f"step {index} ({step_source(step)}) does not apply here: {reason}")
+            raise StepNotApplicable(f"step {index} ({step_source(step)}) does not apply here: {reason}", index)
         try:
             made = getattr(state, step.rule)(**args)
         except (TypeError, KeyError, IndexError) as exc:
-            raise TraceError(f"step {index} ({step.rule}) does not apply here: {type(exc).__name__}: {_one_line(exc)}") from None
+            raise StepNotApplicable(
+                f"step {index} ({step.rule}) does not apply here: {type(exc).__name__}: {_one_line(exc)}", index) from None
         if step.returns:
             # A name is the trace's variable for what the step made; the
             # harness may number it differently (the minimiser deletes steps).

@@ -4,6 +4,7 @@ killed, or is wrong from its first census; and when the user presses Ctrl-C
 or sends SIGTERM.  Each ends with the right exit code, no traceback, and the
 failure kept as a trace."""
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from state_machines.config import Config
 from state_machines.runs.trace import Trace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -328,3 +330,32 @@ def test_bad_call_timeout_is_exit_2(tmp_path):
     run = cli(tmp_path, "--call-timeout", "0")
     ended(run, 2)
     assert run.stderr.count("\n") == 1 and "--call-timeout" in run.stderr
+
+
+def test_a_dead_workers_trace_carries_its_examples_own_pool_shape():
+    """The steps a dead worker leaves are bounded by its example's drawn shape
+    (here twice the rows), not the run's: its trace names that shape and loads
+    back.  On the run's own configuration it was refused (row 5 of 0..3), as a
+    kill -9 on a drawn shape once showed."""
+    import multiprocessing
+
+    import attrs
+
+    from state_machines.harness import build, lockstep
+    from state_machines.runs.watchdog import Beacon, died_verdict
+
+    run = Config(target="builtin:token")
+    shaped = attrs.evolve(run, rows=run.rows * 2)
+    beacon = Beacon(multiprocessing.get_context("fork"))
+    beacon.install()
+    try:
+        state = build(shaped)
+        state.alloc(4)
+        state.overwrite_row(row=run.rows + 1)
+        state.alloc(1)  # publishes the steps before it
+    finally:
+        lockstep.watch_calls(None)
+    trace = died_verdict(run, beacon, 0, -signal.SIGKILL)
+    assert trace.config == shaped
+    assert [s.rule for s in trace.steps] == ["alloc", "overwrite_row", "alloc"]
+    assert Trace.from_dict(json.loads(json.dumps(trace.to_dict()))) == trace

@@ -36,12 +36,13 @@ from state_machines.config import Config
 
 STEPS_BYTES = 1 << 18
 WHAT_BYTES = 1 << 10
+CONFIG_BYTES = 1 << 12
 # How often the parent looks at its workers.
 POLL_S = 0.2
 # After Ctrl-C or SIGTERM, a worker gets this long to stop before it is killed.
 INTERRUPT_GRACE_S = 3.0
 
-_STARTED, _LIMIT, _STEPS_LEN, _WHAT_LEN, _STOP, _ABORT = range(6)
+_STARTED, _LIMIT, _STEPS_LEN, _WHAT_LEN, _STOP, _ABORT, _CONFIG_LEN = range(7)
 
 
 def margin_s(limit: float) -> float:
@@ -63,8 +64,8 @@ class Beacon:
     at any moment can leave none held."""
 
     def __init__(self, ctx) -> None:
-        self.nums = ctx.RawArray(ctypes.c_double, 6)
-        self.text = ctx.RawArray(ctypes.c_char, STEPS_BYTES + WHAT_BYTES)
+        self.nums = ctx.RawArray(ctypes.c_double, 7)
+        self.text = ctx.RawArray(ctypes.c_char, STEPS_BYTES + WHAT_BYTES + CONFIG_BYTES)
 
     # -- the worker --
 
@@ -106,6 +107,19 @@ class Beacon:
     def what(self) -> str:
         n = int(self.nums[_WHAT_LEN])
         return ctypes.string_at(ctypes.addressof(self.text) + STEPS_BYTES, n).decode("utf-8", "replace")
+
+    def config(self, run: Config) -> Config:
+        """The configuration the worker's current example runs on: its own
+        pool shape, drawn per example, which its steps are bounded by (a
+        trace of them on the run's ``run`` configuration may not load);
+        ``run`` until the worker has published one."""
+        n = int(self.nums[_CONFIG_LEN])
+        if not n:
+            return run
+        try:
+            return Config.from_dict(json.loads(ctypes.string_at(ctypes.addressof(self.text) + STEPS_BYTES + WHAT_BYTES, n)))
+        except Exception:  # noqa: BLE001 - the worker wrote it from a Config; anything else is the run's
+            return run
 
     def steps(self) -> list:
         """The steps of the worker's current example (or replay), as of its
@@ -193,6 +207,13 @@ class _Publisher:
         if state is not self.state:
             self.state, self.written, self.ends = state, [], [0]
             nums[_STEPS_LEN] = 0
+            # The example's configuration, its length set last: one torn
+            # by a kill mid-write reads as none (``Beacon.config``).
+            nums[_CONFIG_LEN] = 0
+            shape = json.dumps(state.config.to_dict(), separators=(",", ":")).encode()
+            if len(shape) <= CONFIG_BYTES:
+                ctypes.memmove(self.base + STEPS_BYTES + WHAT_BYTES, shape, len(shape))
+                nums[_CONFIG_LEN] = len(shape)
         written = self.written
         if len(steps) != len(written) or (written and steps[-1] is not written[-1]):
             keep = min(len(written), len(steps))
@@ -228,7 +249,7 @@ def hung_verdict(config: Config, beacon: Beacon, index: int, seconds: float):
         f"{beacon.what()} hung: no return within {limit:g} s, and SIGALRM could not interrupt it;"
         f" the watchdog killed worker {index} after {seconds:.1f} s"
     )
-    return Trace(config, tuple(beacon.steps()), "allocator_hung", detail)
+    return Trace(beacon.config(config), tuple(beacon.steps()), "allocator_hung", detail)
 
 
 def died_verdict(config: Config, beacon: Beacon, index: int, exitcode: int | None):
@@ -240,7 +261,7 @@ def died_verdict(config: Config, beacon: Beacon, index: int, exitcode: int | Non
     else:
         how = f"exited with code {exitcode}"
     where = f"during {beacon.what()}" if beacon.in_call() else "between allocator calls"
-    return Trace(config, tuple(beacon.steps()), "worker_died", f"worker {index} {how} {where}")
+    return Trace(beacon.config(config), tuple(beacon.steps()), "worker_died", f"worker {index} {how} {where}")
 
 
 def kill(process) -> None:

@@ -115,3 +115,26 @@ def test_no_call_timer_outlives_a_run():
     trace = fuzz(_target(RaisesOnAlloc), max_examples=5).failures[0]
     assert replay(trace) is not None
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_forked_child_times_its_calls_though_the_parent_left_its_timer_set():
+    """fork copies no interval timer: a child that trusted the parent's would
+    let its first calls run untimed (the watched run forks its worker after
+    the CLI's own timed calls)."""
+    import os
+
+    from state_machines.harness.lockstep import _with_deadline, disarm_call_timer
+
+    _with_deadline(1.0, lambda: None, ())  # the parent's timer: 1 s from now
+    pid = os.fork()
+    if pid == 0:
+        try:
+            # Same limit: the parent's timer, due before this call's deadline
+            # and more than half a limit ahead, is one the call would keep.
+            _with_deadline(1.0, time.sleep, (2.5,))
+        except TimeoutError:
+            os._exit(0)
+        os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    disarm_call_timer()
+    assert os.waitstatus_to_exitcode(status) == 0, "the child's 2.5 s call under a 1 s limit ran untimed"

@@ -409,8 +409,9 @@ class OwnershipModel:
         for entry in self.cache.values():
             want.update(dict.fromkeys(entry.pages, owner(CACHE, entry.eid)))
             claims += len(entry.pages)
-        if self.ledger.group:
-            queued = self.ledger.queued_pages()
+        # The ledger's own list: a family's may hold more than the free group
+        # (Mamba's open allocation reserve).
+        if queued := self.ledger.queued_pages():
             want.update(dict.fromkeys(queued, owner(QUEUED)))
             claims += len(queued)
         if len(want) != claims or want.keys() != self.owner.held:

@@ -160,3 +160,15 @@ def test_violations_report_a_lock_with_the_cache_empty():
     assert model.violations() == []
     req.locks.append(0)
     assert model.violations() == ["req_0 locks evicted cache_0"]
+
+
+def test_the_fast_self_check_counts_an_open_mamba_reserve_as_queued():
+    """_structures_agree is exact: a Mamba allocation group's reserve is in
+    the ledger's queued pages with no free group open, and a healthy model
+    with one open agrees (its slow path would say nothing is wrong)."""
+    from reference_model.mamba import MambaModel
+
+    model = MambaModel.from_census(list(range(1, 17)))
+    model.group_begin([1, 2, 3, 4])
+    assert model.violations() == []
+    assert model._structures_agree()

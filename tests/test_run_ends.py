@@ -334,8 +334,8 @@ def test_bad_call_timeout_is_exit_2(tmp_path):
 
 def test_a_dead_workers_trace_carries_its_examples_own_pool_shape():
     """The steps a dead worker leaves are bounded by its example's drawn shape
-    (here twice the rows), not the run's: its trace names that shape and loads
-    back.  On the run's own configuration it was refused (row 5 of 0..3), as a
+    (here twice the rows), not the run's: its trace names that shape, with the
+    run's call limit, and loads back.  On the run's own configuration it was refused (row 5 of 0..3), as a
     kill -9 on a drawn shape once showed."""
     import multiprocessing
 
@@ -349,7 +349,8 @@ def test_a_dead_workers_trace_carries_its_examples_own_pool_shape():
     beacon = Beacon(multiprocessing.get_context("fork"))
     beacon.install()
     try:
-        state = build(shaped)
+        # A shrink replay's shorter call limit stays the replay's, not the trace's.
+        state = build(attrs.evolve(shaped, call_timeout_s=0.5))
         state.alloc(4)
         state.overwrite_row(row=run.rows + 1)
         state.alloc(1)  # publishes the steps before it

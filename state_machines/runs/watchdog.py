@@ -32,6 +32,8 @@ import time
 import traceback
 from pathlib import Path
 
+import attrs
+
 from state_machines.config import Config
 
 STEPS_BYTES = 1 << 18
@@ -109,17 +111,20 @@ class Beacon:
         return ctypes.string_at(ctypes.addressof(self.text) + STEPS_BYTES, n).decode("utf-8", "replace")
 
     def config(self, run: Config) -> Config:
-        """The configuration the worker's current example runs on: its own
-        pool shape, drawn per example, which its steps are bounded by (a
-        trace of them on the run's ``run`` configuration may not load);
-        ``run`` until the worker has published one."""
+        """The configuration the worker's current example runs on, with the
+        run's ``run`` call limit: its own pool shape, drawn per example (or
+        a shrink replay's), which its steps are bounded by (a trace of them
+        on ``run``'s shape may not load); a shrink's shorter call limit is
+        not the trace's.  ``run`` until the worker has published one (or
+        where one passed ``CONFIG_BYTES``, which no shape comes near)."""
         n = int(self.nums[_CONFIG_LEN])
         if not n:
             return run
         try:
-            return Config.from_dict(json.loads(ctypes.string_at(ctypes.addressof(self.text) + STEPS_BYTES + WHAT_BYTES, n)))
+            own = Config.from_dict(json.loads(ctypes.string_at(ctypes.addressof(self.text) + STEPS_BYTES + WHAT_BYTES, n)))
         except Exception:  # noqa: BLE001 - the worker wrote it from a Config; anything else is the run's
             return run
+        return attrs.evolve(own, call_timeout_s=run.call_timeout_s)
 
     def steps(self) -> list:
         """The steps of the worker's current example (or replay), as of its

@@ -148,6 +148,8 @@ def walk(
     # None, 0) for a flag, else (name, low, the range's width).
     ordered = {r.name: [(k, None, 0) if v is bool else (k, v[0], v[1] - v[0] + 1) for k, v in sorted(r.draws.items())]
                for r in rules}
+    # ``Random._randbelow(0)`` never returns (randint raised on an empty range).
+    assert all(width > 0 for args in ordered.values() for _, low, width in args if low is not None), ordered
     below = _below(rng)
     # The decode rule that takes a batch (``DecodeRules``), steered to at the pool's edge.
     decode = next((r for r in rules if r.name == "decode"), None) if hasattr(machine_class, "decode_batch") else None

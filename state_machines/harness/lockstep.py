@@ -538,7 +538,11 @@ class Lockstep:
         every write at once: it is one memory."""
         host = self._host
         if host is None:
-            host = self._host = self.rows.numpy() if numpy is not None and self.rows.is_cpu else False
+            try:
+                host = self.rows.numpy() if numpy is not None and self.rows.is_cpu else False
+            except (RuntimeError, TypeError):  # a NumPy torch was not built against: the tensor's path
+                host = False
+            self._host = host
         return host if host is not False else None
 
     def _slot_at(self, row: int, i: int) -> int:

@@ -82,7 +82,9 @@ def markdown(data: dict) -> str:
         "request made a plain alloc (the entry's request as much smaller), growth taken at the alloc (or admit), a tail free folded into it, smaller arguments (segments refitted), a "
         "request deleted with the room it took made up for (a resize smaller, an amount raised), a resize undone with "
         "the allocs holding its pages, one step for two, one simpler step on the same request for one, two "
-        "adjacent steps swapped where deletions then go further, one step split in two, each replayed; only a failure "
+        "adjacent steps swapped where deletions then go further, one step split in two, and where nothing else "
+        "helps two changes at once (a step moved and one of a rule the trace lacks put next to it, or a growth "
+        "folded into its alloc, a later step that no longer applies mended or dropped), each replayed; only a failure "
         "on the same invariant counts). *shrunk* is the "
         "length of the shrunk trace, median "
         "[min–max]; *known* is the shortest trace known to trigger the bug, written by hand in "
@@ -193,6 +195,7 @@ def _bar_section(data: dict) -> list[str]:
         f"- harness found the bug on every seed: **{hl.get('bar_found_every_seed')} of {len(data['bugs'])}** bugs",
         f"- geometric mean ratio: **{_s(hl.get('bar_geomean_ratio'))}** (bar: ≤ 1.0)",
         f"- median shrink time: **{_s(shrink)} s** (bar: ≤ 3 s)",
+        *_shortest_reached(data),
         "",
         "| bug | harness s | harness found | baseline s | baseline found | ratio |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -206,6 +209,18 @@ def _bar_section(data: dict) -> list[str]:
             f"| {bar['baseline_found']}/{seeds} | {_s(bar['ratio'])} |"
         )
     return out + _losses(data) + [""]
+
+
+def _shortest_reached(data: dict) -> list[str]:
+    """The bugs whose every shrinking run ended at the known shortest
+    trace's length (or shorter), of those with one and runs to show."""
+    shrunk = [b for b in data["bugs"] if b.get("known_shortest") and b["shrink"]["length"].get("max") is not None]
+    if not shrunk:
+        return []
+    reached = [b for b in shrunk if b["shrink"]["length"]["max"] <= b["known_shortest"]["length"]]
+    longer = ", ".join(b["name"] for b in shrunk if b not in reached)
+    return [f"- shrunk to the known shortest trace on every shrinking seed: **{len(reached)} of {len(shrunk)}** bugs"
+            + (f" (longer: {longer})" if longer else "")]
 
 
 def _losses(data: dict) -> list[str]:

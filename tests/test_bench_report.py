@@ -35,3 +35,16 @@ def test_the_lever_table_names_each_lever_whose_absence_cuts_the_steps():
     fills, noise = (line for line in text.splitlines() if line.startswith("| fills") or line.startswith("| noise"))
     assert fills.endswith("| fill |") and noise.endswith("| none |")
     assert "won" not in text and "harness's 5 seeds" in text
+
+
+def test_the_bar_counts_the_bugs_every_shrink_took_to_the_known_shortest():
+    """A bug counts only where its longest shrunk trace is no longer than the known shortest; the others are named."""
+    from bench.report import _shortest_reached
+
+    def shrunk(name, longest, known):
+        return {"name": name, "shrink": {"length": {"max": longest}}, "known_shortest": {"length": known}}
+
+    (line,) = _shortest_reached({"bugs": [shrunk("a", 4, 4), shrunk("b", 7, 6), shrunk("c", 3, 4)]})
+    assert "**2 of 3**" in line and "(longer: b)" in line
+    (line,) = _shortest_reached({"bugs": [shrunk("a", 4, 4)]})
+    assert "**1 of 1**" in line and "longer" not in line

@@ -213,11 +213,12 @@ def _bar_section(data: dict) -> list[str]:
 
 def _shortest_reached(data: dict) -> list[str]:
     """The bugs whose every shrinking run ended at the known shortest
-    trace's length (or shorter), of those with one and runs to show."""
-    shrunk = [b for b in data["bugs"] if b.get("known_shortest") and b["shrink"]["length"].get("max") is not None]
+    trace's length (or shorter), of those with one and shrinking runs; a
+    run that found nothing to shrink (``max`` None) has not reached it."""
+    shrunk = [b for b in data["bugs"] if b.get("known_shortest") and b["shrink"].get("seeds")]
     if not shrunk:
         return []
-    reached = [b for b in shrunk if b["shrink"]["length"]["max"] <= b["known_shortest"]["length"]]
+    reached = [b for b in shrunk if (b["shrink"]["length"].get("max") or float("inf")) <= b["known_shortest"]["length"]]
     longer = ", ".join(b["name"] for b in shrunk if b not in reached)
     return [f"- shrunk to the known shortest trace on every shrinking seed: **{len(reached)} of {len(shrunk)}** bugs"
             + (f" (longer: {longer})" if longer else "")]

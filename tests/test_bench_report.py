@@ -41,10 +41,13 @@ def test_the_bar_counts_the_bugs_every_shrink_took_to_the_known_shortest():
     """A bug counts only where its longest shrunk trace is no longer than the known shortest; the others are named."""
     from bench.report import _shortest_reached
 
-    def shrunk(name, longest, known):
-        return {"name": name, "shrink": {"length": {"max": longest}}, "known_shortest": {"length": known}}
+    def shrunk(name, longest, known, seeds=2):
+        return {"name": name, "shrink": {"seeds": seeds, "length": {"max": longest}}, "known_shortest": {"length": known}}
 
     (line,) = _shortest_reached({"bugs": [shrunk("a", 4, 4), shrunk("b", 7, 6), shrunk("c", 3, 4)]})
     assert "**2 of 3**" in line and "(longer: b)" in line
+    # A shrinking seed that found nothing (max None) has not reached it; no shrinking runs: not counted.
+    (line,) = _shortest_reached({"bugs": [shrunk("a", 4, 4), shrunk("m", None, 4), shrunk("n", None, 4, seeds=0)]})
+    assert "**1 of 2**" in line and "(longer: m)" in line
     (line,) = _shortest_reached({"bugs": [shrunk("a", 4, 4)]})
     assert "**1 of 1**" in line and "longer" not in line

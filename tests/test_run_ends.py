@@ -356,6 +356,7 @@ def test_a_dead_workers_trace_carries_its_examples_own_pool_shape():
         state.alloc(1)  # publishes the steps before it
     finally:
         lockstep.watch_calls(None)
+        lockstep.disarm_call_timer()
     trace = died_verdict(run, beacon, 0, -signal.SIGKILL)
     assert trace.config == shaped
     assert [s.rule for s in trace.steps] == ["alloc", "overwrite_row", "alloc"]

@@ -254,10 +254,11 @@ def _with_deadline(seconds: float, fn, args: tuple):
         signal.signal(signal.SIGALRM, _on_alarm)
         _fires_at = None
     now = time.monotonic()
-    # The deadline first: an alarm from here on finds the call running and
-    # sets the timer again for the rest (``_on_alarm``).
-    _deadline = deadline = now + seconds
+    deadline = now + seconds
     try:
+        # The deadline first: an alarm from here on finds the call running
+        # and sets the timer again for the rest (``_on_alarm``).
+        _deadline = deadline
         fires = _fires_at
         if fires is None or fires > deadline or fires - now < seconds / 2:
             _fires_at = deadline

@@ -148,8 +148,9 @@ def walk(
     # None, 0) for a flag, else (name, low, the range's width).
     ordered = {r.name: [(k, None, 0) if v is bool else (k, v[0], v[1] - v[0] + 1) for k, v in sorted(r.draws.items())]
                for r in rules}
-    # ``Random._randbelow(0)`` never returns (randint raised on an empty range).
-    assert all(width > 0 for args in ordered.values() for _, low, width in args if low is not None), ordered
+    # ``Random._randbelow(0)`` never returns on Python 3.11 and later (randint raised on an empty range).
+    if empty := [(name, k) for name, args in ordered.items() for k, low, width in args if low is not None and width < 1]:
+        raise ValueError(f"empty draw ranges: {empty}")
     below = _below(rng)
     # The decode rule that takes a batch (``DecodeRules``), steered to at the pool's edge.
     decode = next((r for r in rules if r.name == "decode"), None) if hasattr(machine_class, "decode_batch") else None

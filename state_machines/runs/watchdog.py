@@ -4,7 +4,8 @@
 a plain run, N for a long run); the process the user started watches them.
 Each worker publishes into shared memory, at every allocator call
 (``Lockstep._call``): when the call began, the per-call limit it runs
-under, what it calls, and the steps of its current example so far.  From
+under, what it calls, and the steps of its current example so far with
+the configuration they run on (the example's pool shape).  From
 that the parent knows, without asking the worker:
 
 - a call running past its limit plus a margin hangs where SIGALRM cannot

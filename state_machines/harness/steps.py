@@ -20,7 +20,7 @@ import functools
 import inspect
 from typing import Callable
 
-from attrs import frozen
+from attrs import Factory, field, frozen
 
 
 @frozen(repr=False)
@@ -77,11 +77,15 @@ class StepSpec:
     # "req" or "entry" when the step can create one, else None.
     returns: str | None
     doc: str
+    # The parameters' names, read once: every step binds its call (``bind``).
+    names: tuple[str, ...] = field(init=False, default=Factory(lambda self: tuple(p.name for p in self.params),
+                                                                takes_self=True))
 
     def bind(self, args: tuple, kwargs: dict) -> dict:
         """Positional and keyword arguments of a call, by parameter name."""
-        call = dict(zip((p.name for p in self.params), args))
-        call.update(kwargs)
+        call = dict(zip(self.names, args))
+        if kwargs:
+            call.update(kwargs)
         return call
 
     def record(self, call: dict) -> dict:
@@ -131,14 +135,9 @@ def step(fn: Callable) -> Callable:
         raise TypeError(f"step {fn.__name__} is declared twice with different arguments")
     STEPS.setdefault(fn.__name__, spec)
 
-    # ``spec.bind``, inline with the names read once: every step goes through here.
-    names = tuple(p.name for p in spec.params)
-
     @functools.wraps(fn)
     def run(self, *args, **kwargs):
-        call = dict(zip(names, args))
-        if kwargs:
-            call.update(kwargs)
+        call = spec.bind(args, kwargs)
         if self.step_depth:
             # A family's override calling super(): the outer call records and checks.
             return fn(self, **call)

@@ -53,23 +53,25 @@ def markdown(data: dict) -> str:
         "timed run, so each pays them as a fresh `kv-lockstep fuzz` does), every example, and stops at the failing step; "
         f"figures are median [min–max]; *≤ci* is the share of seeds that found the bug within {st['ci_budget_examples']} "
         "examples (the `ci` profile's budget). *ratio* = harness median seconds / baseline median seconds: "
-        "above 1 the harness is slower.",
+        f"above 1 the harness is slower. *baseline again s*: the baseline's median seconds on {st['seeds']} other "
+        "seeds over its own, the same ratio with no change of strategy.",
         "",
-        "| bug | harness s | harness examples | harness ≤ci | baseline s | baseline examples | baseline ≤ci | ratio s | ratio steps |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| bug | harness s | harness examples | harness ≤ci | baseline s | baseline examples | baseline ≤ci | ratio s | ratio steps | baseline again s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for b in data["bugs"]:
         h, r = b["harness"], b["baseline"]
         out.append(
             f"| {b['name']} | {_spread(h['seconds'], lambda v: _s(v, 3))} | {_spread(h['examples'], _n)} | {_pct(h['found_within_ci_share'])} "
             f"| {_spread(r['seconds'], lambda v: _s(v, 3))} | {_spread(r['examples'], _n)} | {_pct(r['found_within_ci_share'])} "
-            f"| {_s(b['ratio_seconds'])} | {_s(b['ratio_steps'])} |"
+            f"| {_s(b['ratio_seconds'])} | {_s(b['ratio_steps'])} | {_s((b.get('baseline_again') or {}).get('ratio_seconds'))} |"
         )
     hl = data["headline"]
     out += [
         "",
         f"**Headline** (geometric mean over bugs): harness : baseline time to first failure = "
         f"**{_s(hl['geomean_ratio_seconds'])}** in seconds, **{_s(hl['geomean_ratio_steps'])}** in steps.",
+        *_noise(data),
         *_raw_losses(data),
         *_ablation_table(data),
         "",
@@ -237,6 +239,26 @@ def _losses(data: dict) -> list[str]:
         "levers costs the bug (the pool shape drawn after the first example, where the baseline always walks the "
         "default pool, the steering, the edge decode, the fill); a search the walk's three quarters of the "
         "examples leave clean goes on under Hypothesis, whose engine costs several times a step's own time per step.",
+    ]
+
+
+def _noise(data: dict) -> list[str]:
+    """The baseline against itself on other seeds: how far a ratio of
+    medians moves with no change of strategy (none where not measured)."""
+    again = [b["baseline_again"] for b in data["bugs"] if b.get("baseline_again")]
+    ratios = sorted(a["ratio_seconds"] for a in again if a["ratio_seconds"] is not None)
+    if not ratios:
+        return []
+    n, hl = again[0]["seeds"], data["headline"]
+    slower = sum(r > 1.0 for r in ratios)
+    return [
+        "",
+        f"**The same comparison with no change of strategy**: the baseline on seeds {n}–{2 * n - 1} against itself "
+        f"on seeds 0–{n - 1} (*baseline again s* above) is **{_s(hl['baseline_again_geomean_ratio_seconds'])}** in "
+        f"seconds and **{_s(hl['baseline_again_geomean_ratio_steps'])}** in steps, and slower than itself on "
+        f"**{slower} of {len(ratios)}** bugs, by up to {_s(ratios[-1])}x (down to {_s(ratios[0])}x). A bug's median "
+        f"over {n} seeds moves that far with no change at all, so one bug slower is no evidence by itself; the "
+        "geometric mean over all the bugs is.",
     ]
 
 

@@ -79,6 +79,9 @@ def plan(bugs, clean, seeds: int, cap: int = CAP_EXAMPLES, shrink_seeds: int = S
         for s in range(seeds):
             jobs.append({"kind": "harness", "config": c, "seed": s, "max_examples": cap})
             jobs.append({"kind": "baseline", "config": c, "seed": s, "max_examples": cap})
+            # The baseline again on as many other seeds: how far a bug's
+            # median moves with no change of strategy at all.
+            jobs.append({"kind": "baseline_again", "config": c, "seed": seeds + s, "max_examples": cap})
     return jobs
 
 
@@ -227,6 +230,7 @@ def collect(bugs, clean, results: list[dict]) -> tuple[list[dict], list[dict]]:
         harness_runs, baseline_runs = by[key("harness", config)], by[key("baseline", config)]
         harness = summarize_fuzzer(sorted(harness_runs, key=lambda r: r["seed"]))
         baseline = summarize_fuzzer(sorted(baseline_runs, key=lambda r: r["seed"]))
+        again_runs = by.get(key("baseline_again", config), [])
         bug_rows.append(
             {
                 "name": name,
@@ -236,6 +240,8 @@ def collect(bugs, clean, results: list[dict]) -> tuple[list[dict], list[dict]]:
                 "bar": bar_row(harness_runs, baseline_runs),
                 "ratio_seconds": ratio(harness["seconds"]["median"], baseline["seconds"]["median"]),
                 "ratio_steps": ratio(harness["steps"]["median"], baseline["steps"]["median"]),
+                # The baseline on its other seeds against its own: the noise in a ratio of medians.
+                "baseline_again": _against(baseline, summarize_fuzzer(again_runs)) if again_runs else None,
                 "shrink": summarize_shrink(by.get(key("shrink", config), []), known),
                 "known_shortest": None
                 if known is None
@@ -259,6 +265,16 @@ def collect(bugs, clean, results: list[dict]) -> tuple[list[dict], list[dict]]:
             }
         )
     return bug_rows, clean_rows
+
+
+def _against(baseline: dict, again: dict) -> dict:
+    """The baseline on its other seeds (``again``) over its own: the ratios
+    a change of seeds alone makes."""
+    return {
+        "seeds": again["seeds"],
+        "ratio_seconds": ratio(again["seconds"]["median"], baseline["seconds"]["median"]),
+        "ratio_steps": ratio(again["steps"]["median"], baseline["steps"]["median"]),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
             "bar_median_shrink_s": median_shrink([r for r in results if r["kind"] == "shrink"]),
             "geomean_ratio_seconds": geomean(r["ratio_seconds"] for r in bug_rows),
             "geomean_ratio_steps": geomean(r["ratio_steps"] for r in bug_rows),
+            "baseline_again_geomean_ratio_seconds": geomean((r["baseline_again"] or {}).get("ratio_seconds") for r in bug_rows),
+            "baseline_again_geomean_ratio_steps": geomean((r["baseline_again"] or {}).get("ratio_steps") for r in bug_rows),
         },
         "skipped": [{"name": bug_name(c), "reason": why} for c, why in skipped_bugs + skipped_clean],
         "bugs": bug_rows,

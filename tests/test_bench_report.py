@@ -51,3 +51,18 @@ def test_the_bar_counts_the_bugs_every_shrink_took_to_the_known_shortest():
     assert "**1 of 2**" in line and "(longer: m)" in line
     (line,) = _shortest_reached({"bugs": [shrunk("a", 4, 4)]})
     assert "**1 of 1**" in line and "longer" not in line
+
+
+def test_the_noise_line_counts_the_bugs_the_baseline_is_slower_than_itself_on():
+    """The baseline's other seeds against its own: the count slower, the widest ratios, the geometric means; unmeasured: no line."""
+    from bench.report import _noise
+
+    def again(name, ratio_seconds):
+        return {**_bug(name, 1.0, 1.0), "baseline_again": {"seeds": 5, "ratio_seconds": ratio_seconds, "ratio_steps": 1.0}}
+
+    headline = {"baseline_again_geomean_ratio_seconds": 1.05, "baseline_again_geomean_ratio_steps": 0.98}
+    (_, line) = _noise({"headline": headline, "bugs": [again("a", 2.5), again("b", 0.4), again("c", 1.1), _bug("d", 1.0, 1.0)]})
+    assert "seeds 5–9" in line and "seeds 0–4" in line
+    assert "**1.05**" in line and "**0.98**" in line
+    assert "**2 of 3**" in line and "up to 2.50x" in line and "down to 0.40x" in line
+    assert _noise({"headline": {}, "bugs": [_bug("a", 1.0, 1.0)]}) == []

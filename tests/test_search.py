@@ -13,6 +13,7 @@ from pathlib import Path
 import attrs
 import pytest
 from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
 from allocators.base import AliasMixin, FlagDriftMixin
@@ -52,6 +53,51 @@ def test_the_step_rule_draws_nothing_through_st_data_and_still_reaches_the_core_
     chosen = settings(fuzz_settings(max_examples=60, database=None, derandomize=True), stateful_step_count=10)
     run_state_machine_as_test(machine_for(Config(), record), settings=chosen)
     assert {"alloc", "begin", "free", "free_segment", "overwrite_row", "rematch", "evict", "finish", "end"} <= set(record.rule_counts)
+
+
+def _step_choices(config: Config, monkeypatch) -> tuple[dict, dict]:
+    """The values each (rule, argument) took in 150 Hypothesis examples of
+    ``config``, and each one's declared range ((False, True) for a flag)."""
+    from state_machines.harness import machines
+
+    seen: dict = {}
+    draw = machines._StepChoice.do_draw
+
+    def recording(self, data):
+        chosen, args = draw(self, data)
+        for name, value in args.items():
+            seen.setdefault((chosen.name, name), set()).add(value)
+        return chosen, args
+
+    monkeypatch.setattr(machines._StepChoice, "do_draw", recording)
+    machine = machine_for(config)
+    run_state_machine_as_test(machine, settings=fuzz_settings(max_examples=150, database=None, derandomize=True))
+    return seen, {(r.name, k): (False, True) if v is bool else v for r in machine_rules(machine) for k, v in r.draws.items()}
+
+
+@pytest.mark.parametrize("config", [Config(), Config(target="builtin:unified-swa", page_size=4)], ids=["token", "unified-swa"])
+def test_the_step_choice_draws_each_rules_arguments_over_their_whole_declared_range(config, monkeypatch):
+    """Each choice goes straight to the engine; every argument stays within its declared range, each flag drawn takes
+    both values, and the small ranges of the core rules are drawn whole."""
+    seen, declared = _step_choices(config, monkeypatch)
+    for key, values in seen.items():
+        low, high = declared[key]
+        assert low <= min(values) and max(values) <= high, key
+    flags = [values for key, values in seen.items() if declared[key] == (False, True)]
+    assert all(values == {False, True} for values in flags)
+    assert bool(flags) == (config.target == "builtin:unified-swa")
+    for key in [("alloc", "pages"), ("alloc", "who"), ("free", "which"), ("free", "pages"), ("overwrite_row", "row")]:
+        assert seen[key] == set(range(declared[key][0], declared[key][1] + 1)), key
+
+
+def test_a_range_hypothesis_would_weight_is_drawn_through_its_strategy():
+    """Above 128 values ``st.integers`` weights a range's ends; such an argument keeps its strategy, a narrower one is drawn plainly."""
+    from state_machines.harness.machines import _choice
+
+    assert _choice("pages", (1, 4)) == ("pages", 1, 4)
+    assert _choice("flag", bool) == ("flag", None, None)
+    name, strategy, high = _choice("wide", (0, 200))
+    assert (name, high, repr(strategy)) == ("wide", None, repr(st.integers(0, 200)))
 
 
 def test_an_unpinned_run_draws_its_pool_size_among_the_sizes_that_build():

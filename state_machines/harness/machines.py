@@ -290,31 +290,57 @@ def one_step_machine(base: type) -> type:
     declared = machine_rules(base)
     # The rules' plain bodies hide the Hypothesis rules they were made into.
     body = {r.name: _plain(r) for r in declared}
-    # Each rule's argument names and strategies, in the order they are drawn.
-    arguments = {r.name: (tuple(r.strategies()), tuple(r.strategies().values())) for r in declared}
-    # The choice is drawn as the rule's argument, from the machine Hypothesis
-    # runs (``st.runner()``): a composite's draws go straight to the engine,
-    # where ``st.data()``'s each pay a wrapper (a span, two reads of the
-    # global random state, a note check) costing about what the draw does.
-    @st.composite
-    def choices(draw):
-        machine = draw(_RUNNER)
-        applicable = [r for r in declared if r.applies(machine)]
-        chosen = applicable[draw(_below(len(applicable)))]
-        names, values = arguments[chosen.name]
-        # Each argument straight from the engine: a tuple around them costs one more draw.
-        return chosen, {name: draw(value) for name, value in zip(names, values)}
+    choices = _StepChoice(declared)
 
     def step(self, choice):
         chosen, args = choice
         chosen.body(self, **args)
 
-    body["step"] = rule(choice=choices())(step)
+    body["step"] = rule(choice=choices)(step)
     return type("OneStep" + base.__name__, (base,), body)
 
 
 # The machine Hypothesis runs, drawn inside a rule's argument strategy.
 _RUNNER = st.runner()
+
+
+class _StepChoice(st.SearchStrategy):
+    """The ``step`` rule's argument: a rule drawn uniformly among
+    ``declared`` whose guard holds on the machine Hypothesis runs, then that
+    rule's arguments, as ``(rule, {name: value})``.
+
+    Each choice goes straight to the engine (``draw_integer``,
+    ``draw_boolean``, in Hypothesis since before 6.100): the very choices
+    ``st.integers(low, high)`` and ``st.booleans()`` make, in the same
+    order, so an example database replays as before.  What is left out is
+    the span and checks Hypothesis wraps around each strategy drawn, which
+    cost about what the choice does (a Hypothesis step cost 4-5 times a
+    walk step).  A range ``st.integers`` would weight toward its ends (more
+    than 128 values) is drawn through it, as declared."""
+
+    def __init__(self, declared: list[MachineRule]):
+        super().__init__()
+        self.declared = declared
+        # Each rule's arguments in the order they are drawn: (name, low, high)
+        # for an integer, (name, None, None) for a flag, (name, strategy,
+        # None) for a range the strategy weights.
+        self.ordered = {r.name: tuple(_choice(k, v) for k, v in sorted(r.draws.items())) for r in declared}
+
+    def do_draw(self, data):
+        applicable = [r for r in self.declared if r.applies(data.hypothesis_runner)]
+        chosen = applicable[data.draw_integer(0, len(applicable) - 1)]
+        return chosen, {
+            k: data.draw_integer(low, high) if high is not None else data.draw_boolean() if low is None else data.draw(low)
+            for k, low, high in self.ordered[chosen.name]
+        }
+
+
+def _choice(name: str, declared) -> tuple:
+    """One argument as ``_StepChoice`` draws it (see ``ordered`` there)."""
+    if declared is bool:
+        return name, None, None
+    low, high = declared
+    return (name, st.integers(low, high), None) if high - low >= 128 else (name, low, high)
 
 
 def _plain(declared: MachineRule):

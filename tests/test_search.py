@@ -45,7 +45,7 @@ def test_hypothesis_sees_one_step_rule_and_the_machine_keeps_every_declared_rule
 
 
 def test_the_step_rule_draws_nothing_through_st_data_and_still_reaches_the_core_rules(monkeypatch):
-    """The ``step`` rule's choice and the pool shape draw straight from the engine (composites over the running machine), never through ``st.data()``'s wrapper; the core rules still all run."""
+    """The ``step`` rule's choice and the pool shape draw straight from the engine, never through ``st.data()``'s wrapper; the core rules still all run."""
     from hypothesis.strategies._internal.core import DataObject
 
     monkeypatch.setattr(DataObject, "draw", lambda *a, **k: pytest.fail("a draw went through st.data()"))
@@ -91,13 +91,62 @@ def test_the_step_choice_draws_each_rules_arguments_over_their_whole_declared_ra
 
 
 def test_a_range_hypothesis_would_weight_is_drawn_through_its_strategy():
-    """Above 128 values ``st.integers`` weights a range's ends; such an argument keeps its strategy, a narrower one is drawn plainly."""
-    from state_machines.harness.machines import _choice
+    """From 129 values ``st.integers`` weights a range's ends (and an open-ended one is its own): those draw
+    through the strategy, a narrower one straight from the engine."""
+    from state_machines.harness.machines import _drawer
 
-    assert _choice("pages", (1, 4)) == ("pages", 1, 4)
-    assert _choice("flag", bool) == ("flag", None, None)
-    name, strategy, high = _choice("wide", (0, 200))
-    assert (name, high, repr(strategy)) == ("wide", None, repr(st.integers(0, 200)))
+    class Engine:
+        def draw_integer(self, low, high):
+            return ("plain", low, high)
+
+        def draw(self, strategy):
+            return ("strategy", repr(strategy))
+
+    assert _drawer((0, 127))(Engine()) == ("plain", 0, 127)
+    assert _drawer((0, 128))(Engine()) == ("strategy", repr(st.integers(0, 128)))
+    assert _drawer((5,))(Engine()) == ("strategy", repr(st.integers(5)))
+
+
+def _composite_choice(declared):
+    """The step choice as it was drawn before ``_StepChoice``: a composite
+    over the declared strategies, one span each."""
+
+    @st.composite
+    def choices(draw):
+        machine = draw(st.runner())
+        applicable = [r for r in declared if r.applies(machine)]
+        chosen = applicable[draw(st.integers(0, len(applicable) - 1))]
+        return chosen, {k: draw(v) for k, v in chosen.strategies().items()}
+
+    return choices()
+
+
+@pytest.mark.parametrize("config", [Config(), Config(target="builtin:unified-swa", page_size=4)], ids=["token", "unified-swa"])
+def test_the_step_choice_makes_the_choices_the_declared_strategies_make(config):
+    """Replayed from the choices the declared strategies made (as an example database keeps them), the step choice
+    draws the same rule and arguments, and consumes exactly those choices; over 300 steps of a walk through states."""
+    from hypothesis.internal.conjecture.data import ConjectureData
+
+    from state_machines.harness.machines import _StepChoice
+
+    machine_class = machine_for(config)
+    declared = machine_rules(machine_class)
+    step_choice, reference, rng = _StepChoice(declared), _composite_choice(declared), random.Random(0)
+    rules = set()
+    for step in range(300):
+        if step % 30 == 0:
+            machine = machine_class()
+            machine.state = machine_class.build(config)
+        made = ConjectureData(random=rng)
+        made.hypothesis_runner = machine
+        chosen, args = made.draw(reference)
+        again = ConjectureData.for_choices(made.choices)
+        again.hypothesis_runner = machine
+        assert again.draw(step_choice) == (chosen, args)
+        assert again.choices == made.choices
+        chosen.body(machine, **args)
+        rules.add(chosen.name)
+    assert {"alloc", "begin", "free", "free_segment", "overwrite_row", "finish", "end"} <= rules
 
 
 def test_an_unpinned_run_draws_its_pool_size_among_the_sizes_that_build():

@@ -241,7 +241,9 @@ def collect(bugs, clean, results: list[dict]) -> tuple[list[dict], list[dict]]:
                 "ratio_seconds": ratio(harness["seconds"]["median"], baseline["seconds"]["median"]),
                 "ratio_steps": ratio(harness["steps"]["median"], baseline["steps"]["median"]),
                 # The baseline on its other seeds against its own: the noise in a ratio of medians.
-                "baseline_again": _against(baseline, summarize_fuzzer(again_runs)) if again_runs else None,
+                "baseline_again": _against(baseline, summarize_fuzzer(sorted(again_runs, key=lambda r: r["seed"])))
+                if again_runs
+                else None,
                 "shrink": summarize_shrink(by.get(key("shrink", config), []), known),
                 "known_shortest": None
                 if known is None
@@ -268,10 +270,10 @@ def collect(bugs, clean, results: list[dict]) -> tuple[list[dict], list[dict]]:
 
 
 def _against(baseline: dict, again: dict) -> dict:
-    """The baseline on its other seeds (``again``) over its own: the ratios
-    a change of seeds alone makes."""
+    """The baseline's runs on its other seeds (``again``, summarized), with
+    their medians over its own: the ratios a change of seeds alone makes."""
     return {
-        "seeds": again["seeds"],
+        **again,
         "ratio_seconds": ratio(again["seconds"]["median"], baseline["seconds"]["median"]),
         "ratio_steps": ratio(again["steps"]["median"], baseline["steps"]["median"]),
     }
@@ -313,11 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     # Where the harness took more steps than the baseline, the walk again
     # with each lever off in turn: what each costs that bug.
     losers = [r for r in bug_rows if (r["ratio_steps"] or 0) > 1]
-    again = plan_ablation([Config.from_dict(r["config"]) for r in losers], args.seeds, args.cap)
-    if again:
-        print(f"bench: {len(again)} runs of the walk with a lever off, on the {len(losers)} bugs it took more steps on",
+    ablation_jobs = plan_ablation([Config.from_dict(r["config"]) for r in losers], args.seeds, args.cap)
+    if ablation_jobs:
+        print(f"bench: {len(ablation_jobs)} runs of the walk with a lever off, on the {len(losers)} bugs it took more steps on",
               file=sys.stderr)
-    ablated = run_jobs(again, args.processes, started, args.verbose)
+    ablated = run_jobs(ablation_jobs, args.processes, started, args.verbose)
     for row in losers:
         row["ablation"] = summarize_ablation([r for r in ablated if r["config"] == row["config"]])
     data = {

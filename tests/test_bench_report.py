@@ -54,15 +54,40 @@ def test_the_bar_counts_the_bugs_every_shrink_took_to_the_known_shortest():
 
 
 def test_the_noise_line_counts_the_bugs_the_baseline_is_slower_than_itself_on():
-    """The baseline's other seeds against its own: the count slower, the widest ratios, the geometric means; unmeasured: no line."""
+    """The baseline's other seeds against its own: the count above 1, the range of ratios, the geometric means;
+    one seed is named as one; unmeasured: no line."""
     from bench.report import _noise
 
-    def again(name, ratio_seconds):
-        return {**_bug(name, 1.0, 1.0), "baseline_again": {"seeds": 5, "ratio_seconds": ratio_seconds, "ratio_steps": 1.0}}
+    def again(name, ratio_seconds, seeds=5):
+        return {**_bug(name, 1.0, 1.0), "baseline_again": {"seeds": seeds, "ratio_seconds": ratio_seconds, "ratio_steps": 1.0}}
 
     headline = {"baseline_again_geomean_ratio_seconds": 1.05, "baseline_again_geomean_ratio_steps": 0.98}
     (_, line) = _noise({"headline": headline, "bugs": [again("a", 2.5), again("b", 0.4), again("c", 1.1), _bug("d", 1.0, 1.0)]})
-    assert "seeds 5–9" in line and "seeds 0–4" in line
+    assert "on seeds 5–9 over its median on seeds 0–4" in line
     assert "**1.05**" in line and "**0.98**" in line
-    assert "**2 of 3**" in line and "up to 2.50x" in line and "down to 0.40x" in line
+    assert "**2 of 3**" in line and "(ratios 0.40–2.50)" in line
+    (_, line) = _noise({"headline": headline, "bugs": [again("a", 0.7, seeds=1)]})
+    assert "on seed 1 over its median on seed 0" in line and "**0 of 1**" in line
     assert _noise({"headline": {}, "bugs": [_bug("a", 1.0, 1.0)]}) == []
+
+
+def test_the_baseline_runs_again_on_as_many_other_seeds_and_its_ratios_are_collected():
+    """``plan`` gives the baseline a second run per bug on seeds after its own; ``collect`` keeps those runs and
+    their medians over the baseline's own."""
+    from bench.run import collect, plan
+    from state_machines.config import Config
+
+    config = Config()
+    jobs = plan([config], [], seeds=3, shrink_seeds=0)
+    seeds = {kind: {j["seed"] for j in jobs if j["kind"] == kind} for kind in ("harness", "baseline", "baseline_again")}
+    assert seeds == {"harness": {0, 1, 2}, "baseline": {0, 1, 2}, "baseline_again": {3, 4, 5}}
+
+    def ran(job, steps):
+        return {**job, "found": True, "seconds": steps / 100, "examples": 1, "steps": steps, "invariant": "x",
+                "length": steps, "elapsed_s": steps / 100}
+
+    steps = {"harness": [10, 20, 30], "baseline": [10, 20, 30], "baseline_again": [20, 40, 60]}
+    results = [ran(j, steps[j["kind"]][j["seed"] % 3]) for j in jobs]
+    (row,), _ = collect([config], [], results)
+    assert row["baseline_again"]["ratio_steps"] == 2.0 and row["baseline_again"]["ratio_seconds"] == 2.0
+    assert [r["seed"] for r in row["baseline_again"]["runs"]] == [3, 4, 5]

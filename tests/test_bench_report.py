@@ -54,26 +54,28 @@ def test_the_bar_counts_the_bugs_every_shrink_took_to_the_known_shortest():
 
 
 def test_the_noise_line_counts_the_bugs_the_baseline_is_slower_than_itself_on():
-    """The baseline's other seeds against its own: the count above 1, the range of ratios, the geometric means;
-    one seed is named as one; unmeasured: no line."""
+    """The baseline's other seeds against its own: in steps and in seconds, the count above 1 and the range of
+    ratios; the geometric means; one seed is named as one; unmeasured: no line."""
     from bench.report import _noise
 
-    def again(name, ratio_seconds, seeds=5):
-        return {**_bug(name, 1.0, 1.0), "baseline_again": {"seeds": seeds, "ratio_seconds": ratio_seconds, "ratio_steps": 1.0}}
+    def again(name, ratio_seconds, ratio_steps=1.0):
+        return {**_bug(name, 1.0, 1.0), "baseline_again": {"seeds": 5, "ratio_seconds": ratio_seconds, "ratio_steps": ratio_steps}}
 
     headline = {"baseline_again_geomean_ratio_seconds": 1.05, "baseline_again_geomean_ratio_steps": 0.98}
-    (_, line) = _noise({"headline": headline, "bugs": [again("a", 2.5), again("b", 0.4), again("c", 1.1), _bug("d", 1.0, 1.0)]})
+    bugs = [again("a", 2.5, 3.0), again("b", 0.4, 0.5), again("c", 1.1), again("m", None, None), _bug("d", 1.0, 1.0)]
+    (_, line) = _noise({"settings": {"seeds": 5}, "headline": headline, "bugs": bugs})
     assert "on seeds 5–9 over its median on seeds 0–4" in line
-    assert "**1.05**" in line and "**0.98**" in line
-    assert "**2 of 3**" in line and "(ratios 0.40–2.50)" in line
-    (_, line) = _noise({"headline": headline, "bugs": [again("a", 0.7, seeds=1)]})
+    assert "**1.05** in seconds and **0.98** in steps" in line
+    assert "In steps, which only the seeds move, it is above 1 on **1 of 3** bugs (ratios 0.50–3.00)" in line
+    assert "in seconds, which the machine's load moves too, above 1 on **2 of 3** bugs (ratios 0.40–2.50)" in line
+    (_, line) = _noise({"settings": {"seeds": 1}, "headline": headline, "bugs": [again("a", 0.7)]})
     assert "on seed 1 over its median on seed 0" in line and "**0 of 1**" in line
-    assert _noise({"headline": {}, "bugs": [_bug("a", 1.0, 1.0)]}) == []
+    assert _noise({"settings": {"seeds": 5}, "headline": {}, "bugs": [_bug("a", 1.0, 1.0), again("m", None, None)]}) == []
 
 
 def test_the_baseline_runs_again_on_as_many_other_seeds_and_its_ratios_are_collected():
-    """``plan`` gives the baseline a second run per bug on seeds after its own; ``collect`` keeps those runs and
-    their medians over the baseline's own."""
+    """``plan`` gives the baseline as many runs again per bug, on the seeds after its own; ``collect`` keeps those
+    runs and their medians over the baseline's own."""
     from bench.run import collect, plan
     from state_machines.config import Config
 

@@ -90,8 +90,8 @@ def test_the_step_choice_draws_each_argument_within_its_declared_range(config, m
 
 
 def test_a_range_hypothesis_would_weight_is_drawn_through_its_strategy():
-    """From 129 values ``st.integers`` weights a range's ends (and an open-ended one is its own): those draw
-    through the strategy, a narrower one straight from the engine."""
+    """From 129 values ``st.integers`` weights a range's ends: such a range draws through the strategy, a narrower
+    one straight from the engine."""
     from state_machines.harness.machines import _drawer
 
     class Engine:
@@ -103,7 +103,6 @@ def test_a_range_hypothesis_would_weight_is_drawn_through_its_strategy():
 
     assert _drawer((0, 127))(Engine()) == ("plain", 0, 127)
     assert _drawer((0, 128))(Engine()) == ("strategy", repr(st.integers(0, 128)))
-    assert _drawer((5,))(Engine()) == ("strategy", repr(st.integers(5)))
 
 
 def _composite_choice(declared):
@@ -127,6 +126,9 @@ def test_the_step_choice_makes_the_choices_the_declared_strategies_make(config):
     from hypothesis.internal.conjecture.data import ConjectureData
 
     from state_machines.harness.machines import _StepChoice
+
+    if not hasattr(ConjectureData, "for_choices"):
+        pytest.skip("this Hypothesis cannot replay a choice sequence (ConjectureData.for_choices)")
 
     machine_class = machine_for(config)
     declared = machine_rules(machine_class)

@@ -315,16 +315,18 @@ class _StepChoice(st.SearchStrategy):
     so a choice sequence saved before (an example database) replays the same
     steps.  Left out is the span and the checks Hypothesis wraps around every
     strategy drawn, which cost about what the choice itself does: on
-    builtin:token clean, calls per step over a whole run 399.7 -> 369.4, and
-    a Hypothesis step still costs about 4 times a walk step (385-514 µs
-    against 89-129 µs, in clean runs of 100 examples).  The engine mutates an example by its spans, so
-    from the first mutation on, a seeded or derandomized run generates
-    other examples than before this drawing.
+    builtin:token clean, calls per step over a whole run 399.7 -> 369.4;
+    even so a Hypothesis step costs about 4 times a walk step (385-514 µs
+    against 89-129 µs, in clean runs of 100 examples).  The engine mutates
+    an example by its spans, so from the first mutation on, a seeded or
+    derandomized run generates other examples than before this drawing.
 
-    Hypothesis documents ``SearchStrategy`` as not to be subclassed; it has
-    held from 6.100 to 6.170, and
+    Hypothesis documents ``SearchStrategy`` as not to be subclassed.  What
+    this relies on (``hypothesis_runner``, ``draw_integer(low, high)``,
+    ``draw_boolean()``) is in 6.100 and 6.170;
     ``test_the_step_choice_makes_the_choices_the_declared_strategies_make``
-    fails where a release changes what it relies on."""
+    fails where a release changes the choices made (it needs
+    ``ConjectureData.for_choices``, which 6.100 lacks, and skips there)."""
 
     def __init__(self, declared: list[MachineRule]):
         super().__init__()
@@ -337,6 +339,7 @@ class _StepChoice(st.SearchStrategy):
 
     def do_draw(self, data):
         applicable = [r for r in self.declared if r.applies(data.hypothesis_runner)]
+        # As ``st.integers(0, n - 1)`` draws it while n <= 128: a machine has a few dozen rules at most.
         chosen = applicable[data.draw_integer(0, len(applicable) - 1)]
         return chosen, {k: draw(data) for k, draw in self.ordered[chosen.name]}
 
@@ -346,10 +349,10 @@ def _drawer(declared) -> Callable[[Any], Any]:
     ``draws``): data -> value, the choice its strategy would make."""
     if declared is bool:
         return lambda data: data.draw_boolean()
-    low, high = (*declared, None)[:2]
-    if low is None or high is None or high - low > 127:
-        # Open-ended, or wide enough that ``st.integers`` weights its ends: through the strategy.
-        strategy = st.integers(*declared)
+    low, high = declared
+    if high - low > 127:
+        # Wide enough that ``st.integers`` weights its ends: through the strategy.
+        strategy = st.integers(low, high)
         return lambda data: data.draw(strategy)
     return lambda data: data.draw_integer(low, high)
 

@@ -87,8 +87,8 @@ _BEGIN, _END = frozenset({"begin"}), frozenset({"end"})
 # seeds, geometric mean; bugs slower): 0.05 0.681 (26), 0.10 0.670 (21),
 # 0.15 0.662 (21), 0.25 0.670 (25), 0.35 0.698 (28); over 5-seed medians
 # 0.753, 0.708, 0.692, 0.725, 0.770.  0.10-0.25 lie within the seeds' noise
-# of each other (gating the levers by state, in six ways, moved the same
-# figure by 4% at most).
+# of each other (h40's five ways of gating the levers gained 4% at most on
+# the same figure).
 FILL = 0.25
 
 # Examples the walk runs on, at least, after its first failure, for others.

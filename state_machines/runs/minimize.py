@@ -943,6 +943,13 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         new_rules = tuple(r for r in rules[config] if r not in {step.rule for step in steps})
         ints = _ints_in(steps)
 
+        def descended_here(found: tuple[Step, ...]) -> bool:
+            """``descended(found)``, its replays counted against this pass's budget too."""
+            before = spent[0]
+            kept = descended(found)
+            spent[3] += spent[0] - before
+            return kept
+
         def mended(candidate: tuple[Step, ...], after: int, simpler: bool) -> bool:
             """Whether ``candidate``, or it with its first step after index
             ``after`` that does not apply deleted (or made simpler), fails
@@ -962,12 +969,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                     if isinstance(again := outcome(fix), Trace):
                         found = again
                         break
-            if not isinstance(found, Trace):
-                return False
-            before = spent[0]
-            kept = descended(found.steps)
-            spent[3] += spent[0] - before
-            return kept
+            return isinstance(found, Trace) and descended_here(found.steps)
 
         for candidate in _growth_hoisted(steps, config):
             if spent[3] > PAIR_STEPS:
@@ -981,10 +983,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             found = outcome(moved)
             if isinstance(found, Trace) and len(found.steps) < len(steps):
                 # Shorter already (a move the passes do not make): take it.
-                before = spent[0]
-                kept = descended(found.steps)
-                spent[3] += spent[0] - before
-                if kept:
+                if descended_here(found.steps):
                     return True
                 continue
             if not isinstance(found, Trace) or len(found.steps) > len(steps):

@@ -14,7 +14,7 @@ from bench.baseline import random_fuzz
 from state_machines.config import Config
 from state_machines.harness.family import forget_machines, machine_for
 from state_machines.harness.machines import RunRecord
-from state_machines.runs.runner import WALK_QUARTERS, fuzz
+from state_machines.runs.runner import fuzz, walked_examples
 from state_machines.runs.walk import walk
 
 # Timing runs stop at the first failure: no shrinking, no example database.
@@ -73,7 +73,7 @@ def _ablation(config: Config, job: dict) -> dict:
         raise _Met
 
     try:
-        walk(machine_for(config, record), random.Random(job["seed"]), job["max_examples"] * WALK_QUARTERS // 4,
+        walk(machine_for(config, record), random.Random(job["seed"]), walked_examples(job["max_examples"]),
              on_failure=met, off=frozenset(job["off"]))
     except _Met:
         pass

@@ -39,7 +39,7 @@ def markdown(data: dict) -> str:
         "## Time to failure: harness against a plain random fuzzer",
         "",
         f"Each bug, {st['seeds']} seeds per fuzzer. **Harness**: `state_machines.runs.runner.fuzz` without shrinking "
-        "(no example database): three quarters of the examples a seeded random walk over the machine's rules "
+        "(no example database): seven eighths of the examples a seeded random walk over the machine's rules "
         "(`state_machines/runs/walk.py`, 40 steps, the first example on the run's own pool, then the pool shape "
         "drawn per example), then Hypothesis (one `step` rule picking among the applicable rules, pool shape drawn), "
         "so the time is to the *first* failing example; shrinking is measured separately below. "
@@ -242,7 +242,7 @@ def _losses(data: dict) -> list[str]:
         f"**Where the harness still loses** ({len(lost)} of {len(data['bugs'])}): {names}. "
         "Where it also took more steps, the lever table under *Time to failure* measures what each of the walk's "
         "levers costs the bug (the pool shape drawn after the first example, where the baseline always walks the "
-        "default pool, the steering, the edge decode, the fill); a search the walk's three quarters of the "
+        "default pool, the steering, the edge decode, the fill); a search the walk's seven eighths of the "
         "examples leave clean goes on under Hypothesis, whose engine costs several times a step's own time per step.",
     ]
 
@@ -304,7 +304,7 @@ def _raw_losses(data: dict) -> list[str]:
         f"- as few steps or fewer, a dearer step ({len(fewer)}): {names(fewer)}. Where both sides find the bug in "
         "the first example with the same steps, the times differ by the harness's own start (its runner and "
         "settings) and by noise; where the harness took fewer steps, each cost more (Hypothesis's engine in the "
-        "last quarter of its examples, larger pools).",
+        "last eighth of its examples, larger pools).",
     ]
 
 

@@ -93,3 +93,73 @@ def test_the_baseline_runs_again_on_as_many_other_seeds_and_its_ratios_are_colle
     (row,), _ = collect([config], [], results)
     assert row["baseline_again"]["ratio_steps"] == 2.0 and row["baseline_again"]["ratio_seconds"] == 2.0
     assert [r["seed"] for r in row["baseline_again"]["runs"]] == [3, 4, 5]
+
+
+def test_the_rank_sum_p_is_the_share_of_splits_ranking_as_high():
+    """Harness above every baseline seed: 1 split in C(15, 5); all tied or below: 1; a miss ranks last."""
+    import math
+
+    from bench.report import rank_sum_p
+
+    assert rank_sum_p([11, 12, 13, 14, 15], list(range(1, 11))) == 1 / math.comb(15, 5)
+    assert rank_sum_p([1, 2, 3, 4, 5], list(range(6, 16))) == 1.0
+    assert rank_sum_p([3] * 5, [3] * 10) == 1.0
+    assert rank_sum_p([math.inf] * 5, [1] * 10) == 1 / math.comb(15, 5)
+    # One swap at the boundary: the observed sum and the one split above it.
+    assert rank_sum_p([10, 12, 13, 14, 15], [1, 2, 3, 4, 5, 6, 7, 8, 9, 11]) == 2 / math.comb(15, 5)
+
+
+def test_the_rank_sum_p_with_ties_is_the_mann_whitney_u_p():
+    """With ties (mean ranks), the share of splits whose U (pairs above, half a pair per tie) is as high."""
+    import itertools
+
+    from bench.report import rank_sum_p
+
+    def u(above, below):
+        return sum((x > y) + 0.5 * (x == y) for x in above for y in below)
+
+    harness, baseline = [2, 1, 3, 1, 4], [2, 2, 3, 2, 1, 1, 2, 1, 2, 2]
+    pooled = harness + baseline
+    splits = [set(c) for c in itertools.combinations(range(15), 5)]
+    us = [u([pooled[i] for i in c], [pooled[i] for i in range(15) if i not in c]) for c in splits]
+    expected = sum(x >= u(harness, baseline) for x in us) / len(splits)
+    assert abs(rank_sum_p(harness, baseline) - expected) < 1e-12
+
+
+def test_the_noise_test_names_the_bugs_slower_beyond_the_seeds_noise():
+    """A bug whose harness seeds all come after the baseline's is named in steps; one mixed in is not."""
+    from bench.report import _beyond_noise
+
+    def runs(steps):
+        return [{"found": True, "steps": n, "seconds": n / 100} for n in steps]
+
+    def bug(name, harness, baseline, again):
+        return {"name": name, "harness": {"runs": runs(harness)}, "baseline": {"runs": runs(baseline)},
+                "baseline_again": {"runs": runs(again)}}
+
+    late = bug("late", [50, 60, 70, 80, 90], [1, 2, 3, 4, 5], [6, 7, 8, 9, 10])
+    mixed = bug("mixed", [1, 5, 9, 20, 3], [2, 4, 6, 8, 10], [1, 3, 5, 7, 9])
+    (_, line) = _beyond_noise({"bugs": [late, mixed]})
+    assert "in steps on **1 of 2**: late (p = 0.000333)" in line
+    assert "in seconds on **1 of 2**: late" in line and "mixed" not in line
+    assert _beyond_noise({"bugs": [{"name": "unmeasured", "harness": {}}]}) == []
+
+
+def test_the_rank_sum_p_of_many_seeds_is_the_normal_approximation():
+    """Past the exact count (20 seeds against 40): an exact p of 10 against 10 the approximation comes near,
+    a clear loss is small, an even mix near a half, all tied 1."""
+    import math
+
+    from bench import report
+
+    harness, baseline = [3, 5, 6, 8, 9, 11, 12, 14, 15, 16], [1, 2, 4, 7, 10, 13, 17, 18, 19, 20]
+    exact = report.rank_sum_p(harness, baseline)
+    report_exact, report._EXACT_SPLITS = report._EXACT_SPLITS, 0
+    try:
+        assert abs(report.rank_sum_p(harness, baseline) - exact) < 0.02
+    finally:
+        report._EXACT_SPLITS = report_exact
+    assert report.rank_sum_p(list(range(41, 61)), list(range(1, 41))) < 1e-9
+    assert 0.3 < report.rank_sum_p(list(range(1, 60, 3)), [v for v in range(1, 61) if v % 3 != 1]) < 0.7
+    assert report.rank_sum_p([7] * 20, [7] * 40) == 1.0
+    assert math.comb(60, 20) > report._EXACT_SPLITS

@@ -332,7 +332,8 @@ def _beyond_noise(data: dict) -> list[str]:
         for b in data["bugs"]:
             if "runs" not in b.get("harness", {}):
                 continue
-            runs = b["baseline"]["runs"] + b.get("baseline_again", {}).get("runs", [])
+            # bench/run.py writes None where the baseline did not run again.
+            runs = b["baseline"]["runs"] + (b.get("baseline_again") or {}).get("runs", [])
             p = rank_sum_p(*([r[unit] if r["found"] else math.inf for r in side] for side in (b["harness"]["runs"], runs)))
             found.setdefault(unit, []).append((p, b["name"]))
     if not found:

@@ -143,6 +143,12 @@ def test_the_noise_test_names_the_bugs_slower_beyond_the_seeds_noise():
     assert "in steps on **1 of 2**: late (p = 0.000333)" in line
     assert "in seconds on **1 of 2**: late" in line and "mixed" not in line
     assert _beyond_noise({"bugs": [{"name": "unmeasured", "harness": {}}]}) == []
+    # A miss ranks last whatever its steps; bench/run.py writes None where the baseline did not run again.
+    missed = bug("missed", [1] * 5, [50] * 5, [60] * 5)
+    missed["harness"]["runs"] = [{**r, "found": False} for r in missed["harness"]["runs"]]
+    missed["baseline_again"] = None
+    (_, line) = _beyond_noise({"bugs": [missed]})
+    assert "in steps on **1 of 1**: missed (p = 0.00397)" in line
 
 
 def test_the_rank_sum_p_of_many_seeds_is_the_normal_approximation():
@@ -156,7 +162,7 @@ def test_the_rank_sum_p_of_many_seeds_is_the_normal_approximation():
     exact = report.rank_sum_p(harness, baseline)
     report_exact, report._EXACT_SPLITS = report._EXACT_SPLITS, 0
     try:
-        assert abs(report.rank_sum_p(harness, baseline) - exact) < 0.02
+        assert abs(report.rank_sum_p(harness, baseline) - exact) < 0.005  # 0.0037; 0.0098 without the continuity correction
     finally:
         report._EXACT_SPLITS = report_exact
     assert report.rank_sum_p(list(range(41, 61)), list(range(1, 41))) < 1e-9

@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--need-sort", action="store_true", help="frees wait in release pages until an alloc runs short")
     fuzz.add_argument("--device", default="cpu", help="cpu, cuda or npu (`kv-lockstep devices` says which are available)")
     fuzz.add_argument("--size", type=_positive, help="pool size in slots (default 10 pages)")
-    fuzz.add_argument("--seed", type=int, help="Hypothesis seed; runs with the same seed are the same")
+    fuzz.add_argument("--seed", type=int, help="seed of the random walk and of Hypothesis; runs with the same seed are the same")
     fuzz.add_argument("--max-examples", type=_positive, default=300)
     fuzz.add_argument("--trace-dir", default=DEFAULT_TRACE_DIR)
     fuzz.add_argument("--sglang-path", help="a folder holding the sglang package (a checkout's python/)")

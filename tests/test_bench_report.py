@@ -142,6 +142,15 @@ def test_the_noise_test_names_the_bugs_slower_beyond_the_seeds_noise():
     (_, line) = _beyond_noise({"bugs": [late, mixed]})
     assert "in steps on **1 of 2**: late (p = 0.000333)" in line
     assert "in seconds on **1 of 2**: late" in line and "mixed" not in line
+    # 1 of 2 below 0.05 comes by chance in 9.75% of runs (1 - 0.95 ** 2): no evidence; none sooner.
+    assert "1 or more in 10% of bench runs: so these seeds are no evidence" in line
+    assert "the harness sooner, p is below 0.05 on **0 of 2** bugs in steps" in line
+    early = bug("early", [1, 2, 3, 4, 5], [50, 60, 70, 80, 90], [51, 61, 71, 81, 91])
+    (_, line) = _beyond_noise({"bugs": [early]})
+    assert "in steps on **0 of 1**;" in line and "on **1 of 1** bugs in steps and **1 of 1** in seconds" in line
+    (_, line) = _beyond_noise({"bugs": [late, late]})
+    # 2 of 2 by chance: 0.25% of runs (0.05 ** 2).
+    assert "2 or more in 0.3% of bench runs: more than chance gives" in line
     assert _beyond_noise({"bugs": [{"name": "unmeasured", "harness": {}}]}) == []
     # A miss ranks last whatever its steps; bench/run.py writes None where the baseline did not run again.
     missed = bug("missed", [1] * 5, [50] * 5, [60] * 5)
@@ -169,3 +178,12 @@ def test_the_rank_sum_p_of_many_seeds_is_the_normal_approximation():
     assert 0.3 < report.rank_sum_p(list(range(1, 60, 3)), [v for v in range(1, 61) if v % 3 != 1]) < 0.7
     assert report.rank_sum_p([7] * 20, [7] * 40) == 1.0
     assert math.comb(60, 20) > report._EXACT_SPLITS
+
+
+def test_chance_is_the_binomial_tail():
+    """Hits or more of n tests at 0.05 where nothing differs: all of it for 0, 0.05 for 1 of 1, about 0.14 for 6 of 71."""
+    from bench.report import _chance
+
+    assert abs(_chance(71, 0) - 1.0) < 1e-9
+    assert abs(_chance(1, 1) - 0.05) < 1e-12
+    assert 0.13 < _chance(71, 6) < 0.15

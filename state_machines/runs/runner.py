@@ -32,11 +32,17 @@ STEPS_PER_EXAMPLE = 20
 # examples, median 26.5), Hypothesis alone on 5 of 20 (6 with the walk's two
 # levers in its step rule too, which cost bench.bugs:TenthAlloc 1 example
 # to 69.5, median over 10 seeds: not kept), half and half on 18 of 20.  And a
-# Hypothesis step costs about 4 walk steps (``machines._StepChoice``): on a
-# clean builtin:token run of 100 examples, three quarters walked ran 4,507
-# steps/s and seven eighths 5,853 (medians of 4 alternating rounds of 3 runs,
-# 2-core machine).  The walk's examples do not depend on its share, so a
-# larger share moves no failure the walk met within the smaller one.
+# Hypothesis step, its engine's work per example included, cost 3-6 walk steps
+# in clean builtin:token runs of 100 examples (524-887 µs against 144-198;
+# ``machines._StepChoice``): three quarters walked ran 4,507 steps/s and
+# seven eighths 5,853 (medians of 4 alternating rounds of 3 runs, 2-core
+# machine).  The walk's examples do not depend on its share, so a larger share
+# moves no first failure the walk met within the smaller one (after it, the
+# walk may meet more distinct failures in examples Hypothesis had before).
+# What it costs: Hypothesis runs 25 of the ci profile's 200 examples (50
+# before) and 38 of `kv-lockstep fuzz`'s default 300 (75).  No bench bug
+# reaches Hypothesis (the walk meets each within 70 examples), so the bench
+# cannot show what that costs a bug only Hypothesis would find; none is known.
 WALK_EIGHTHS = 7
 
 
@@ -108,7 +114,7 @@ def fuzz(
     shrink: bool = True,
     stop=None,
 ) -> Outcome:
-    """Run ``config`` under Hypothesis until ``max_examples`` or a failure.
+    """Run ``config`` (a seeded random walk, then Hypothesis) until ``max_examples`` or a failure.
 
     The configuration is built once first, so bad input raises
     ``TargetError`` here rather than inside Hypothesis.  Seven eighths of

@@ -352,18 +352,34 @@ def _beyond_noise(data: dict) -> list[str]:
 
     most = max(count(later, "steps"), count(later, "seconds"))
     chance = _chance(tested, most)
-    verdict = ("so these seeds are no evidence that the harness is slower on any one bug (a small loss needs "
-               "more seeds to show)" if chance >= _ALPHA else
-               "more than chance gives: some of these bugs are slower beyond the seeds' noise")
+    # One p below _ALPHA / tested is what chance alone gives on any of the
+    # bugs in under _ALPHA of runs (Bonferroni): that bug is slower whatever
+    # the count says.
+    strong = sorted({name for unit in later for p, name in later[unit] if p < _ALPHA / tested})
+    if strong:
+        verdict = (f"but {', '.join(strong)} {'is' if len(strong) == 1 else 'are'} slower beyond the seeds' noise "
+                   f"even so (p below {_ALPHA:g} / {tested} = {_ALPHA / tested:.2g}, which chance alone gives on any "
+                   f"of {tested} bugs in under {_ALPHA:.0%} of runs)")
+    elif chance < _ALPHA:
+        verdict = ("more than chance gives, so some of these bugs are slower beyond the seeds' noise, though these seeds "
+                   "do not show which")
+    else:
+        verdict = ("so these seeds show no one bug slower beyond their noise (which is not to say none is: a small "
+                   "loss needs more seeds to show)")
+    sooner_most = max(count(sooner, "steps"), count(sooner, "seconds"))
     return [
         "",
         f"**Slower beyond the seeds' noise?** For each bug, *p* is the chance that, were the harness exactly as fast "
-        f"as the baseline on it, its seeds would still rank this late among all of both sides' seeds (the baseline's "
-        f"two sets pooled; a miss ranks last; a one-sided rank-sum test, Mann-Whitney's). Below {_ALPHA:g} in steps "
-        f"on {named('steps')}; in seconds on {named('seconds')}. Were the harness exactly as fast as the baseline on "
-        f"every bug, chance alone would give about {_ALPHA * tested:.1f} of {tested} on average, and {most} or more "
-        f"in {_percent(chance)} of bench runs: {verdict}. The other way, the harness sooner, p is below {_ALPHA:g} on "
-        f"**{count(sooner, 'steps')} of {tested}** bugs in steps and **{count(sooner, 'seconds')} of {tested}** in seconds.",
+        f"as the baseline on it, its seeds would rank at least this late among all of both sides' seeds (the "
+        f"baseline's two sets pooled; a miss ranks last; a one-sided rank-sum test, Mann-Whitney's). p is below "
+        f"{_ALPHA:g} in steps on {named('steps')}; in seconds on {named('seconds')}. Were the harness exactly as fast "
+        f"as the baseline on every bug, chance alone would give at most about {_ALPHA * tested:.1f} of {tested} on "
+        f"average, and {most} or more in {_percent(chance)} of bench runs (counting the bugs as independent, "
+        f"which they are only roughly: all run the same seeds): {verdict}. The other way, the harness sooner, p is "
+        f"below {_ALPHA:g} on **{count(sooner, 'steps')} of {tested}** bugs in steps and "
+        f"**{count(sooner, 'seconds')} of {tested}** in seconds"
+        + (f" ({sooner_most} or more by chance alone in {_percent(_chance(tested, sooner_most))} of runs)."
+           if sooner_most else "."),
     ]
 
 

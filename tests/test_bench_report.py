@@ -143,22 +143,31 @@ def test_the_noise_test_names_the_bugs_slower_beyond_the_seeds_noise():
     assert "in steps on **1 of 2**: late (p = 0.000333)" in line
     assert "in seconds on **1 of 2**: late" in line and "mixed" not in line
     # 1 of 2 below 0.05 comes by chance in 9.75% of runs (1 - 0.95 ** 2), but late's p is below 0.05 / 2.
-    assert "1 or more in 10% of bench runs" in line and "but late is slower beyond the seeds' noise even so" in line
+    assert "1 or more in steps in 10% of bench runs" in line and "but late is slower beyond the seeds' noise even so" in line
     assert "the harness sooner, p is below 0.05 on **0 of 2** bugs in steps and **0 of 2** in seconds." in line
     # One bug that late among 71 is still named; one among 1,000 (p above 0.05 / 1,000) is not.
     (_, line) = _beyond_noise({"bugs": [late] + [mixed] * 70})
-    assert "1 or more in 97% of bench runs" in line and "but late is slower" in line
+    assert "1 or more in steps in 97% of bench runs" in line and "but late is slower" in line
     (_, line) = _beyond_noise({"bugs": [late] + [mixed] * 999})
     assert "late is slower" not in line and "so these seeds show no one bug slower beyond their noise" in line
     early = bug("early", [1, 2, 3, 4, 5], [50, 60, 70, 80, 90], [51, 61, 71, 81, 91])
     (_, line) = _beyond_noise({"bugs": [early]})
     assert "in steps on **0 of 1**;" in line and "on **1 of 1** bugs in steps and **1 of 1** in seconds" in line
-    assert "(1 or more by chance alone in 5% of runs)" in line
+    assert "(1 or more in steps by chance alone in 5% of runs)" in line
     # p = 0.020 each: not below 0.05 / 3, but 3 of 3 comes by chance in 0.0125% of runs (0.05 ** 3).
     fairly_late = bug("fairly late", [7, 9, 12, 14, 15], [1, 2, 3, 4, 5], [6, 8, 10, 11, 13])
     (_, line) = _beyond_noise({"bugs": [fairly_late] * 3})
-    assert "fairly late (p = 0.02)" in line and "3 or more in under 0.1% of bench runs" in line
+    assert "fairly late (p = 0.02)" in line and "3 or more in steps in under 0.1% of bench runs" in line
     assert "more than chance gives, so some of these bugs are slower" in line
+    # 2 of 5 at p = 0.020 comes by chance in 2.3% of runs: still more than chance gives.
+    (_, line) = _beyond_noise({"bugs": [fairly_late] * 2 + [mixed] * 3})
+    assert "2 or more in steps in 2% of bench runs" in line and "more than chance gives" in line
+    # The verdict reads steps: a bug later in seconds alone (a dearer step) is counted there, not judged.
+    dear = bug("dear", [5] * 5, [5] * 5, [5] * 5)
+    for side, seconds in (("harness", 1.0), ("baseline", 0.01), ("baseline_again", 0.02)):
+        dear[side]["runs"] = [{**r, "seconds": seconds} for r in dear[side]["runs"]]
+    (_, line) = _beyond_noise({"bugs": [dear] * 3})
+    assert "in seconds on **3 of 3**: dear" in line and "so these seeds show no one bug slower" in line
     assert _beyond_noise({"bugs": [{"name": "unmeasured", "harness": {}}]}) == []
     # A miss ranks last whatever its steps; bench/run.py writes None where the baseline did not run again.
     missed = bug("missed", [1] * 5, [50] * 5, [60] * 5)

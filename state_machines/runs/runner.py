@@ -30,13 +30,14 @@ STEPS_PER_EXAMPLE = 20
 # NPU decode (bench.bugs:npu_without_free_groups), measured on seeds 0-19 with
 # the ci profile's 200 examples: the walk alone found it on 20 of 20 (2-138
 # examples, median 26.5), Hypothesis alone on 5 of 20 (6 with the walk's two
-# levers in its step rule too, which cost bench.bugs:TenthAlloc 1 example
-# to 69.5, median over 10 seeds: not kept), half and half on 18 of 20.  And a
-# Hypothesis step, its engine's work per example included, cost 3-6 walk steps
-# in clean builtin:token runs of 100 examples (524-887 µs against 144-198;
-# ``machines._StepChoice``): three quarters walked ran 4,507 steps/s and
-# seven eighths 5,853 (medians of 4 alternating rounds of 3 runs, 2-core
-# machine).  The walk's examples do not depend on its share, so a larger share
+# levers in its step rule too, which took bench.bugs:TenthAlloc from 1
+# example to 69.5, median over 10 seeds: not kept), half and half on 18 of 20.
+# And a Hypothesis step, its engine's work per example included, costs 3 to 7
+# walk steps on clean builtin:token runs of 100 examples (each phase timed in
+# three runs: 524-887 µs against 144-198; about 6.7 solved from the two
+# throughputs below; ``machines._StepChoice``): three quarters walked ran
+# 4,507 steps/s and seven eighths 5,853 (medians of 4 alternating rounds of
+# 3 runs, 2-core machine).  The walk's examples do not depend on its share, so a larger share
 # moves no first failure the walk met within the smaller one (after it, the
 # walk may meet more distinct failures in examples Hypothesis had before).
 # What it costs: Hypothesis runs 25 of the ci profile's 200 examples (50

@@ -312,8 +312,8 @@ def rank_sum_p(slower: list[float], other: list[float]) -> float:
     seen = sum(rank[v] for v in slower)
     n, total = len(slower), len(pooled)
     if math.comb(total, n) <= _EXACT_SPLITS:
-        splits = list(itertools.combinations([rank[v] for v in pooled], n))
-        return sum(sum(split) >= seen - 1e-9 for split in splits) / len(splits)
+        splits = itertools.combinations([rank[v] for v in pooled], n)
+        return sum(sum(split) >= seen - 1e-9 for split in splits) / math.comb(total, n)
     ties = sum((last[v] - first[v] + 1) ** 3 - (last[v] - first[v] + 1) for v in first)
     variance = n * (total - n) / 12 * (total + 1 - ties / (total * (total - 1)))
     if variance <= 0:
@@ -329,12 +329,12 @@ def _beyond_noise(data: dict) -> list[str]:
     steps (the seeds alone move them) and in seconds, each way; and how
     often chance alone gives as many (``_chance``).  None where not measured."""
     later, sooner = {}, {}
-    for unit in ("steps", "seconds"):
-        for b in data["bugs"]:
-            if "runs" not in b.get("harness", {}):
-                continue
-            # bench/run.py writes None where the baseline did not run again.
-            runs = b["baseline"]["runs"] + (b.get("baseline_again") or {}).get("runs", [])
+    for b in data["bugs"]:
+        if "runs" not in b.get("harness", {}):
+            continue
+        # bench/run.py writes None where the baseline did not run again.
+        runs = b["baseline"]["runs"] + (b.get("baseline_again") or {}).get("runs", [])
+        for unit in ("steps", "seconds"):
             harness, baseline = ([r[unit] if r["found"] else math.inf for r in side] for side in (b["harness"]["runs"], runs))
             later.setdefault(unit, []).append((rank_sum_p(harness, baseline), b["name"]))
             sooner.setdefault(unit, []).append((rank_sum_p(baseline, harness), b["name"]))
@@ -386,8 +386,8 @@ def _beyond_noise(data: dict) -> list[str]:
 
 
 def _percent(share: float) -> str:
-    """``share`` as a percentage, small ones to a tenth of a percent."""
-    return f"{share:.0%}" if share >= 0.01 else f"{share:.1%}" if share >= 0.001 else "under 0.1%"
+    """``_pct``, with small shares to a tenth of a percent."""
+    return _pct(share) if share >= 0.01 else f"{share:.1%}" if share >= 0.001 else "under 0.1%"
 
 
 def _chance(tested: int, hits: int) -> float:

@@ -37,9 +37,10 @@ STEPS_PER_EXAMPLE = 20
 # three runs: 524-887 µs against 144-198; about 6.7 solved from the two
 # throughputs below; ``machines._StepChoice``): three quarters walked ran
 # 4,507 steps/s and seven eighths 5,853 (medians of 4 alternating rounds of
-# 3 runs, 2-core machine).  The walk's examples do not depend on its share, so a larger share
-# moves no first failure the walk met within the smaller one (after it, the
-# walk may meet more distinct failures in examples Hypothesis had before).
+# 3 runs, 2-core machine).  The walk's examples do not depend on its share,
+# so a larger share moves no first failure the walk met within the smaller
+# one (after it, the walk may meet more distinct failures in examples
+# Hypothesis had before).
 # What it costs: Hypothesis runs 25 of the ci profile's 200 examples (50
 # before) and 38 of `kv-lockstep fuzz`'s default 300 (75).  No bench bug
 # reaches Hypothesis (the walk meets each within 70 examples), so the bench

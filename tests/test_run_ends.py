@@ -361,3 +361,31 @@ def test_a_dead_workers_trace_carries_its_examples_own_pool_shape():
     assert trace.config == shaped
     assert [s.rule for s in trace.steps] == ["alloc", "overwrite_row", "alloc"]
     assert Trace.from_dict(json.loads(json.dumps(trace.to_dict()))) == trace
+
+
+def test_each_call_publishes_its_name_its_examples_limit_and_its_start():
+    """The parent judges a hang by what the worker last published: the call's
+    name, whether it runs and the limit of the example it runs in, which
+    changes from one example to the next (a shrink replay's is shorter)."""
+    import multiprocessing
+
+    import attrs
+
+    from state_machines.harness import build, lockstep
+    from state_machines.runs.watchdog import Beacon
+
+    beacon = Beacon(multiprocessing.get_context("fork"))
+    beacon.install()
+    try:
+        seen = []
+        for limit in (2.0, 0.5, 2.0):
+            state = build(attrs.evolve(Config(target="builtin:token"), call_timeout_s=limit))
+            state.alloc(3)
+            state.begin()
+            seen.append((beacon.what(), beacon.limit(), beacon.in_call()))
+    finally:
+        lockstep.watch_calls(None)
+        lockstep.disarm_call_timer()
+    # The last call of each example is the census read after its begin, ended.
+    assert [(limit, in_call) for _, limit, in_call in seen] == [(2.0, False), (0.5, False), (2.0, False)]
+    assert len({what for what, _, _ in seen}) == 1 and seen[0][0]

@@ -79,6 +79,7 @@ def markdown(data: dict) -> str:
         "",
         f"**Headline** (geometric mean over bugs): harness : baseline time to first failure = "
         f"**{_s(hl['geomean_ratio_seconds'])}** in seconds, **{_s(hl['geomean_ratio_steps'])}** in steps.",
+        *_by_depth(data),
         *_noise(data),
         *_beyond_noise(data),
         *_raw_losses(data),
@@ -258,6 +259,60 @@ def _losses(data: dict) -> list[str]:
 def _seeds(first: int, n: int) -> str:
     """``n`` seeds from ``first``, as the report names them."""
     return f"seed {first}" if n == 1 else f"seeds {first}–{first + n - 1}"
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(map(math.log, xs)) / len(xs))
+
+
+def _whole_search_s(bug: dict, side: str) -> float:
+    """``side``'s median seconds to the first failure of ``bug``, or where
+    it missed on most seeds the bar's (a miss counted as its whole search;
+    the bar's floor of a fraction of a second is far below a whole search)."""
+    median = bug[side]["seconds"]["median"]
+    return median if median is not None else bug["bar"][f"{side}_s"]
+
+
+def _by_depth(data: dict) -> list[str]:
+    """The headline split where it is made: the bugs the baseline meets in
+    its first example (median) against the rest, and the bugs the headline
+    leaves out (no median ratio: a side missed on most seeds)."""
+    rated = [b for b in data["bugs"] if b["ratio_seconds"] and b["ratio_steps"]]
+    first = [b for b in rated if b["baseline"]["examples"]["median"] == 1]
+    later = [b for b in rated if b not in first]
+    if not (first and later):
+        return []
+
+    def means(bugs):
+        return (f"**{_s(_geomean([b['ratio_seconds'] for b in bugs]))}** in seconds and "
+                f"**{_s(_geomean([b['ratio_steps'] for b in bugs]))}** in steps")
+
+    n = len(rated)
+    # The headline, in seconds, with the first group at parity; and what the
+    # rest would need for 0.5 with it so.
+    at_parity = _geomean([b["ratio_seconds"] for b in later]) ** (len(later) / n)
+    needed = 0.5 ** (n / len(later))
+    out = [
+        "",
+        f"**Where the headline is made.** Of these {n} bugs, the baseline meets **{len(first)}** in its first example "
+        f"(median): there the harness comes to {means(first)}. On the other **{len(later)}** it comes to "
+        f"{means(later)}. On the first kind each side's time is a start both pay alike (making the machine and the "
+        "first pool) and a few steps of a walk that is uniform on the baseline's side; the walk's levers (the table "
+        "below) are there for the second kind and cost the first a share of steps. Even at parity on the first "
+        f"kind (1.0), the headline in seconds would be {_s(at_parity)}; 0.5 would need the other {len(later)} at "
+        f"{_s(needed)} or below.",
+    ]
+    left = [b for b in data["bugs"] if b not in rated and b.get("bar")]
+    if left:
+        ratios = [_whole_search_s(b, "harness") / _whole_search_s(b, "baseline") for b in left]
+        with_left = _geomean([b["ratio_seconds"] for b in rated] + ratios)
+        out[-1] += (
+            " Left out of the headline, having no median on one side: "
+            + ", ".join(f"{b['name']} ({_s(r, 3)}, a miss counted as its whole search, as the bar counts it)"
+                        for b, r in zip(left, ratios))
+            + f"; counted so, the headline in seconds would be {_s(with_left)}."
+        )
+    return out
 
 
 def _noise(data: dict) -> list[str]:

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -164,6 +165,36 @@ def test_custom_target_outside_the_repo_has_no_false_alarm(tmp_path, page_size):
     lines = run.stdout.splitlines()
     assert lines[0] == f"kv-lockstep fuzz: my_pool:make page_size={page_size}, up to 150 examples, seed 1"
     assert re.fullmatch(r"no failure: \d+ examples, \d+ steps in [\d.]+ s", lines[-1]), lines[-1]
+
+
+def test_printed_replay_commands_run_the_trace(tmp_path):
+    """Each `replay:` line a run prints is a command that replays its trace:
+    a custom target, which replay never imports from a trace, is named again."""
+    run = kv_lockstep("fuzz", "--target", "allocators.token:FlagDriftTokenAllocator", "--seed", "0",
+                      "--max-examples", "50", "--trace-dir", str(tmp_path), cwd=tmp_path,
+                      env_extra={"PYTHONPATH": str(REPO)})
+    assert run.returncode == 1, run.stdout + run.stderr
+    commands = [line.removeprefix("  replay: ") for line in run.stdout.splitlines() if line.startswith("  replay: ")]
+    assert commands, run.stdout
+    for command in commands:
+        program, *args = shlex.split(command)
+        assert program == "kv-lockstep"
+        again = kv_lockstep(*args, cwd=tmp_path, env_extra={"PYTHONPATH": str(REPO)})
+        assert again.returncode == 1, command + "\n" + again.stdout + again.stderr
+
+
+def test_replay_command_passes_what_replay_will_not_read_from_a_trace():
+    """An --sglang-path and a custom cache class come back on the command line, quoted for a shell."""
+    from state_machines.config import Config
+    from state_machines.runs.trace import replay_command
+
+    assert replay_command("t.json", Config()) == "kv-lockstep replay t.json"
+    assert replay_command("t.json", Config(target="sglang:token", sglang_path="my src/python")) == (
+        "kv-lockstep replay t.json --sglang-path 'my src/python'"
+    )
+    assert replay_command("a b.json", Config(target="sglang:token", sglang_path="p", caller="mod:Cache")) == (
+        "kv-lockstep replay 'a b.json' --caller mod:Cache --sglang-path p"
+    )
 
 
 def test_targets_lists_every_mutant(tmp_path):

@@ -136,7 +136,7 @@ def run(
     past the limit is killed, and one that dies without saying it is done
     fails the run too, each with an unshrunk trace of its last steps.
     """
-    from state_machines.runs.trace import write
+    from state_machines.runs.trace import replay_command, write
     from state_machines.runs.watchdog import (
         POLL_S,
         Beacon,
@@ -327,7 +327,7 @@ def run(
             print(f"FAILED before any step: {trace.invariant}", file=out)
             print(f"    {trace.detail}", file=out)
             print(f"  trace: {path}", file=out)
-            print(f"  replay: kv-lockstep replay {path}", file=out)
+            print(f"  replay: {replay_command(path, trace.config)}", file=out)
             return 1
         elapsed = time.monotonic() - started
         total = merge(snaps.values())
@@ -344,7 +344,7 @@ def run(
 
 def _summary(out, config, jobs, elapsed, total, found, failures, errors, interrupted, verdicts=(),
              signum=None) -> None:
-    from state_machines.runs.trace import Trace
+    from state_machines.runs.trace import Trace, replay_command
     from state_machines.runs.watchdog import signal_name
 
     if interrupted:
@@ -367,17 +367,17 @@ def _summary(out, config, jobs, elapsed, total, found, failures, errors, interru
         print(f"    {trace.detail}", file=out)
         print("\n".join("    " + line for line in trace.program().splitlines()), file=out)
         print(f"  shrunk to {len(trace.steps)} steps; trace: {path}", file=out)
-        print(f"  replay: kv-lockstep replay {path}", file=out)
+        print(f"  replay: {replay_command(path, trace.config)}", file=out)
     if found and not failures:
         for _, invariant, path in found:
             print(f"\nFAILED (not shrunk, stopped first): {invariant}; trace: {path}", file=out)
-            print(f"  replay: kv-lockstep replay {path}", file=out)
+            print(f"  replay: {replay_command(path, config)}", file=out)
     for trace, path in verdicts:
         print(f"\nFAILED (seen by the watchdog, not shrunk): {trace.invariant}", file=out)
         print(f"    {trace.detail}", file=out)
         print("\n".join("    " + line for line in trace.program().splitlines()), file=out)
         print(f"  {len(trace.steps)} steps; trace: {path}", file=out)
-        print(f"  replay: kv-lockstep replay {path}", file=out)
+        print(f"  replay: {replay_command(path, trace.config)}", file=out)
     out.flush()
 
 

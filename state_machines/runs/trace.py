@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import tempfile
 from pathlib import Path
 
@@ -472,6 +473,21 @@ def shown(path) -> str:
     newline or another character that is not printable."""
     text = str(path)
     return text if text.isprintable() else repr(text)
+
+
+def replay_command(path, config: Config) -> str:
+    """The ``kv-lockstep replay`` command that runs a trace written by a run
+    of ``config``: replay imports no code and puts no folder on ``sys.path``
+    that a trace names, so a custom target or cache class and an
+    ``--sglang-path`` are passed again, as the run was given them."""
+    words = ["kv-lockstep", "replay", str(path)]
+    if config.target.partition(":")[0] not in ("builtin", "sglang"):
+        words += ["--target", config.target]
+    if ":" in config.caller:
+        words += ["--caller", config.caller]
+    if config.sglang_path is not None:
+        words += ["--sglang-path", config.sglang_path]
+    return shlex.join(words)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -458,11 +458,13 @@ def _indent(text: str, by: str = "    ") -> str:
 
 
 def print_trace(out, trace, path, *, shrunk: bool) -> None:
+    from state_machines.runs.trace import replay_command
+
     print(_indent(trace.detail or ""), file=out)
     print(f"  {'shrunk to' if shrunk else 'not shrunk;'} {len(trace.steps)} steps:", file=out)
     print(_indent(trace.program()), file=out)
     print(f"  trace: {path}", file=out)
-    print(f"  replay: kv-lockstep replay {path}", file=out)
+    print(f"  replay: {replay_command(path, trace.config)}", file=out)
 
 
 def fuzz_watched(config: Config, *, max_examples: int, seed: int | None, db_spec: str | None, trace_dir: str,
@@ -563,7 +565,7 @@ def latent_tag(config) -> str:
 
 
 def _plain_report(out, err, config, got, interrupted, signals, trace_dir) -> int:
-    from state_machines.runs.trace import write
+    from state_machines.runs.trace import replay_command, write
 
     if got["bad_input"] is not None:
         print(f"kv-lockstep: error: {got['bad_input']}", file=err)
@@ -574,7 +576,7 @@ def _plain_report(out, err, config, got, interrupted, signals, trace_dir) -> int
         print(f"FAILED before any step: {trace.invariant}", file=out)
         print(_indent(trace.detail or ""), file=out)
         print(f"  trace: {path}", file=out)
-        print(f"  replay: kv-lockstep replay {path}", file=out)
+        print(f"  replay: {replay_command(path, trace.config)}", file=out)
         return 1
     verdict = got["verdict"]
     verdict_path = write(verdict, Path(trace_dir) / "unshrunk") if verdict is not None else None
@@ -607,7 +609,7 @@ def _plain_report(out, err, config, got, interrupted, signals, trace_dir) -> int
     for invariant, path in kept:
         print(f"\nFAILED (not shrunk, {'interrupted' if interrupted else 'stopped'} first): {invariant}; trace: {path}",
               file=out)
-        print(f"  replay: kv-lockstep replay {path}", file=out)
+        print(f"  replay: {replay_command(path, config)}", file=out)
     out.flush()
     if interrupted:
         return signals.exit_code()

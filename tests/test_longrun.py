@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
 import pytest
 
 from state_machines.config import Config
@@ -66,9 +67,10 @@ def test_timed_run_ends_clean_with_progress_and_coverage(tmp_path):
     assert data["jobs"] == 2 and data["failures"] == [] and data["examples"] > 0
     assert {"alloc", "begin", "end", "free", "rematch"} <= set(data["rules"])
     assert all({"ran", "blocked"} == set(c) for c in data["rules"].values())
+    # Examples draw need_sort on too (builtin:paged takes it): the merge order applies.
     config = Config(target="builtin:paged", page_size=4)
-    applicable = [i.name for i in INTERLEAVINGS if i.applies_to(config)]
-    assert "alloc_merged_release" not in applicable
+    applicable = [i.name for i in INTERLEAVINGS if i.applies_to(attrs.evolve(config, need_sort=True))]
+    assert "alloc_merged_release" in applicable
     assert {name: c["applicable"] for name, c in data["interleavings"].items()} == {
         i.name: i.name in applicable for i in INTERLEAVINGS
     }
@@ -79,6 +81,21 @@ def test_timed_run_ends_clean_with_progress_and_coverage(tmp_path):
     named = [re.fullmatch(r"  NEVER REACHED: (.+) \(this run proves nothing about them\)", line)
              for line in lines if "NEVER REACHED" in line]
     assert [sorted(m.group(1).split(", ")) for m in named] == ([unreached] if unreached else []), run.stdout
+
+
+def test_an_order_applies_once_an_example_draws_the_shape_it_needs():
+    """A run without --need-sort whose example draws need_sort on counts the
+    merge order there, rather than calling it n/a (needs --need-sort)."""
+    from state_machines.harness import build
+    from state_machines.runs.coverage import Coverage
+
+    config = Config(target="builtin:paged", page_size=4)
+    coverage = Coverage(config, use_hypothesis=False)
+    coverage._new_example(build(config))
+    assert "alloc_merged_release" not in coverage.applicable
+    coverage._new_example(build(attrs.evolve(config, need_sort=True)))
+    assert coverage.applicable == [i.name for i in INTERLEAVINGS if i.name in coverage.applicable]
+    assert "alloc_merged_release" in coverage.applicable
 
 
 def test_ctrl_c_keeps_the_trace_and_the_next_run_replays_it_first(tmp_path):

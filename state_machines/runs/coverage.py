@@ -152,6 +152,16 @@ class Coverage:
                 i.name for i in INTERLEAVINGS
                 if i.applies_to(self.config) and (i.step is None or (hasattr(state, "runs") and state.runs(i.step)))
             ]
+        if state.config != self.config:
+            # An example may draw a pool shape the run's configuration lacks
+            # (need_sort on): an order that needs it applies from then on.
+            new = {
+                i.name for i in INTERLEAVINGS
+                if i.name not in self.applicable and i.applies_to(state.config)
+                and (i.step is None or (hasattr(state, "runs") and state.runs(i.step)))
+            }
+            if new:
+                self.applicable = [i.name for i in INTERLEAVINGS if i.name in new or i.name in self.applicable]
         self.examples += 1
         self._hits_this_example = 0
         # Rows freed as views inside the open group, and those overwritten since.

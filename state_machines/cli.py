@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import attrs
@@ -246,6 +247,7 @@ def _check_folder(value: str, flag: str) -> None:
     if path.is_dir():
         if not os.access(path, os.W_OK | os.X_OK):
             raise UsageError(f"{flag} {value}: cannot write in that folder")
+        _try_writing(path, path, flag, value)
         return
     if os.path.lexists(path):
         raise UsageError(f"{flag} {value} is a file, not a folder")
@@ -256,6 +258,32 @@ def _check_folder(value: str, flag: str) -> None:
         raise UsageError(f"{flag} {value} cannot be created: {shown(existing)} is not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {value} cannot be created: cannot write in {shown(existing)}")
+    _try_writing(path, existing, flag, value)
+
+
+def _try_writing(folder: Path, existing: Path, flag: str, value: str) -> None:
+    """Write and remove a file in ``folder``, creating the folders above it
+    from ``existing`` down and removing them again: ``os.access`` says yes
+    to root wherever the mode would let root write (``/proc``, say), where
+    writing then fails."""
+    made = []
+    try:
+        for part in reversed([folder, *folder.parents]):
+            if part == existing or existing in part.parents:
+                if not part.exists():
+                    part.mkdir()
+                    made.append(part)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".kv-lockstep-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UsageError(f"{flag} {value}: cannot write there: {exc.strerror or type(exc).__name__}") from None
+    finally:
+        for part in reversed(made):
+            try:
+                part.rmdir()
+            except OSError:
+                pass
 
 
 def _check_file(value: str, flag: str) -> None:
@@ -268,6 +296,7 @@ def _check_file(value: str, flag: str) -> None:
         raise UsageError(f"{flag} {value}: folder {shown(path.parent)} does not exist")
     if not os.access(path.parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {value}: cannot write in {shown(path.parent)}")
+    _try_writing(path.parent, path.parent, flag, value)
 
 
 def _replay_config(trace, args) -> Config:

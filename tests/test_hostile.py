@@ -449,6 +449,23 @@ def test_output_paths_are_checked_before_fuzzing(tmp_path, capsys):
     assert "does not exist" in err
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_output_paths_that_refuse_a_file_are_refused_before_fuzzing(tmp_path, capsys):
+    """/proc takes no new file, though os.access says root may write there:
+    refused before the run, not a traceback when the first trace is written."""
+    cases = [
+        ["--trace-dir", "/proc/kv-lockstep-traces"],
+        ["--trace-dir", "/proc"],
+        ["--duration", "1", "--stats-json", "/proc/kv-lockstep-stats.json"],
+    ]
+    for extra in cases:
+        code, out, err = cli(["fuzz", "--mutant", "flag-drift", "--seed", "0", *extra], capsys)
+        assert_bad_input(code, out, err, f"{extra[-2]} {extra[-1]}")
+        assert "kv-lockstep fuzz:" not in out  # refused before any example ran
+    code, out, err = cli(["replay", write_json(tmp_path / "t.json", BASE), "--emit-pytest", "/proc/kv_lockstep_t.py"], capsys)
+    assert_bad_input(code, out, err, "--emit-pytest /proc/kv_lockstep_t.py")
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -57,13 +57,16 @@ def _parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--target", help=f"builtin:NAME, sglang:NAME or MODULE:ATTR (default {DEFAULT_TARGET};"
                       " with --caller, sglang:token at page size 1, else sglang:paged)")
     fuzz.add_argument("--mutant", help="a named bug variant of a builtin target")
-    fuzz.add_argument("--page-size", type=_positive, default=1)
-    fuzz.add_argument("--need-sort", action="store_true", help="frees wait in release pages until an alloc runs short")
+    fuzz.add_argument("--page-size", type=_positive, default=1, help="slots a page (default 1)")
+    fuzz.add_argument("--need-sort", action="store_true",
+                      help="frees wait in release pages until an alloc runs short (without it, examples draw it off"
+                           " or on where the target takes it; this pins it on)")
     fuzz.add_argument("--device", default="cpu", help="cpu, cuda or npu (`kv-lockstep devices` says which are available)")
-    fuzz.add_argument("--size", type=_positive, help="pool size in slots (default 10 pages)")
+    fuzz.add_argument("--size", type=_positive,
+                      help="pool size in slots (default: each example draws 10, 4, 24 or 64 pages; this pins it)")
     fuzz.add_argument("--seed", type=int, help="seed of the random walk and of Hypothesis; runs with the same seed are the same")
-    fuzz.add_argument("--max-examples", type=_positive, default=300)
-    fuzz.add_argument("--trace-dir", default=DEFAULT_TRACE_DIR)
+    fuzz.add_argument("--max-examples", type=_positive, default=300, help="the budget (default %(default)s)")
+    fuzz.add_argument("--trace-dir", default=DEFAULT_TRACE_DIR, help="where traces go (default %(default)s)")
     fuzz.add_argument("--sglang-path", help="a folder holding the sglang package (a checkout's python/)")
     fuzz.add_argument("--call-timeout", type=_seconds, default=Config().call_timeout_s, metavar="SECONDS",
                       help="an allocator call running longer is a hang, allocator_hung (default %(default)g)")

@@ -345,6 +345,12 @@ def cmd_replay(args) -> int:
     _check_output_paths(emit_pytest=args.emit_pytest)
     trace = Trace.load(args.trace)  # checked throughout: nothing of it runs before this
     config = _replay_config(trace, args)
+    # Bad input fails here, before any output, as in fuzz.
+    from state_machines import targets
+    from state_machines.targets import devices
+
+    targets.resolve(config.target, config.mutant, config.sglang_path)
+    devices.require(config.device)
     print(f"kv-lockstep replay: {len(trace.steps)} steps of {shown(args.trace)} on {config.label()}")
     failure = replay(trace, config)
     if args.emit_pytest:

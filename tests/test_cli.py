@@ -94,6 +94,30 @@ def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
     assert (run.stdout, run.stderr) == ("", f"kv-lockstep: error: {message}\n")
 
 
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--target", "builtin:paged", "--mutant", "nope"], "unknown mutant 'nope' for builtin:paged"),
+        (["--target", "sglang:token", "--sglang-path", "no_such_folder"], "--sglang-path no_such_folder is not a directory"),
+        (["--mutant", "alias", "--target", "sglang:token", "--sglang-path", "."], "--mutant applies to builtin targets only"),
+    ],
+    ids=["mutant", "sglang-path", "mutant-of-sglang"],
+)
+def test_replay_bad_input_prints_nothing_on_stdout(extra, message, tmp_path):
+    """replay refuses what the command line gets wrong before its header, as fuzz does: one line, exit 2."""
+    from state_machines.config import Config
+    from state_machines.harness import Step
+    from state_machines.runs.trace import Trace
+
+    path = tmp_path / "trace.json"
+    path.write_text(Trace(Config(), (Step("begin", {}), Step("end", {}))).to_json())
+    run = kv_lockstep("replay", str(path), *extra, cwd=tmp_path)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stdout == ""
+    assert run.stderr.startswith("kv-lockstep: error: ") and run.stderr.count("\n") == 1, run.stderr
+    assert message in run.stderr, run.stderr
+
+
 def test_unreadable_trace_is_exit_2(tmp_path):
     """A file that is not a trace is bad input: one line naming the file and the parse error."""
     bad = tmp_path / "bad.json"

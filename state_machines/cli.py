@@ -440,6 +440,14 @@ def _describe_release(args) -> int:
     return 0
 
 
+def _first_sentence(doc: str) -> str:
+    """A docstring's first sentence on one line, without reST's double
+    backticks: its first line alone may stop mid-sentence."""
+    text = " ".join(doc.strip().split("\n\n")[0].split()).replace("``", "")
+    head, dot, _ = text.partition(". ")
+    return head + "." if dot else text
+
+
 def cmd_targets(args) -> int:
     import allocators
     from state_machines.targets import describe_needs
@@ -449,8 +457,9 @@ def cmd_targets(args) -> int:
     if args.sglang_path:
         return _describe_release(args)
     print("built-in targets (--target builtin:NAME [--mutant M]):")
+    width = max(map(len, allocators.BUILTINS))
     for name, (cls, mutants) in sorted(allocators.BUILTINS.items()):
-        print(f"  builtin:{name:<10} {(cls.__doc__ or '').strip().splitlines()[0]}")
+        print(f"  builtin:{name:<{width}} {_first_sentence(cls.__doc__ or '')}")
         for mutant in mutants.values():
             needs = f"  [needs {describe_needs(mutant.needs)}]" if mutant.needs else ""
             print(f"      --mutant {mutant.name:<22} {mutant.summary}{needs}")

@@ -234,6 +234,18 @@ def test_targets_lists_every_mutant(tmp_path):
     assert listed == {f"builtin:{name}": list(mutants) for name, (_, mutants) in sorted(allocators.BUILTINS.items())}
 
 
+def test_targets_describes_each_builtin_in_a_whole_sentence(tmp_path):
+    """Each built-in's line ends its sentence (a docstring's first line may stop
+    mid-sentence) and shows no reST markup."""
+    run = kv_lockstep("targets", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = [line for line in run.stdout.splitlines() if line.startswith("  builtin:")]
+    assert len(lines) == len(allocators.BUILTINS)
+    for line in lines:
+        name, summary = line.split(maxsplit=1)
+        assert summary.endswith(".") and "``" not in summary, line
+
+
 # A pool whose available_size() counts one slot more than its free list
 # holds: the fresh allocator already disagrees with its own census.
 LIAR = textwrap.dedent(

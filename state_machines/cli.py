@@ -250,7 +250,7 @@ def _check_folder(value: str, flag: str) -> None:
     if path.is_dir():
         if not os.access(path, os.W_OK | os.X_OK):
             raise UsageError(f"{flag} {value}: cannot write in that folder")
-        _try_writing(path, path, flag, value)
+        _try_writing(path, flag, value)
         return
     if os.path.lexists(path):
         raise UsageError(f"{flag} {value} is a file, not a folder")
@@ -261,32 +261,22 @@ def _check_folder(value: str, flag: str) -> None:
         raise UsageError(f"{flag} {value} cannot be created: {shown(existing)} is not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {value} cannot be created: cannot write in {shown(existing)}")
-    _try_writing(path, existing, flag, value)
+    _try_writing(path, flag, value)
 
 
-def _try_writing(folder: Path, existing: Path, flag: str, value: str) -> None:
-    """Write and remove a file in ``folder``, creating the folders above it
-    from ``existing`` down and removing them again: ``os.access`` says yes
-    to root wherever the mode would let root write (``/proc``, say), where
-    writing then fails."""
-    made = []
+def _try_writing(folder: Path, flag: str, value: str) -> None:
+    """Write and remove a file in ``folder``, creating it as a run would:
+    ``os.access`` says yes to root wherever the mode would let root write
+    (``/proc``, say), where writing then fails.  A folder made here is kept
+    (the run writes there); removing it could pull it from under another
+    run sharing it."""
     try:
-        for part in reversed([folder, *folder.parents]):
-            if part == existing or existing in part.parents:
-                if not part.exists():
-                    part.mkdir()
-                    made.append(part)
+        folder.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".kv-lockstep-probe-")
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
         raise UsageError(f"{flag} {value}: cannot write there: {exc.strerror or type(exc).__name__}") from None
-    finally:
-        for part in reversed(made):
-            try:
-                part.rmdir()
-            except OSError:
-                pass
 
 
 def _check_file(value: str, flag: str) -> None:
@@ -299,7 +289,7 @@ def _check_file(value: str, flag: str) -> None:
         raise UsageError(f"{flag} {value}: folder {shown(path.parent)} does not exist")
     if not os.access(path.parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {value}: cannot write in {shown(path.parent)}")
-    _try_writing(path.parent, path.parent, flag, value)
+    _try_writing(path.parent, flag, value)
 
 
 def _replay_config(trace, args) -> Config:

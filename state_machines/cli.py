@@ -18,6 +18,7 @@ from state_machines.config import Config
 
 DEFAULT_TARGET = "builtin:token"
 DEFAULT_TRACE_DIR = ".kv-lockstep/traces"
+DEFAULT_MAX_EXAMPLES = 300
 
 
 class UsageError(Exception):
@@ -65,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--size", type=_positive,
                       help="pool size in slots (default: each example draws 10, 4, 24 or 64 pages; this pins it)")
     fuzz.add_argument("--seed", type=int, help="seed of the random walk and of Hypothesis; runs with the same seed are the same")
-    fuzz.add_argument("--max-examples", type=_positive, default=300, help="the budget (default %(default)s)")
+    fuzz.add_argument("--max-examples", type=_positive, help=f"the budget (default {DEFAULT_MAX_EXAMPLES})")
     fuzz.add_argument("--trace-dir", default=DEFAULT_TRACE_DIR, help="where traces go (default %(default)s)")
     fuzz.add_argument("--sglang-path", help="a folder holding the sglang package (a checkout's python/)")
     fuzz.add_argument("--call-timeout", type=_seconds, default=Config().call_timeout_s, metavar="SECONDS",
@@ -163,6 +164,10 @@ def cmd_fuzz(args) -> int:
     config = _caller_config(args, config)
     if (args.jobs or args.stats_json) and not args.duration:
         raise UsageError("-j and --stats-json go with --duration (e.g. --duration 10m)")
+    if args.duration and args.max_examples is not None:
+        raise UsageError("--duration and --max-examples are two budgets: give one")
+    if args.max_examples is None:
+        args.max_examples = DEFAULT_MAX_EXAMPLES
     if args.cover:
         from state_machines.runs import cover
 

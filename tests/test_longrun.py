@@ -42,6 +42,7 @@ def test_durations_read_like_a_person_writes_them():
     (["--duration", "soon"], "--duration"),
     (["-j", "2"], "go with --duration"),
     (["--duration", "5s", "--db", "redis://127.0.0.1:1"], "redis"),
+    (["--duration", "2s", "--max-examples", "20"], "--duration and --max-examples are two budgets: give one"),
 ])
 def test_bad_long_run_options_are_one_line_and_exit_2(args, message, tmp_path):
     """A bad duration, -j without --duration, or an unusable Redis URL: one line, exit 2."""

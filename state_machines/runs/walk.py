@@ -8,9 +8,9 @@ each example's pool shape as Hypothesis would (``FreeGroupMachine.shaped``;
 the first example on the run's own), then each step's rule uniformly among
 those whose guard holds (a share ``STEER`` of steps steered toward the
 coverage probe's group orders; a decode wherever the pool is at its edge,
-``_at_edge``) and each argument uniformly in its declared range (but
-after the first example a share ``FILL`` of allocs asking for the pages
-that leave 0 or 1 free, beyond that range where a row holds more).  Its failures are shrunk like
+``_at_edge``) and each argument uniformly in its declared range (but a
+share ``FILL`` of allocs asking for the pages that leave 0 or 1 free,
+beyond that range where a row holds more).  Its failures are shrunk like
 Hypothesis's (``minimize.minimize``); a run it leaves clean goes on to
 Hypothesis, with its database, replay and mutations, for the rest of the
 examples.
@@ -90,22 +90,6 @@ _BEGIN, _END = frozenset({"begin"}), frozenset({"end"})
 # of each other (h40's five ways of gating the levers gained 4% at most on
 # the same figure).
 FILL = 0.25
-# The first example the fill acts in (0 is the first).  Most failures a
-# first example shows need no pool at its edge, and for them the fill only
-# spends allocs: over the 68 bench bugs of built-in and bench targets, walk
-# seeds 0-59 against the baseline's 60 (the bench's ablation job; mean steps
-# to a first failure over the baseline's, geometric mean), the 32 the
-# baseline meets in its first example (median) went from 1.042 with the
-# fill from the first example to 0.949 from the second, the other 36 from
-# 0.439 to 0.442, all 68 from 0.659 to 0.633, and the bugs above 1 from 29
-# to 23 (seeds 0-19 and 20-59 each: 0.664 to 0.621, 0.650 to 0.632).
-# Those that need the pool at its edge lose some and stay below 1
-# (ExactlyFull 0.39 to 0.68, hisparse short-leaks 0.08 to 0.28, BigFree
-# 0.26 to 0.34, npu decode-boundary 0.76 to 0.97); sglang 0.5.18's NPU
-# decode took 2,792 +- 384 steps against 2,634 +- 406 (walk seeds 0-59,
-# mean +- standard error).  No fill in the first two examples: 0.640 (seeds
-# 0-19); no lever at all in the first: 0.693 (the other 36 at 0.484).
-FILL_FROM = 1
 
 # Examples the walk runs on, at least, after its first failure, for others.
 MORE_AFTER_FAILURE = 20
@@ -161,7 +145,7 @@ def walk(
     given, is called at once with each distinct violation (to save it before
     the walk runs on: an interrupt then loses nothing).  ``off`` names
     levers (``LEVERS``) to switch off: the steering (``STEER``), the edge
-    decode, the fill (``FILL``, after ``FILL_FROM``), the pool shape drawn after the first
+    decode, the fill (``FILL``), the pool shape drawn after the first
     example.  One switched off still takes the random draws it would have
     taken, so the walk runs as it did up to the first step that lever would
     have changed.
@@ -192,8 +176,6 @@ def walk(
                 shapes = machine.shapes()
                 drawn = tuple(rng.randrange(len(c)) for c in (shapes.sizes, shapes.sorts, shapes.row_counts))
                 machine.shape(*((0, 0, 0) if "shape" in off else drawn))
-            # No fill in the first example (``FILL_FROM``).
-            fill_off = "fill" in off or index < FILL_FROM
             steer = _Steer()
             # The decode steered to at the edge; None for the rest of the
             # example once the target refused one (``_refused``), which the
@@ -206,7 +188,7 @@ def walk(
                           or _applicable(rules, machine, rng, below))
                 steer.saw(chosen.name, in_group)
                 args = {k: rng.random() < 0.5 if low is None else low + below(width) for k, low, width in ordered[chosen.name]}
-                if chosen.name == "alloc" and "pages" in args and rng.random() < (0 if fill_off else FILL):
+                if chosen.name == "alloc" and "pages" in args and rng.random() < (0 if "fill" in off else FILL):
                     args["pages"] = _filling(machine, rng) or args["pages"]
                 before = at_edge and (machine.record.steps, _decoded(machine))
                 chosen.body(machine, **args)

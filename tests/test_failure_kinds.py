@@ -3,6 +3,7 @@
 import time
 
 import attrs
+import pytest
 
 from allocators import TokenAllocator
 from state_machines.config import Config
@@ -19,6 +20,13 @@ class RaisesOnAlloc(TokenAllocator):
 
 # The line of the raise above, which the failure must name.
 RAISE_LINE = RaisesOnAlloc.alloc.__code__.co_firstlineno + 1
+
+
+class AssertsOnAlloc(TokenAllocator):
+    """A token pool whose alloc() fails a bare assert: an exception without a message."""
+
+    def alloc(self, need_size):
+        raise AssertionError
 
 
 class HangsOnAlloc(TokenAllocator):
@@ -39,6 +47,18 @@ def test_an_exception_in_the_allocator_is_an_allocator_raised_failure():
     (trace,) = outcome.failures
     assert trace.detail == f"alloc(1) raised RuntimeError: pool on fire (at {__file__}:{RAISE_LINE})"
     assert trace.steps == (Step("alloc", {"n": 1}),)
+
+
+def test_an_exception_without_a_message_is_named_alone():
+    """An exception with no message reads 'raised AssertionError (at ...)', not 'raised AssertionError:  (at ...)'."""
+    from state_machines.harness import InvariantViolation, build
+
+    state = build(_target(AssertsOnAlloc))
+    with pytest.raises(InvariantViolation) as raised:
+        state.alloc(1)
+    detail = raised.value.detail
+    line = AssertsOnAlloc.alloc.__code__.co_firstlineno + 1
+    assert detail == f"alloc(1) raised AssertionError (at {__file__}:{line})"
 
 
 def test_an_allocator_call_past_the_limit_is_an_allocator_hung_failure():

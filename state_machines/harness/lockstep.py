@@ -1133,7 +1133,7 @@ class Lockstep:
             where = traceback.extract_tb(exc.__traceback__)[-1]
             self._fail(
                 "allocator_raised",
-                f"{what} raised {type(exc).__name__}: {exc} (at {where.filename}:{where.lineno})",
+                f"{what} raised {type(exc).__name__}{f': {exc}' if str(exc) else ''} (at {where.filename}:{where.lineno})",
             )
         finally:
             if observer is not None and observer.call_ended is not None:

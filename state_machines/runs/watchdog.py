@@ -590,7 +590,7 @@ def _plain_report(out, err, config, got, interrupted, signals, trace_dir) -> int
         if failures:
             print(
                 f"{'LATENT FINDING' if config.latent else 'FAILED'}: first failure after {rec['first_failure_s']:.2f} s"
-                f" ({rec['examples_to_failure']} examples);"
+                f" ({rec['examples_to_failure']} example{'' if rec['examples_to_failure'] == 1 else 's'});"
                 f" {len(failures)} distinct failure(s), shrunk in {rec['elapsed_s']:.1f} s total",
                 file=out,
             )

@@ -217,13 +217,14 @@ def test_the_headline_is_split_by_where_the_baseline_meets_each_bug():
 
     missed = {**_bug("missed", None, None), "harness": {"seconds": {"median": 0.05}},
               "baseline": {"examples": {"median": None}, "seconds": {"median": None}}, "bar": {"harness_s": 0.25, "baseline_s": 10.0}}
-    bugs = [rated("a", 1, 2.0, 4.0), rated("b", 1, 0.5, 1.0), rated("c", 3, 0.25, 0.5), rated("d", 9, 0.25, 0.125), missed]
+    bugs = [rated("a", 1, 2.0, 4.0), rated("b", 1, 0.5, 1.0), rated("c", 3, 0.25, 0.5), rated("d", 9, 0.25, 0.125),
+            rated("e", 2, 0.25, 0.25), missed]
     (line,) = [t for t in _by_depth({"bugs": bugs}) if t]
-    assert "Of these 4 bugs, the baseline meets **2** in its first example" in line
+    assert "Of these 5 bugs, the baseline meets **2** in its first example" in line
     assert "**1.00** in seconds and **2.00** in steps" in line  # sqrt(2.0 * 0.5), sqrt(4.0 * 1.0)
-    assert "other **2** it comes to **0.25** in seconds and **0.25** in steps" in line
-    assert "would be 0.50; 0.5 would need the other 2 at 0.25 or below" in line  # 0.25 ** (2 / 4); 0.5 ** (4 / 2)
-    # The missed bug: 0.05 / 10.0; the headline with it: (2.0 * 0.5 * 0.25 * 0.25 * 0.005) ** (1 / 5).
-    assert "missed (0.005, a miss counted" in line and "would be 0.20." in line
+    assert "other **3** it comes to **0.25** in seconds and **0.25** in steps" in line
+    assert "would be 0.44; 0.5 would need the other 3 at 0.31 or below" in line  # 0.25 ** (3 / 5); 0.5 ** (5 / 3)
+    # The missed bug: 0.05 / 10.0; the headline with it: (2.0 * 0.5 * 0.25 ** 3 * 0.005) ** (1 / 6).
+    assert "missed (0.005, a miss counted" in line and "would be 0.21." in line
     # Without bugs of both kinds there is nothing to split.
     assert _by_depth({"bugs": bugs[2:]}) == []

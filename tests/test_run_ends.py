@@ -376,6 +376,14 @@ def test_each_call_publishes_its_name_its_examples_limit_and_its_start():
 
     beacon = Beacon(multiprocessing.get_context("fork"))
     beacon.install()
+    publisher = lockstep._observer
+    during = []  # what the parent would read inside each call
+
+    def started(state, what):
+        publisher.call_started(state, what)
+        during.append((state.config.call_timeout_s, beacon.limit(), beacon.in_call()))
+
+    lockstep._observer = attrs.evolve(publisher, call_started=started)
     try:
         seen = []
         for limit in (2.0, 0.5, 2.0):
@@ -389,3 +397,6 @@ def test_each_call_publishes_its_name_its_examples_limit_and_its_start():
     # The last call of each example is the census read after its begin, ended.
     assert [(limit, in_call) for _, limit, in_call in seen] == [(2.0, False), (0.5, False), (2.0, False)]
     assert len({what for what, _, _ in seen}) == 1 and seen[0][0]
+    # Inside each call: started, under its own example's limit.
+    assert during and all(in_call and got == want for want, got, in_call in during)
+    assert {want for want, _, _ in during} == {2.0, 0.5}

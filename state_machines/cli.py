@@ -175,7 +175,6 @@ def cmd_fuzz(args) -> int:
             raise UsageError(reason)
         if args.duration:
             raise UsageError("--cover measures a plain run (--max-examples), not a --duration run")
-    _check_output_paths(trace_dir=args.trace_dir, stats_json=args.stats_json)
     duration_s = None
     if args.duration:
         from state_machines.runs import longrun
@@ -186,6 +185,9 @@ def cmd_fuzz(args) -> int:
     targets.resolve(config.target, config.mutant, config.sglang_path)
     devices.require(config.device)
     open_database(args.db)
+    # Last: the trace folder's probe makes it, which a run refused for
+    # anything else should not leave behind.
+    _check_output_paths(trace_dir=args.trace_dir, stats_json=args.stats_json)
     if config.caller != "harness":
         _print_caller_header(config)
     if duration_s is not None:
@@ -241,11 +243,11 @@ def _print_caller_header(config: Config) -> None:
 def _check_output_paths(trace_dir: str | None = None, stats_json: str | None = None, emit_pytest: str | None = None) -> None:
     """Output paths that cannot be written are bad input, found before any
     run: not after a failure has been shrunk."""
-    if trace_dir is not None:
-        _check_folder(trace_dir, "--trace-dir")
     for value, flag in ((stats_json, "--stats-json"), (emit_pytest, "--emit-pytest")):
         if value is not None:
             _check_file(value, flag)
+    if trace_dir is not None:  # last: its probe makes the folder
+        _check_folder(trace_dir, "--trace-dir")
 
 
 def _check_folder(value: str, flag: str) -> None:

@@ -449,6 +449,23 @@ def test_output_paths_are_checked_before_fuzzing(tmp_path, capsys):
     assert "does not exist" in err
 
 
+def test_a_refused_run_makes_no_trace_folder(tmp_path, monkeypatch, capsys):
+    """The trace folder's probe makes the folder, so it comes after every
+    other check: a run refused for anything else leaves none behind."""
+    monkeypatch.chdir(tmp_path)
+    cases = [
+        (["--mutant", "nope"], "unknown mutant"),
+        (["--device", "nope"], "unknown device 'nope'"),
+        (["--duration", "soon"], "--duration"),
+        (["--duration", "1", "--stats-json", tmp_path / "missing" / "s.json"], "does not exist"),
+    ]
+    for extra, message in cases:
+        for trace_dir in ([], ["--trace-dir", tmp_path / "new" / "traces"]):
+            code, out, err = cli(["fuzz", "--seed", "0", *trace_dir, *extra], capsys)
+            assert_bad_input(code, out, err, message)
+            assert sorted(os.listdir(tmp_path)) == [], (extra, os.listdir(tmp_path))
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
 def test_output_paths_that_refuse_a_file_are_refused_before_fuzzing(tmp_path, capsys):
     """/proc takes no new file, though os.access says root may write there:

@@ -292,13 +292,16 @@ def _by_depth(data: dict) -> list[str]:
     # rest would need for 0.5 with it so.
     at_parity = _geomean([b["ratio_seconds"] for b in later]) ** (len(later) / n)
     needed = 0.5 ** (n / len(later))
+    # What the first kind's figures say only where they say it: above 1.
+    cost = " and cost the first a share of steps" if _geomean([b["ratio_steps"] for b in first]) > 1 else ""
+    even = "Even at" if _geomean([b["ratio_seconds"] for b in first]) > 1 else "At"
     out = [
         "",
         f"**Where the headline is made.** Of these {n} bugs, the baseline meets **{len(first)}** in its first example "
         f"(median): there the harness comes to {means(first)}. On the other **{len(later)}** it comes to "
         f"{means(later)}. On the first kind each side's time is a start both pay alike (making the machine and the "
         "first pool) and a few steps of a walk that is uniform on the baseline's side; the walk's levers (the table "
-        "below) are there for the second kind and cost the first a share of steps. Even at parity on the first "
+        f"below) are there for the second kind{cost}. {even} parity on the first "
         f"kind (1.0), the headline in seconds would be {_s(at_parity)}; 0.5 would need the other {len(later)} at "
         f"{_s(needed)} or below.",
     ]

@@ -186,7 +186,7 @@ def test_a_failure_in_redis_is_replayed_first_by_the_next_run(redis_url, tmp_pat
     assert first.returncode == 1, first.stdout + first.stderr
     again = cli(*args, cwd=tmp_path)
     assert again.returncode == 1, again.stdout + again.stderr
-    assert "(1 examples)" in again.stdout, again.stdout
+    assert "(1 example)" in again.stdout, again.stdout
 
 
 def test_emitted_pytest_fails_on_the_bug_and_passes_on_the_fix(tmp_path):

@@ -311,7 +311,7 @@ def _by_depth(data: dict) -> list[str]:
         with_left = _geomean([b["ratio_seconds"] for b in rated] + ratios)
         out[-1] += (
             " Left out of the headline, having no median on one side: "
-            + ", ".join(f"{b['name']} ({_s(r, 3)}: the harness's unfloored median over the baseline's whole search, as the bar counts a miss)"
+            + ", ".join(f"{b['name']} ({_s(r, 3)}: each side's unfloored median, a side that missed on most seeds at its whole search, as the bar counts a miss)"
                         for b, r in zip(left, ratios))
             + f"; counted so, the headline in seconds would be {_s(with_left)}."
         )

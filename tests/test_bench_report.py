@@ -225,7 +225,7 @@ def test_the_headline_is_split_by_where_the_baseline_meets_each_bug():
     assert "other **3** it comes to **0.25** in seconds and **0.25** in steps" in line
     assert "would be 0.44; 0.5 would need the other 3 at 0.31 or below" in line  # 0.25 ** (3 / 5); 0.5 ** (5 / 3)
     # The missed bug: 0.05 / 10.0; the headline with it: (2.0 * 0.5 * 0.25 ** 3 * 0.005) ** (1 / 6).
-    assert "missed (0.005: the harness's unfloored median" in line and "would be 0.21." in line
+    assert "missed (0.005: each side's unfloored median" in line and "would be 0.21." in line
     # The first kind's cost and the "even" only where its figures are above 1 (here steps 2.00, seconds 1.00).
     assert "for the second kind and cost the first a share of steps. At parity" in line
     (line,) = [t for t in _by_depth({"bugs": [rated("a", 1, 4.0, 4.0), *bugs[1:]]}) if t]

@@ -37,6 +37,14 @@ class Interleaving:
         return config.caller == "harness" and all(check(config) for check in self.needs)
 
 
+def _applies(interleaving: Interleaving, config: Config, state) -> bool:
+    """Whether ``interleaving`` can show in an example of ``config`` on
+    ``state``'s target: its config needs hold, and the target runs the step
+    it needs (``Lockstep.runs``)."""
+    step = interleaving.step
+    return interleaving.applies_to(config) and (step is None or (hasattr(state, "runs") and state.runs(step)))
+
+
 # The steps that free a request's slots, a row view among them (``rematch``
 # only where it frees a duplicated span): the first step of the group orders.
 FREES_A_REQUEST = frozenset({"free", "free_segment", "finish", "finish_segments", "rematch"})
@@ -148,18 +156,11 @@ class Coverage:
         self._state = state
         if not self._steps_known:
             self._steps_known = True
-            self.applicable = [
-                i.name for i in INTERLEAVINGS
-                if i.applies_to(self.config) and (i.step is None or (hasattr(state, "runs") and state.runs(i.step)))
-            ]
+            self.applicable = [i.name for i in INTERLEAVINGS if _applies(i, self.config, state)]
         if state.config != self.config:
             # An example may draw a pool shape the run's configuration lacks
             # (need_sort on): an order that needs it applies from then on.
-            new = {
-                i.name for i in INTERLEAVINGS
-                if i.name not in self.applicable and i.applies_to(state.config)
-                and (i.step is None or (hasattr(state, "runs") and state.runs(i.step)))
-            }
+            new = {i.name for i in INTERLEAVINGS if i.name not in self.applicable and _applies(i, state.config, state)}
             if new:
                 self.applicable = [i.name for i in INTERLEAVINGS if i.name in new or i.name in self.applicable]
         self.examples += 1

@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--size", type=_positive,
                       help="pool size in slots (default: each example draws 10, 4, 24 or 64 pages; this pins it)")
     fuzz.add_argument("--seed", type=int, help="seed of the random walk and of Hypothesis; runs with the same seed are the same")
-    fuzz.add_argument("--max-examples", type=_positive, help=f"the budget (default {DEFAULT_MAX_EXAMPLES})")
+    fuzz.add_argument("--max-examples", type=_positive, help=f"the budget: examples in all, the walk's and Hypothesis's (default {DEFAULT_MAX_EXAMPLES})")
     fuzz.add_argument("--trace-dir", default=DEFAULT_TRACE_DIR, help="where traces go (default %(default)s)")
     fuzz.add_argument("--sglang-path", help="a folder holding the sglang package (a checkout's python/)")
     fuzz.add_argument("--call-timeout", type=_seconds, default=Config().call_timeout_s, metavar="SECONDS",

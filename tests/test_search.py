@@ -21,7 +21,7 @@ from allocators.token import TokenAllocator
 from bench.bugs import HARD
 from state_machines.config import Config
 from state_machines.harness import RunRecord, Step, build, family, machine_for
-from state_machines.harness.machines import POOL_PAGES, POOL_ROWS, MachineRule, machine_rules
+from state_machines.harness.machines import POOL_PAGES, POOL_ROWS, BudgetSpent, MachineRule, machine_rules
 from state_machines.runs import walk as walk_module
 from state_machines.runs.minimize import _without, minimize
 from state_machines.runs.runner import fuzz, fuzz_settings, replay
@@ -288,6 +288,25 @@ def test_a_walk_reports_each_distinct_failure_it_meets():
     """After its first failure the walk runs on a while: an allocator with both seed bugs fails a run on both invariants."""
     outcome = fuzz(Config(target="tests.test_search:AliasAndFlagDrift"), max_examples=300, seed=0, database=None)
     assert {t.invariant for t in outcome.failures} >= {"free_sets_agree", "no_page_freed_twice"}
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_a_clean_run_starts_exactly_max_examples_examples(seed):
+    """Hypothesis's max_examples counts only the examples it calls valid: on these seeds its part of a 160-example
+    run overran its size limit on some (165 and 164 examples ran), each a machine with steps all the same."""
+    assert fuzz(Config(), max_examples=160, seed=seed, database=None).record.examples == 160
+
+
+def test_the_cap_lets_the_failing_example_replay_once_a_failure_is_seen():
+    """Past its cap a record starts no example, but after a failure it does: Hypothesis replays the failing example
+    once more to report it, and a failure met at the budget's last example must still be reported."""
+    record = RunRecord(cap=1)
+    record.start_example()
+    with pytest.raises(BudgetSpent):
+        record.start_example()
+    record.saw_failure()
+    record.start_example()
+    assert record.examples == 2
 
 
 class _CallProbe:

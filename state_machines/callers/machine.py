@@ -26,8 +26,8 @@ class CallerMachine(RuleBasedStateMachine):
     build: Callable[[Config], CallerLockstep]
 
     def __init__(self) -> None:
+        self.record.start_example()
         super().__init__()
-        self.record.examples += 1
         self.state = self.build(self.config)
 
     # Counting, the probe and the teardown are the core machine's; so are

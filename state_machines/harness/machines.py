@@ -51,6 +51,13 @@ class PoolShapes:
 OWN_SHAPE = PoolShapes()
 
 
+class BudgetSpent(KeyboardInterrupt):
+    """An example asked to start past ``RunRecord.cap``: the run's budget is
+    spent.  A ``KeyboardInterrupt``, since Hypothesis stops on one without
+    saving the example to its database or shrinking it (any other exception
+    would be saved as a failure); ``runner.fuzz`` catches it."""
+
+
 @define
 class RunRecord:
     """What a fuzz run saw, for progress lines, stats and the bench."""
@@ -67,6 +74,17 @@ class RunRecord:
     # the step's arguments by name, or ``{}`` where the probe's
     # ``reads_call`` is false.
     probe: Any = None
+    # Examples this record may count before a failure: one more raises
+    # ``BudgetSpent`` instead of starting (``start_example``); None: no cap.
+    cap: int | None = None
+
+    def start_example(self) -> None:
+        """Count an example about to start; ``BudgetSpent`` instead where
+        ``cap`` examples are counted and none failed (after a failure
+        Hypothesis replays the failing example once more to report it)."""
+        if self.cap is not None and self.examples >= self.cap and self.first_failure_s is None:
+            raise BudgetSpent(f"{self.cap} examples run")
+        self.examples += 1
 
     def saw_failure(self) -> None:
         if self.first_failure_s is None:
@@ -148,8 +166,8 @@ class FreeGroupMachine(RuleBasedStateMachine):
     shape_probe: Callable[[], PoolShapes] = staticmethod(lambda: OWN_SHAPE)
 
     def __init__(self) -> None:
+        self.record.start_example()
         super().__init__()
-        self.record.examples += 1
         if not self.draws_shape:
             self.state = self.build(self.config)
 

@@ -3,6 +3,7 @@ a pool size drawn per example, and a trace minimiser that shrinks on the
 run's own pool and makes arguments smaller."""
 
 import functools
+import json
 import os
 import random
 import subprocess
@@ -24,7 +25,7 @@ from state_machines.harness import RunRecord, Step, build, family, machine_for
 from state_machines.harness.machines import POOL_PAGES, POOL_ROWS, BudgetSpent, MachineRule, machine_rules
 from state_machines.runs import walk as walk_module
 from state_machines.runs.minimize import _without, minimize
-from state_machines.runs.runner import fuzz, fuzz_settings, replay
+from state_machines.runs.runner import _walk_key, fuzz, fuzz_settings, replay
 from state_machines.runs.trace import Trace
 from state_machines.runs.walk import _applicable, _at_edge, _decoded, _filling, _Steer, _steered, walk
 from tests.test_minimize import ALIAS, TOKEN_ALIAS
@@ -307,6 +308,22 @@ def test_the_cap_lets_the_failing_example_replay_once_a_failure_is_seen():
     record.saw_failure()
     record.start_example()
     assert record.examples == 2
+
+
+def test_a_second_run_on_the_database_replays_every_failure_the_walk_saved():
+    """The alias mutant's walk meets two invariants (examples 1 and 7 on seed 2) and saves both; a second run on the
+    same database replays both saved examples, reports both failures and runs nothing else."""
+    from hypothesis.database import InMemoryExampleDatabase
+
+    db = InMemoryExampleDatabase()
+    first = fuzz(TOKEN_ALIAS, max_examples=40, seed=2, database=db, shrink=False)
+    invariants = {"free_sets_agree", "no_page_freed_twice"}
+    assert {t.invariant for t in first.failures} == invariants
+    again = fuzz(TOKEN_ALIAS, max_examples=40, seed=3, database=db, shrink=False)
+    assert {t.invariant for t in again.failures} == invariants
+    saved = [Trace.from_dict(json.loads(v)) for v in db.fetch(_walk_key(machine_for(TOKEN_ALIAS)))]
+    assert all(t in saved for t in again.failures)
+    assert (again.record.examples, again.record.examples_to_failure) == (2, 1)
 
 
 class _CallProbe:

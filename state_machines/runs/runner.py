@@ -19,7 +19,7 @@ from state_machines.harness.lockstep import disarm_call_timer
 from state_machines.harness.machines import BudgetSpent
 from state_machines.runs.minimize import minimize, shrink_configs
 from state_machines.runs.trace import Trace, replay, run_steps
-from state_machines.runs.walk import walk
+from state_machines.runs.walk import WalkFailures, walk
 
 # Steps in one example; long enough for begin .. free .. overwrite .. end.
 STEPS_PER_EXAMPLE = 20
@@ -210,10 +210,14 @@ def _walk_key(machine) -> bytes:
 
 def _walk_saved(machine, database, record: RunRecord) -> None:
     """Replay the walk failures ``database`` kept for ``machine``, each an
-    example that the run's probe sees start and fail: raise the first that
-    still fails; forget those that pass."""
+    example that the run's probe sees start and fail: raise those that
+    still fail, the first of each invariant (``WalkFailures`` where there
+    are several, as the walk reports the distinct failures it met); forget
+    those that pass.  They replay in the order of their saved bytes: the
+    database keeps a set, not the order the walk met them in."""
     if database is None:
         return
+    found: dict[str, InvariantViolation] = {}
     for value in sorted(database.fetch(_walk_key(machine))):
         example = machine()
         try:
@@ -227,10 +231,15 @@ def _walk_saved(machine, database, record: RunRecord) -> None:
             record.saw_failure()
             if record.probe is not None:
                 record.probe.failed(example, exc)
-            raise
+            found.setdefault(exc.invariant, exc)
+            continue
         except Exception:  # noqa: BLE001 - a saved trace this version cannot run is forgotten
             pass
         database.delete(_walk_key(machine), value)
+    if len(found) == 1:
+        raise next(iter(found.values()))
+    if found:
+        raise WalkFailures(list(found.values()))
 
 
 def shrink_call_timeout(limit: float, slowest_step_s: float) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import shlex
 
 
 def _s(x, digits=2) -> str:
@@ -25,19 +26,64 @@ def _pct(x) -> str:
     return f"{100 * x:.0f}%"
 
 
+def command(data: dict) -> str:
+    """The command line that measured ``data``: ``make bench`` where every
+    setting is the default, else ``python -m bench`` with the options that
+    differ from it (``--out`` and ``--verbose`` change no figure)."""
+    from bench.run import CAP_EXAMPLES, SHRINK_SEEDS
+
+    settings = data["settings"]
+    args = []
+    if settings.get("clean_only"):
+        args += ["--clean-only", settings["clean_only"]]
+    if settings.get("quick"):
+        args.append("--quick")
+    if settings.get("only"):
+        args += ["--only", settings["only"]]
+    if not settings.get("clean_only"):
+        # Seeds, cap and shrinking runs apply to bugs only.
+        if settings["seeds"] != 5:
+            args += ["--seeds", str(settings["seeds"])]
+        if settings["cap_examples"] != CAP_EXAMPLES:
+            args += ["--cap", str(settings["cap_examples"])]
+        if settings.get("shrink_seeds", SHRINK_SEEDS) != SHRINK_SEEDS:
+            args += ["--shrink-seeds", str(settings["shrink_seeds"])]
+    if settings["processes"] != min(2, data["machine"]["cores"] or 1):
+        args += ["--processes", str(settings["processes"])]
+    return "python -m bench " + shlex.join(args) if args else "make bench"
+
+
 def markdown(data: dict) -> str:
     m, st = data["machine"], data["settings"]
-    cap = st["cap_examples"]
-    # Whether the baseline ran again on other seeds (results before it did not).
-    again = any(b.get("baseline_again") for b in data["bugs"])
+    run = command(data)
     out = [
         "# Benchmark results",
         "",
         f"Measured {m['date']} on {m['platform']}, {m['cpu']}, {m['cores']} cores; "
         f"Python {m['python']}, torch {m['torch']}, Hypothesis {m['hypothesis']}; "
         f"{st['processes']} worker processes, one torch thread each; load average {_s(m.get('load_average_1min'), 1)} "
-        f"when the run ended; `make bench` took {data['wall_s']:.0f} s.",
-        "These machines are noisy: read medians and ratios, not single times. Rerun with `make bench`.",
+        f"when the run ended; `{run}` took {data['wall_s']:.0f} s.",
+        f"These machines are noisy: read medians and ratios, not single times. Rerun with `{run}`.",
+    ]
+    if data["bugs"]:
+        out += _bug_sections(data)
+    else:
+        # Every bug figure below (the bar, its ratios, shrinking) is over no
+        # bugs at all: left out rather than shown empty or vacuously true.
+        out += ["", "No bugs in this run, so no time to failure, ratio or shrinking figures; clean targets only."]
+    if not data["clean"]:
+        return "\n".join(out + _shortest_section(data)) + "\n"
+    out += _clean_sections(data)
+    return "\n".join(out + _shortest_section(data)) + "\n"
+
+
+def _bug_sections(data: dict) -> list[str]:
+    """The bar, time to failure against the baseline, and shrinking."""
+    st = data["settings"]
+    cap = st["cap_examples"]
+    # Whether the baseline ran again on other seeds (results before it did not).
+    again = any(b.get("baseline_again") for b in data["bugs"])
+    out = [
         *_bar_section(data),
         "## Time to failure: harness against a plain random fuzzer",
         "",
@@ -129,9 +175,13 @@ def markdown(data: dict) -> str:
             "found, so on the seed. It never trades the failing invariant, so a failure met on one invariant is not "
             "shrunk to a shorter trace of another.",
         ]
-    if not data["clean"]:
-        return "\n".join(out + _shortest_section(data)) + "\n"
-    out += [
+    return out
+
+
+def _clean_sections(data: dict) -> list[str]:
+    """Each clean target's throughput, where a step's time goes, and scaling."""
+    st = data["settings"]
+    out = [
         "",
         "## Clean targets: throughput and where a step's time goes",
         "",
@@ -174,14 +224,15 @@ def markdown(data: dict) -> str:
         "the census and the two counts, all in C; the SWA pool and the HiSparse device pool (`SWASide`) still "
         "walk their pages in Python.",
     ]
-    return "\n".join(out + _shortest_section(data)) + "\n"
+    return out
 
 
 def _shortest_section(data: dict) -> list[str]:
     out = []
     if data["skipped"]:
         out += ["", "## Skipped", ""] + [f"- {s['name']}: {s['reason']}" for s in data["skipped"]]
-    out += ["", "## Shortest traces", ""]
+    if data["bugs"]:
+        out += ["", "## Shortest traces", ""]
     for b in data["bugs"]:
         known = b["known_shortest"]
         shrunk = b["shrink"]["shortest_program"]

@@ -234,3 +234,53 @@ def test_the_headline_is_split_by_where_the_baseline_meets_each_bug():
     assert "for the second kind. At parity" in line
     # Without bugs of both kinds there is nothing to split.
     assert _by_depth({"bugs": bugs[2:]}) == []
+
+
+def _clean_only_results():
+    """results.json as `python -m bench --clean-only '^builtin:token page_size=1$'` writes it: no bugs, one clean target."""
+    costs = {"steps": 10, "step_us": 100.0, "error": None,
+             "us_per_step": {"allocator calls": 20.0, "census (get_all_free_pages, available_size)": 20.0,
+                             "model_consistent": 30.0, "model and harness (the rest)": 30.0}}
+    settings = {"seeds": 5, "processes": 2, "ci_budget_examples": 200, "floor_s": 0.25, "quick": False, "only": None,
+                "clean_only": "^builtin:token page_size=1$", "cap_examples": 3000, "shrink_seeds": 2,
+                "throughput_examples": 100, "costs_examples": 100, "scaling_examples": {"64": 60, "1024": 30}}
+    return {
+        "machine": {"date": "2026-12-01 06:34 UTC", "platform": "Linux", "cpu": "AMD EPYC", "cores": 2, "python": "3.11.7",
+                    "torch": "2.13.0+cpu", "hypothesis": "6.170.17", "load_average_1min": 1.3},
+        "settings": settings,
+        "headline": {"bar_geomean_ratio": None, "bar_found_every_seed": 0, "bar_median_shrink_s": None,
+                     "geomean_ratio_seconds": None, "geomean_ratio_steps": None,
+                     "baseline_again_geomean_ratio_seconds": None, "baseline_again_geomean_ratio_steps": None},
+        "skipped": [],
+        "bugs": [],
+        "clean": [{"name": "builtin:token page_size=1", "config": {},
+                   "throughput": {"harness_steps_per_s": 6800.0, "baseline_steps_per_s": 7900.0},
+                   "costs": costs, "scaling": {"64": costs, "1024": {**costs, "step_us": 200.0}}}],
+        "wall_s": 13.0,
+    }
+
+
+def test_a_clean_only_report_claims_nothing_of_bugs_and_names_its_own_command():
+    """With no bugs measured, RESULTS.md has no bar, ratio, 'nowhere slower' or shrinking text (each would be
+    over zero bugs), and names the command that wrote it, not `make bench`; the clean tables stay."""
+    from bench.report import markdown
+
+    text = markdown(_clean_only_results())
+    for claim in ("nowhere slower", "The bar", "geometric mean ratio", "ratio s |", "Headline", "## Shrinking", "## Time to failure", "0 of 0",
+                  "## Shortest traces", "make bench"):
+        assert claim not in text, claim
+    assert "`python -m bench --clean-only '^builtin:token page_size=1$'` took 13 s" in text
+    assert "No bugs in this run" in text
+    assert "| builtin:token page_size=1 | 6800 | 7900 |" in text and "## Scaling with pool size" in text
+
+
+def test_the_report_names_make_bench_only_for_a_run_at_every_default():
+    """`make bench` for a run with the defaults (2 processes on 2 cores or more); otherwise `python -m bench` with the options set."""
+    from bench.report import command
+
+    data = _clean_only_results()
+    full = {**data, "settings": {**data["settings"], "clean_only": None}}
+    assert command(full) == "make bench"
+    assert command({**full, "machine": {"cores": 1}, "settings": {**full["settings"], "processes": 1}}) == "make bench"
+    assert command({**full, "settings": {**full["settings"], "quick": True, "seeds": 3}}) == "python -m bench --quick --seeds 3"
+    assert command({**full, "settings": {**full["settings"], "only": "token"}}) == "python -m bench --only token"

@@ -622,3 +622,58 @@ def test_minimize_folds_a_growth_and_makes_the_step_that_then_breaks_simpler():
     )
     shortest = _shrinks_to(config, six, "no_page_freed_twice", 5)
     assert "overwrite_row" in [s.rule for s in shortest.steps]
+
+
+def test_a_prompt_is_lowered_to_prompts_only():
+    """A prompt's smaller candidates are its first pages, a page's token lowered by one or to 1, and the
+    lowest, each a prompt (no 0 digit); ``_smaller_ints`` offered 321 only 1, 160 and 320."""
+    from state_machines.runs.minimize import _smaller_prompts
+
+    assert _smaller_prompts(321, 1) == [1, 3, 32, 121, 221, 311]
+    assert _smaller_prompts(3, 1) == [1, 2]
+    assert _smaller_prompts(1, 1) == []
+
+
+def test_a_prompt_steps_share_is_lowered_in_all_of_them_at_once():
+    """Two arrivals of one prompt come back with it lowered in both, smallest first; a prompt one step alone has,
+    and an amount two steps share (two allocs of 4), are left to the one-step passes."""
+    import state_machines.callers  # noqa: F401 - registers the caller's steps (no sglang imported)
+    from state_machines.runs.minimize import _lowered_together
+
+    config = Config(target="sglang:token", caller="radix")
+    steps = (
+        Step("arrive", {"prompt": 321, "out": 1}, "req_0"),
+        Step("arrive", {"prompt": 321, "out": 2}, "req_1"),
+        Step("prefill", {}),
+    )
+    got = [[s.args.get("prompt") for s in candidate] for candidate in _lowered_together(steps, config)]
+    assert got == [[p, p, None] for p in (1, 3, 32, 121, 221, 311)]
+    assert list(_lowered_together(steps[1:], config)) == []
+    allocs = (Step("alloc", {"n": 4}, "req_0"), Step("alloc", {"n": 4}, "req_1"))
+    assert list(_lowered_together(allocs, Config())) == []
+
+
+SHARED_PROMPT = (
+    Step("arrive", {"prompt": 321, "out": 1}, "req_0"),
+    Step("arrive", {"prompt": 321, "out": 2}, "req_1"),
+    Step("prefill", {}),
+)
+
+
+@pytest.mark.sglang
+def test_minimize_lowers_a_prompt_two_requests_share_in_both():
+    """sglang 0.5.17's latent duplicate (``--caller radix --groups all``) as
+    seed 0 shrank it: two requests of prompt 321.  One alone at 1 passes
+    (they no longer share a prefix), so the prompt is lowered in both at
+    once, to the README's ``prompt=1``.  In a process of its own."""
+    from tests.test_sglang import release_dir
+
+    config = Config(target="sglang:token", sglang_path=str(release_dir("0.5.17")), caller="radix", groups="all")
+    run = subprocess.run(
+        [sys.executable, "-c", "import state_machines.callers; from state_machines.config import Config; "
+         "from tests.test_minimize import _shrinks_to, SHARED_PROMPT; "
+         f"t = _shrinks_to(Config.from_dict({config.to_dict()!r}), SHARED_PROMPT, 'census_covers_pool', 3); "
+         "assert [s.args.get('prompt') for s in t.steps] == [1, 1, None], t.steps"],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    assert run.returncode == 0, run.stdout + run.stderr

@@ -22,6 +22,7 @@ from state_machines.runs.trace import (
     FLAG,
     LIST,
     POOL,
+    PROMPT,
     REQ,
     REQS,
     RULES,
@@ -117,6 +118,50 @@ def _smaller_ints(value: int, lo: int, multiple: int) -> list[int]:
     return sorted({v for v in (lo, half, value - multiple) if lo <= v < value})
 
 
+def _smaller_prompts(value: int, lo: int) -> list[int]:
+    """Prompts below ``value`` (``trace.PROMPT``: a decimal digit a page) to
+    try in its place, smallest first: the lowest, its first pages alone,
+    and one page's token lowered by one or to 1.  Each is a prompt wherever
+    ``value`` is; ``_smaller_ints``'s half and one less mostly are not
+    (321: 160 and 320, a 0 in each), which left 321 nothing but the lowest."""
+    digits = str(value)
+    out = {lo} | {int(digits[:k]) for k in range(1, len(digits))}
+    for j, d in enumerate(digits):
+        for lower in {"1", str(int(d) - 1)}:
+            if "1" <= lower < d:
+                out.add(int(digits[:j] + lower + digits[j + 1 :]))
+    return sorted(v for v in out if lo <= v < value)
+
+
+def _smaller_values(value: int, kind: str, config: Config) -> list[int]:
+    """``_smaller_ints`` for an integer of ``kind``, or ``_smaller_prompts`` for a prompt."""
+    lo, _, multiple = int_bounds(kind, config)
+    return _smaller_prompts(value, lo) if kind == PROMPT else _smaller_ints(value, lo, multiple)
+
+
+def _lowered_together(steps: tuple[Step, ...], config: Config):
+    """``steps`` with a prompt that several steps share lowered in all of
+    them at once, to each value ``_smaller_prompts`` gives, smallest first.
+    Requests of one prompt share its prefix in the caller's cache, and
+    sglang 0.5.17's latent duplicate (``--caller radix --groups all``) fails
+    only while they do, so lowering either alone parts them: seed 0 stopped
+    at ``prompt=321`` twice, where both at 1 fail too.  Prompts only: an
+    amount two steps share means nothing shared, and lowering amounts so
+    changed what builtin traces shrink to (page-interleave merge-on-total's
+    three load_backs came back as allocs)."""
+    shared: dict[tuple, list[int]] = {}
+    for i, step in enumerate(steps):
+        for key, kind in arg_kinds(step.rule).items():
+            value = step.args.get(key)
+            if kind == PROMPT and isinstance(value, int) and not isinstance(value, bool):
+                shared.setdefault((step.rule, key, kind, value), []).append(i)
+    for (_, key, kind, value), at in shared.items():
+        if len(at) < 2:
+            continue
+        for v in _smaller_values(value, kind, config):
+            yield tuple(attrs.evolve(s, args={**s.args, key: v}) if i in at else s for i, s in enumerate(steps))
+
+
 def _made_before(steps: tuple[Step, ...], i: int) -> dict[str, list[str]]:
     """``{REQ: [...], ENTRY: [...]}``: the names ``steps[:i]`` create, earliest first."""
     made: dict[str, list[str]] = {REQ: [], ENTRY: []}
@@ -129,8 +174,9 @@ def _made_before(steps: tuple[Step, ...], i: int) -> dict[str, list[str]]:
 def _smaller_args(step: Step, config: Config, steps: tuple[Step, ...] = (), i: int | None = None):
     """Each copy of ``step`` (``steps[i]`` where ``i`` is given) with one
     argument made simpler: an optional one left out, integers toward
-    their lowest, or to a smaller value the same argument has in another
-    of ``steps`` (two prompts made one), list elements each the same way,
+    their lowest (a prompt to smaller prompts, ``_smaller_prompts``), or
+    to a smaller value the same argument has in another of ``steps`` (two
+    prompts made one), list elements each the same way,
     True to False, a request or entry named by one made earlier, a batch
     without one of its requests."""
     made = _made_before(steps, i) if i is not None else {}
@@ -143,9 +189,8 @@ def _smaller_args(step: Step, config: Config, steps: tuple[Step, ...] = (), i: i
             if value:
                 yield attrs.evolve(step, args={**step.args, key: False})
         elif isinstance(value, int):
-            lo, _, multiple = int_bounds(kind, config)
             seen = {s.args[key] for s in steps if s.rule == step.rule and isinstance(s.args.get(key), int)}
-            for v in sorted(set(_smaller_ints(value, lo, multiple)) | {v for v in seen if v < value}):
+            for v in sorted(set(_smaller_values(value, kind, config)) | {v for v in seen if v < value}):
                 yield attrs.evolve(step, args={**step.args, key: v})
         elif isinstance(value, list) and kind.startswith(LIST) and all(isinstance(v, int) for v in value):
             lo, _, multiple = int_bounds(kind.removeprefix(LIST), config)
@@ -648,7 +693,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     request's alloc (or admit) take what a later step grew it by, or give
     up what a later free of its tail gave back (``_growth_hoisted``); make each argument
     simpler (``_smaller_args``; no longer), a later segment free of a
-    request made smaller refitted to it (``_refitted``).  Where those change nothing,
+    request made smaller refitted to it (``_refitted``); lower a prompt
+    several steps share in all of them at once (``_lowered_together``).  Where those change nothing,
     the dearer ones, until one succeeds: delete a request or entry and
     make up for the room it took, a resize made smaller or an amount
     raised (``_compensated``); undo a resize, the allocs holding its pages
@@ -760,6 +806,10 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                 for steps in _and_refitted((*best.steps[:i], step, *best.steps[i + 1 :]), best.config)
             ):
                 changed = True
+        # A value several steps share, lowered in all at once: one alone may part them.
+        changed |= any(attempt(attrs.evolve(best, steps=steps), shorter=False)
+                       for lowered in list(_lowered_together(best.steps, best.config))
+                       for steps in _and_refitted(lowered, best.config))
         return changed
 
     def dear() -> bool:

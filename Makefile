@@ -1,7 +1,9 @@
 # kv-lockstep: `make fuzz` and `make test` do all set-up on a fresh machine.
 VENV := .venv
 PY := $(VENV)/bin/python
-# The CPU build of torch lies on this machine's disk; pinned in pyproject.toml.
+# The CPU build of torch 2.13.0 lies on this machine's disk; pinned in
+# pyproject.toml.  `make sglang` moves .venv to torch 2.14.1 (sglang's
+# import set, constraints/sglang.txt); the other targets leave it there.
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check
 
 FUZZ_TARGET ?= builtin:token
@@ -19,10 +21,15 @@ BENCH_ARGS ?=
 
 # `make install` always (re)installs; the other targets run it only when
 # .venv is missing, so a torch upgraded by `make sglang` is left alone.
+# `pip install -e .` puts the pinned 2.13.0 back over make sglang's 2.14.1
+# (pip install --dry-run: "Would install kv-lockstep-0.1.0 torch-2.13.0+cpu"),
+# so the stamp of sglang's import set goes too: the next `make sglang V=...`
+# installs it again instead of reporting it up to date.
 install:
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP_INSTALL) --upgrade pip
 	$(PIP_INSTALL) -e .
+	rm -f $(VENV)/.sglang-deps
 
 $(PY):
 	$(MAKE) install
@@ -36,8 +43,10 @@ test: $(PY)
 # ruff (pyflakes, import order) and the layering check: reference_model/
 # imports no torch, allocators/ and reference_model/ import no harness, and no
 # import cycle among the packages.
+# ruff as pinned in pyproject.toml's `lint` extra, installed alone: `-e '.[lint]'`
+# would put torch 2.13.0 back over make sglang's 2.14.1, as `make install` does.
 lint: $(PY)
-	test -x $(VENV)/bin/ruff || $(PIP_INSTALL) -e '.[lint]'
+	test -x $(VENV)/bin/ruff || $(PIP_INSTALL) 'ruff==0.17.6'
 	$(VENV)/bin/ruff check .
 	$(PY) scripts/check_imports.py
 

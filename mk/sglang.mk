@@ -32,7 +32,9 @@ sglang-matrix: $(PY)
 
 # Every kind of the newest release under .sglang/, each in its own worker,
 # then one table: per file of its allocator code, statements and how many ran.
+# coverage.py as in pyproject.toml's `cover` extra, installed alone (as .ci/run
+# does): `-e '.[cover]'` would put torch 2.13.0 back under the release it measures.
 .PHONY: sglang-coverage
 sglang-coverage: $(PY)
-	@$(PY) -c "import coverage" 2>/dev/null || $(PIP_INSTALL) -e '.[cover]'
+	@$(PY) -c "import coverage" 2>/dev/null || $(PIP_INSTALL) 'coverage>=7'
 	$(PY) -m state_machines.runs.cover $(COVERAGE_ARGS)

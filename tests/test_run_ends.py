@@ -105,6 +105,20 @@ BAD_POOLS = textwrap.dedent(
         def get_all_free_pages(self):
             return torch.tensor(sorted(self.free_set) + [1], dtype=torch.int64)
 
+    class ExitsAtBuild(Pool):
+        # A factory that ends the process while it builds: bad input, as a raise there is.
+        def __init__(self, size, page_size, device, need_sort):
+            os._exit(5)
+
+    class RaisesAtBuild(Pool):
+        def __init__(self, size, page_size, device, need_sort):
+            raise SystemExit(4)
+
+    class CensusExits(Pool):
+        # Built, then exits in the first allocator call, its census: a failure.
+        def get_all_free_pages(self):
+            os._exit(6)
+
     hangs = 0
 
     def _factory(cls):
@@ -112,6 +126,7 @@ BAD_POOLS = textwrap.dedent(
 
     exits, interrupts, sysexits, stuck, sleeps = map(_factory, (Exits, Interrupts, SysExits, Stuck, Sleeps))
     slow_to_shrink, bad_census = _factory(SlowToShrink), _factory(BadCensus)
+    exits_at_build, raises_at_build, census_exits = map(_factory, (ExitsAtBuild, RaisesAtBuild, CensusExits))
     '''
 )
 
@@ -400,3 +415,53 @@ def test_each_call_publishes_its_name_its_examples_limit_and_its_start():
     # Inside each call: started, under its own example's limit.
     assert during and all(in_call and got == want for want, got, in_call in during)
     assert {want for want, _, _ in during} == {2.0, 0.5}
+
+
+@pytest.mark.parametrize("mode", [[], LONG], ids=["plain", "long"])
+def test_factory_that_exits_is_bad_input(pools, mode):
+    """os._exit in the factory, while the worker builds the target: exit 2
+    and one line, as a factory that raises SystemExit gets; no trace (it
+    was worker_died, exit 1, with a trace of no steps)."""
+    raised = cli(pools, "--target", "bad_pools:raises_at_build", *mode)
+    ended(raised, 2)
+    assert raised.stderr == "kv-lockstep: error: cannot build bad_pools:raises_at_build: SystemExit: 4\n"
+    run = cli(pools, "--target", "bad_pools:exits_at_build", *mode)
+    ended(run, 2)
+    assert run.stderr == "kv-lockstep: error: cannot build bad_pools:exits_at_build: its factory exited with code 5\n"
+    assert "worker_died" not in run.stdout and not list((pools / "traces").rglob("*.json"))
+
+
+def test_allocator_that_exits_in_its_first_census_is_a_failure(pools):
+    """Built, then dead in its first allocator call: a failure (worker_died,
+    exit 1), not bad input."""
+    run = cli(pools, "--target", "bad_pools:census_exits")
+    ended(run, 1)
+    assert "worker 0 exited with code 6 during get_all_free_pages()" in run.stdout
+    assert kept(pools, "worker_died").steps == ()
+
+
+def test_a_death_while_building_is_bad_input_unless_it_was_killed_from_outside():
+    """Exited or crashed in the factory: bad input.  SIGKILL or SIGTERM there
+    (the factory runs at every example, and a kill -9 lands in it) is the
+    run's worker_died; so is any death outside the factory."""
+    import multiprocessing
+
+    from state_machines.harness import lockstep
+    from state_machines.runs.watchdog import Beacon, build_death
+
+    config = Config(target="my_pool:make")
+    beacon = Beacon(multiprocessing.get_context("fork"))
+    beacon.install()
+    try:
+        with lockstep.building("its factory"):
+            assert build_death(config, beacon, 5) == "cannot build my_pool:make: its factory exited with code 5"
+            assert build_death(config, beacon, -signal.SIGSEGV) == (
+                "cannot build my_pool:make: its factory was killed by SIGSEGV")
+            assert build_death(config, beacon, -signal.SIGKILL) is None
+            assert build_death(config, beacon, -signal.SIGTERM) is None
+            with lockstep.building("the probe"):
+                assert build_death(config, beacon, 5).endswith(": the probe exited with code 5")
+            assert build_death(config, beacon, 5).endswith(": its factory exited with code 5")
+        assert build_death(config, beacon, 5) is None
+    finally:
+        lockstep.watch_calls(None)

@@ -20,7 +20,7 @@ from state_machines import targets
 from state_machines.config import Config
 from state_machines.harness import dsv4_hisparse, hisparse, mamba, page_interleave, pure_swa, swa, unified, unified_hybrid
 from state_machines.harness.hooks import HOOK_STEPS
-from state_machines.harness.lockstep import Lockstep
+from state_machines.harness.lockstep import Lockstep, building
 from state_machines.harness.machines import (
     OWN_SHAPE,
     DecodeRules,
@@ -94,10 +94,11 @@ def build(config: Config | None = None, **overrides) -> Lockstep:
     devices.require(config.device)
 
     def pool(size: int):
-        return targets.build(
-            target, size=size, page_size=config.page_size, device=config.device, need_sort=config.need_sort,
-            row_dtype=config.row_dtype,
-        )
+        with building("its factory"):
+            return targets.build(
+                target, size=size, page_size=config.page_size, device=config.device, need_sort=config.need_sort,
+                row_dtype=config.row_dtype,
+            )
 
     allocator = pool(config.pool_size)
     family = family_of(target, allocator)
@@ -106,8 +107,10 @@ def build(config: Config | None = None, **overrides) -> Lockstep:
     # extend returns None before the method's kernel runs, and the verdict is
     # kept for every size.
     # (The default size is worked out only where it is asked: every example builds.)
-    disabled = probe.disabled_steps(allocator, page_size=config.page_size, device=config.device, latent=config.latent,
-                                    own=None if config.size is None else lambda: pool(attrs.evolve(config, size=None).pool_size))
+    with building("the probe of its optional methods (called once on a copy)"):
+        disabled = probe.disabled_steps(
+            allocator, page_size=config.page_size, device=config.device, latent=config.latent,
+            own=None if config.size is None else lambda: pool(attrs.evolve(config, size=None).pool_size))
     return family.lockstep.create(config, allocator, defers_frees=target.defers_frees, disabled=disabled)
 
 

@@ -300,12 +300,14 @@ def watch_calls(observer) -> None:
     predicate the harness judges is shown to ``observer``, through those of
     these methods it has: ``call_started(state, what)`` before a call,
     ``call_ended(category, seconds)`` after it (``ALLOCATOR`` or
-    ``CENSUS``), ``judged(name, seconds)`` after a predicate.  The bench's
-    cost breakdown and the watchdog's per-call beacon are observers.
-    ``None`` stops watching."""
+    ``CENSUS``), ``judged(name, seconds)`` after a predicate,
+    ``building(what)`` while the target's own code runs outside any
+    allocator call (``building``).  The bench's cost breakdown and the
+    watchdog's per-call beacon are observers.  ``None`` stops watching."""
     global _observer
     _observer = None if observer is None else _Observer(
-        getattr(observer, "call_started", None), getattr(observer, "call_ended", None), getattr(observer, "judged", None)
+        getattr(observer, "call_started", None), getattr(observer, "call_ended", None), getattr(observer, "judged", None),
+        getattr(observer, "building", None),
     )
 
 
@@ -326,6 +328,34 @@ class _Observer:
     call_started: Callable | None
     call_ended: Callable | None
     judged: Callable | None
+    building: Callable | None = None
+
+
+# What ``building`` says is running now (None: nothing of the target's outside a call).
+_building: str | None = None
+
+
+@contextmanager
+def building(what: str):
+    """While the block runs, the observer's ``building(what)`` knows that
+    the target's own code runs outside any allocator call: its factory
+    (``family.build``), or the capability probe of its optional methods.
+    The watchdog tells a worker that dies there (bad input: a factory that
+    exits) from one that dies in an allocator call (a failure).  Nested
+    blocks restore the outer one's ``what`` as they end."""
+    global _building
+    observer = _observer
+    if observer is None or observer.building is None:
+        yield
+        return
+    outer = _building
+    _building = what
+    observer.building(what)
+    try:
+        yield
+    finally:
+        _building = outer
+        observer.building(outer)
 
 
 @frozen

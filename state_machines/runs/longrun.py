@@ -142,6 +142,7 @@ def run(
         Beacon,
         Channel,
         Signals,
+        build_death,
         died_verdict,
         hung_verdict,
         kill,
@@ -263,6 +264,9 @@ def run(
                 drain_now()  # what it put just before it ended
                 if i not in done:
                     ended.add(i)
+                    if (line := build_death(config, beacon, w.exitcode)) is not None:
+                        handle(("bad_input", i, line))
+                        continue
                     trace = died_verdict(config, beacon, i, w.exitcode)
                     verdict(trace, f"worker_died: {trace.detail}")
 

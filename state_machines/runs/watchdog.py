@@ -45,7 +45,7 @@ POLL_S = 0.2
 # After Ctrl-C or SIGTERM, a worker gets this long to stop before it is killed.
 INTERRUPT_GRACE_S = 3.0
 
-_STARTED, _LIMIT, _STEPS_LEN, _WHAT_LEN, _STOP, _ABORT, _CONFIG_LEN = range(7)
+_STARTED, _LIMIT, _STEPS_LEN, _WHAT_LEN, _STOP, _ABORT, _CONFIG_LEN, _BUILDING = range(8)
 
 
 def margin_s(limit: float) -> float:
@@ -67,7 +67,7 @@ class Beacon:
     at any moment can leave none held."""
 
     def __init__(self, ctx) -> None:
-        self.nums = ctx.RawArray(ctypes.c_double, 7)
+        self.nums = ctx.RawArray(ctypes.c_double, 8)
         self.text = ctx.RawArray(ctypes.c_char, STEPS_BYTES + WHAT_BYTES + CONFIG_BYTES)
 
     # -- the worker --
@@ -95,6 +95,14 @@ class Beacon:
 
     def in_call(self) -> bool:
         return bool(self.nums[_STARTED])
+
+    def building(self) -> str | None:
+        """What of the target's own code the worker was running outside any
+        allocator call (``harness.lockstep.building``: its factory, the
+        probe of its optional methods), or None."""
+        if not self.nums[_BUILDING] or self.in_call():
+            return None
+        return self.what()
 
     def overdue(self, now: float) -> float | None:
         """Seconds the current allocator call has run, when that is past
@@ -207,6 +215,14 @@ class _Publisher:
     def call_ended(self, category: str, seconds: float) -> None:
         self.nums[_STARTED] = 0.0
 
+    def building(self, what: str | None) -> None:
+        self.nums[_BUILDING] = 0.0
+        if what is not None:
+            text = what.encode("utf-8", "replace")[:WHAT_BYTES]
+            ctypes.memmove(self.base + STEPS_BYTES, text, len(text))
+            self.nums[_WHAT_LEN] = len(text)
+            self.nums[_BUILDING] = 1.0
+
     def call_started(self, state, what: str) -> None:
         nums = self.nums
         steps = state.steps
@@ -262,12 +278,35 @@ def died_verdict(config: Config, beacon: Beacon, index: int, exitcode: int | Non
     """The trace of a worker that ended without saying it was done."""
     from state_machines.runs.trace import Trace
 
-    if exitcode is not None and exitcode < 0:
-        how = f"was killed by {signal_name(-exitcode)}"
-    else:
-        how = f"exited with code {exitcode}"
+    how = _how(exitcode)
     where = f"during {beacon.what()}" if beacon.in_call() else "between allocator calls"
     return Trace(beacon.config(config), tuple(beacon.steps()), "worker_died", f"worker {index} {how} {where}")
+
+
+# Signals that come from outside (a user's kill, the OOM killer), not
+# from the code the worker runs.
+_SENT = (signal.SIGKILL, signal.SIGTERM)
+
+
+def build_death(config: Config, beacon: Beacon, exitcode: int | None) -> str | None:
+    """The bad-input line for a worker that exited or crashed while its
+    target's own code ran outside any allocator call (a factory that calls
+    ``os._exit`` or segfaults while it builds): that is the target's
+    configuration failing, as a factory that raises is (exit 2), not a
+    failure the run found.  None where it died anywhere else, or was
+    killed by SIGKILL or SIGTERM: the factory runs at every example, and a
+    kill -9 landing there (as tests/test_run_ends.py's long-j2 kill once
+    did) is the run's death, ``worker_died``, not bad input."""
+    what = beacon.building()
+    if what is None or (exitcode is not None and -exitcode in _SENT):
+        return None
+    return f"cannot build {config.target}: {what} {_how(exitcode)}"
+
+
+def _how(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        return f"was killed by {signal_name(-exitcode)}"
+    return f"exited with code {exitcode}"
 
 
 def kill(process) -> None:
@@ -539,7 +578,9 @@ def fuzz_watched(config: Config, *, max_examples: int, seed: int | None, db_spec
             if not child.is_alive():
                 drain(1.0)  # what it put just before it ended
                 if not done:
-                    got["verdict"] = died_verdict(config, beacon, 0, child.exitcode)
+                    got["bad_input"] = build_death(config, beacon, child.exitcode)
+                    if got["bad_input"] is None:
+                        got["verdict"] = died_verdict(config, beacon, 0, child.exitcode)
                 break
     except KeyboardInterrupt:
         interrupted = True
@@ -614,3 +655,4 @@ def _plain_report(out, err, config, got, interrupted, signals, trace_dir) -> int
     if interrupted:
         return signals.exit_code()
     return 1
+

@@ -336,8 +336,12 @@ def _replay_config(trace, args) -> Config:
 
 
 def cmd_replay(args) -> int:
-    from state_machines.runs.runner import replay
+    """The steps run in a worker process watched from here
+    (``runs/watchdog.py``), as ``fuzz``'s do: an allocator that exits,
+    crashes or hangs where SIGALRM cannot reach it is a failure the replay
+    reports (exit 1), and one that dies while it is built is bad input."""
     from state_machines.runs.trace import Trace, shown, step_source
+    from state_machines.runs.watchdog import replay_watched, signal_name
 
     _check_output_paths(emit_pytest=args.emit_pytest)
     trace = Trace.load(args.trace)  # checked throughout: nothing of it runs before this
@@ -348,8 +352,17 @@ def cmd_replay(args) -> int:
 
     targets.resolve(config.target, config.mutant, config.sglang_path)
     devices.require(config.device)
-    print(f"kv-lockstep replay: {len(trace.steps)} steps of {shown(args.trace)} on {config.label()}")
-    failure = replay(trace, config)
+    print(f"kv-lockstep replay: {len(trace.steps)} steps of {shown(args.trace)} on {config.label()}", flush=True)
+    replayed = replay_watched(trace, config)
+    if replayed.signal is not None:
+        print(f"kv-lockstep: interrupted ({signal_name(replayed.signal)})", file=sys.stderr)
+        return 128 + replayed.signal
+    if replayed.bad_input is not None:
+        raise UsageError(replayed.bad_input)
+    if replayed.error is not None:
+        print(f"kv-lockstep: harness error in the worker:\n{replayed.error}", file=sys.stderr)
+        return 1
+    failure = replayed.failure
     if args.emit_pytest:
         from state_machines.runs.emit import write_pytest
 

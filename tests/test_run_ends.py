@@ -440,6 +440,74 @@ def test_allocator_that_exits_in_its_first_census_is_a_failure(pools):
     assert kept(pools, "worker_died").steps == ()
 
 
+# A group around a finish: free_group_end() meets a queued free (``Pool.misbehave``).
+GROUP_STEPS = [("begin", {}, None), ("alloc", {"n": 1}, "req_0"), ("finish", {"req": "req_0"}, None), ("end", {}, None)]
+
+
+def replay_cli(tmp_path, target, timeout=60):
+    """``kv-lockstep replay`` of GROUP_STEPS (1 s call limit) on ``target``."""
+    from state_machines.harness import Step
+    from state_machines.runs.trace import write
+
+    steps = tuple(Step(rule, args, returns) for rule, args, returns in GROUP_STEPS)
+    path = write(Trace(Config(target=target, call_timeout_s=1.0), steps), tmp_path / "in")
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "state_machines.cli", "replay", str(path), "--target", target],
+                         cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=timeout)
+    run.seconds = time.monotonic() - started
+    return run
+
+
+@pytest.mark.parametrize("name, invariant, detail", [
+    ("exits", "worker_died", "worker 0 exited with code 3 during free_group_end()"),
+    ("stuck", "allocator_hung", "free_group_end() hung: no return within 1 s, and SIGALRM could not interrupt it"),
+    ("interrupts", "allocator_raised", "free_group_end() raised KeyboardInterrupt"),
+    ("sysexits", "allocator_raised", "free_group_end() raised SystemExit: 4"),
+])
+def test_replay_watches_the_allocator_as_fuzz_does(pools, name, invariant, detail):
+    """replay runs the steps in a watched worker: an allocator that exits or
+    hangs where SIGALRM cannot reach it fails the replay at its step, exit 1
+    (it exited with the allocator's code, silent, or hung for good), and
+    its KeyboardInterrupt is its failure, as in fuzz (it was an interrupt,
+    exit 130)."""
+    run = replay_cli(pools, f"bad_pools:{name}")
+    ended(run, 1)
+    assert f"FAILED at step 3, state.end(): {invariant}\n    {detail}" in run.stdout
+    assert run.stderr == "" and run.seconds < 30, run.seconds
+
+
+@pytest.mark.parametrize("name, line", [
+    ("exits_at_build", "cannot build bad_pools:exits_at_build: its factory exited with code 5"),
+    ("raises_at_build", "cannot build bad_pools:raises_at_build: SystemExit: 4"),
+])
+def test_replay_onto_a_factory_that_exits_is_bad_input(pools, name, line):
+    """A factory that exits while replay builds it is bad input, one line
+    and exit 2, as one that raises (it exited with the factory's code)."""
+    run = replay_cli(pools, f"bad_pools:{name}")
+    ended(run, 2)
+    assert run.stderr == f"kv-lockstep: error: {line}\n"
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_signal_during_a_replay_exits_128_plus_it(pools, sig, code):
+    """Ctrl-C or SIGTERM while a replay's allocator call runs: the worker is
+    stopped, exit 130 / 143 with one line naming the signal (SIGTERM killed
+    the replay outright, no line, when it ran in-process)."""
+    from state_machines.harness import Step
+    from state_machines.runs.trace import write
+
+    steps = tuple(Step(rule, args, returns) for rule, args, returns in GROUP_STEPS)
+    path = write(Trace(Config(target="bad_pools:sleeps", call_timeout_s=60.0), steps), pools / "in")
+    proc = subprocess.Popen([sys.executable, "-m", "state_machines.cli", "replay", str(path), "--target", "bad_pools:sleeps"],
+                            cwd=pools, env=_env(pools), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("kv-lockstep replay: 4 steps")
+    time.sleep(1.0)  # into the steps
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == code, stdout + stderr
+    assert stderr == f"kv-lockstep: interrupted ({signal.Signals(sig).name})\n"
+
+
 def test_a_death_while_building_is_bad_input_unless_it_was_killed_from_outside():
     """Exited or crashed in the factory: bad input.  SIGKILL or SIGTERM there
     (the factory runs at every example, and a kill -9 lands in it) is the

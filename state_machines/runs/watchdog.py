@@ -656,3 +656,98 @@ def _plain_report(out, err, config, got, interrupted, signals, trace_dir) -> int
         return signals.exit_code()
     return 1
 
+
+# -- replay --
+
+
+@attrs.frozen
+class Replayed:
+    """How a watched replay ended: ``failure`` (a trace: the violation the
+    replay hit, or the watchdog's ``allocator_hung`` / ``worker_died``) or
+    none; else ``bad_input`` (one line, exit 2), ``error`` (a harness bug,
+    with its traceback) or ``signal`` (SIGINT or SIGTERM stopped it)."""
+
+    failure: object = None
+    bad_input: str | None = None
+    error: str | None = None
+    signal: int | None = None
+
+
+def _replay_child(trace, config_dict, messages, beacon) -> None:
+    worker_signals()
+    try:
+        from state_machines.runs.trace import Trace, TraceError, replay
+        from state_machines.targets import TargetError
+
+        config = Config.from_dict(config_dict)
+        if config.caller != "harness":
+            import state_machines.callers  # noqa: F401 - a fresh worker registers the caller family itself
+        beacon.install()
+        try:
+            failure = replay(trace, config)
+        except (TargetError, TraceError) as exc:
+            messages.put(("bad_input", 0, str(exc)))
+        else:
+            messages.put(("replayed", 0, None if failure is None else Trace.from_violation(failure)))
+    except BaseException:  # a harness bug: report it rather than vanish
+        messages.put(("error", 0, traceback.format_exc()))
+    finally:
+        messages.put(("done", 0))
+
+
+def replay_watched(trace, config: Config) -> Replayed:
+    """``kv-lockstep replay``: the trace's steps run in one worker, watched
+    from here as a plain fuzz run's are (``fuzz_watched``), so an allocator
+    that exits, crashes, is killed or hangs where SIGALRM cannot reach ends
+    the replay with ``worker_died`` or ``allocator_hung`` naming the call,
+    and one that raises ``KeyboardInterrupt`` is ``allocator_raised``, as in
+    ``fuzz``; a target that dies while it is built is bad input.  The
+    worker is forked on CPU, so the replay's imports are made once, here."""
+    ctx = _plain_context(config)
+    channel = Channel(ctx)
+    channels = {0: channel}
+    beacon = Beacon(ctx)
+    child = ctx.Process(target=_replay_child, args=(trace, config.to_dict(), channel, beacon),
+                        name="kv-lockstep-replay", daemon=True)
+    got: dict = {}
+
+    def take(messages) -> None:
+        for message in messages:
+            got.setdefault(message[0], message[2:])
+
+    signals = Signals()
+    signals.install()
+    try:
+        start_blocked(child)
+        channel.started()
+        while "done" not in got:
+            take(receive(channels, POLL_S))
+            if "done" in got:
+                break
+            seconds = beacon.overdue(time.monotonic())
+            if seconds is not None:
+                kill(child)
+                return Replayed(failure=hung_verdict(config, beacon, 0, seconds))
+            if not child.is_alive():
+                end = time.monotonic() + 1.0  # what it put just before it ended
+                while channels and "done" not in got and time.monotonic() < end:
+                    take(receive(channels, 0.1))
+                if "done" not in got:
+                    if (line := build_death(config, beacon, child.exitcode)) is not None:
+                        return Replayed(bad_input=line)
+                    return Replayed(failure=died_verdict(config, beacon, 0, child.exitcode))
+    except KeyboardInterrupt:
+        signals.ignore()
+        kill(child)
+        return Replayed(signal=signals.got or signal.SIGINT)
+    finally:
+        signals.ignore()
+        child.join(timeout=2)
+        if child.is_alive():
+            kill(child)
+        signals.restore()
+    if "bad_input" in got:
+        return Replayed(bad_input=got["bad_input"][0])
+    if "error" in got:
+        return Replayed(error=got["error"][0])
+    return Replayed(failure=got["replayed"][0])

@@ -111,3 +111,16 @@ def test_the_ablation_with_every_lever_on_is_the_harnesss_own_walk():
     steps = {off: sum(jobs.run({"kind": "ablation", "config": config.to_dict(), "seed": s, "max_examples": 200,
                                 "off": list(off)})["steps"] for s in range(5)) for off in ((), ("fill",))}
     assert steps[("fill",)] > steps[()], steps
+
+
+def test_without_the_allocs_while_few_requests_are_live_a_two_request_decode_bug_takes_more_steps():
+    """The walk's ``populate`` lever (``walk.POPULATE``): the NPU mutant
+    decode-one-past needs a decode batch of two requests, one at a page's
+    end, with the pool at its edge; a uniform rule draw keeps few requests
+    live.  Over seeds 0-4 with it on the walk took 51 steps, with it off 125."""
+    from bench import jobs
+
+    config = Config(target="builtin:npu", mutant="decode-one-past", page_size=4)
+    steps = {off: sum(jobs.run({"kind": "ablation", "config": config.to_dict(), "seed": s, "max_examples": 200,
+                                "off": list(off)})["steps"] for s in range(5)) for off in ((), ("populate",))}
+    assert steps[("populate",)] > steps[()], steps

@@ -117,7 +117,9 @@ FILL = 0.25
 # 0.439), 0.1 0.620 (20; 0.961, 0.420), 0.15 0.606 (20; 0.930, 0.414), 0.2
 # 0.595 (17; 0.932, 0.399), 0.3 0.635 (19; 1.003, 0.423); 0.6 (seeds 0-16)
 # 0.744.  Pushing only from one live request to two (none left alone) 0.629
-# (0.3, seeds 0-19, where none scores 0.664 and 0.3 0.622).  Bugs needing
+# (0.3, seeds 0-19, where none scores 0.664 and 0.3 0.622); 0.2 while fewer
+# than three are live 0.627 (19); 0.2 with no fill in the first example
+# 0.603 (15; 0.899, 0.423).  Bugs needing
 # a pool emptied or a long run of extends lose (0.2: unified-mamba
 # clear-keeps-mamba 3.0x the steps, paged extend-floor 1.4x).  The NPU
 # decode bug, walk seeds 0-59, mean steps to it: none 2,634 +- 406 (5 seeds

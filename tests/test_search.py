@@ -311,7 +311,7 @@ def test_the_cap_lets_the_failing_example_replay_once_a_failure_is_seen():
 
 
 def test_a_second_run_on_the_database_replays_every_failure_the_walk_saved():
-    """The alias mutant's walk meets two invariants (examples 1 and 7 on seed 2) and saves both; a second run on the
+    """The alias mutant's walk meets two invariants (examples 1 and 8 on seed 2) and saves both; a second run on the
     same database replays both saved examples, reports both failures and runs nothing else."""
     from hypothesis.database import InMemoryExampleDatabase
 

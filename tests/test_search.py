@@ -310,6 +310,36 @@ def test_the_cap_lets_the_failing_example_replay_once_a_failure_is_seen():
     assert record.examples == 2
 
 
+class _RaisingProbe:
+    """A harness bug: ``before`` raises at every step."""
+
+    reads_call = False
+
+    def before(self, machine, name, args):
+        raise RuntimeError("harness bug")
+
+    def after(self, machine, name):
+        pass
+
+    def failed(self, machine, exc):
+        pass
+
+
+def test_an_error_at_the_budgets_last_example_is_reported_as_itself():
+    """An example that raises something other than an invariant violation (a harness bug) at the budget's last
+    example: Hypothesis replays it once more to report it, and that replay must start (it raised BudgetSpent, and
+    Hypothesis reported FlakyStrategyDefinition, 'Inconsistent data generation!', instead of the error)."""
+    from hypothesis import settings
+
+    from state_machines.runs.runner import _hypothesis_capped
+
+    record = RunRecord(probe=_RaisingProbe())
+    machine = machine_for(Config(), record)
+    with pytest.raises(RuntimeError, match="harness bug"):
+        _hypothesis_capped(machine, settings(fuzz_settings(5, None, True, shrink=False)), record, 1)
+    assert record.examples == 2
+
+
 def test_a_second_run_on_the_database_replays_every_failure_the_walk_saved():
     """The alias mutant's walk meets two invariants (examples 1 and 8 on seed 2) and saves both; a second run on the
     same database replays both saved examples, reports both failures and runs nothing else."""

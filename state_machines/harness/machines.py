@@ -9,12 +9,14 @@ where it cannot apply, so no example is thrown away.
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from typing import Any, Callable
 
 import attrs
 from attrs import define, field, frozen
 from hypothesis import strategies as st
+from hypothesis.errors import UnsatisfiedAssumption
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from state_machines.config import Config
@@ -77,14 +79,25 @@ class RunRecord:
     # Examples this record may count before a failure: one more raises
     # ``BudgetSpent`` instead of starting (``start_example``); None: no cap.
     cap: int | None = None
+    # Whether the last example ended in an error (``ended``).
+    raised: bool = False
 
     def start_example(self) -> None:
         """Count an example about to start; ``BudgetSpent`` instead where
-        ``cap`` examples are counted and none failed (after a failure
-        Hypothesis replays the failing example once more to report it)."""
-        if self.cap is not None and self.examples >= self.cap and self.first_failure_s is None:
+        ``cap`` examples are counted, none failed and the last did not
+        raise (after a failure, or any error, Hypothesis replays the
+        failing example once more to report it)."""
+        if self.cap is not None and self.examples >= self.cap and self.first_failure_s is None and not self.raised:
             raise BudgetSpent(f"{self.cap} examples run")
+        self.raised = False
         self.examples += 1
+
+    def ended(self, exc: BaseException | None) -> None:
+        """An example ended, raising ``exc`` (None: it ran through).  An
+        error Hypothesis reports counts (a harness bug: an invariant
+        violation is ``saw_failure``'s); its overrun (``StopTest``, a
+        ``BaseException``) and a rejected example do not."""
+        self.raised = isinstance(exc, Exception) and not isinstance(exc, UnsatisfiedAssumption)
 
     def saw_failure(self) -> None:
         if self.first_failure_s is None:
@@ -289,6 +302,8 @@ class FreeGroupMachine(RuleBasedStateMachine):
         self._do("end")
 
     def teardown(self):
+        # Hypothesis calls this in a ``finally``: what the example raised, if anything, is still in flight here.
+        self.record.ended(sys.exc_info()[1])
         # After a failure the state is already wrong; checking it again would
         # chain a second report onto the first.
         if hasattr(self, "state") and not getattr(self, "failed", False):

@@ -193,7 +193,7 @@ def _hypothesis_capped(machine, chosen: settings, record: RunRecord, cap: int) -
     limit, a mutation's) ran steps all the same and is not counted.  On
     ``builtin:token``, seed 1, 38 Hypothesis examples ran with 4 overruns
     besides, 125 with 40 (runs of 300 and 1,000 examples)."""
-    record.cap = cap
+    record.cap, record.raised = cap, False
     try:
         run_state_machine_as_test(machine, settings=chosen)
     except BudgetSpent:

@@ -336,7 +336,7 @@ def test_an_error_at_the_budgets_last_example_is_reported_as_itself():
     record = RunRecord(probe=_RaisingProbe())
     machine = machine_for(Config(), record)
     with pytest.raises(RuntimeError, match="harness bug"):
-        _hypothesis_capped(machine, settings(fuzz_settings(5, None, True, shrink=False)), record, 1)
+        _hypothesis_capped(machine, settings(fuzz_settings(5, None, True, shrink=False)), 5, record, 1)
     assert record.examples == 2
 
 
@@ -354,6 +354,25 @@ def test_a_second_run_on_the_database_replays_every_failure_the_walk_saved():
     saved = [Trace.from_dict(json.loads(v)) for v in db.fetch(_walk_key(machine_for(TOKEN_ALIAS)))]
     assert all(t in saved for t in again.failures)
     assert (again.record.examples, again.record.examples_to_failure) == (2, 1)
+
+
+def test_hypothesis_replays_its_saved_failure_whatever_the_budget_left(monkeypatch):
+    """A failure Hypothesis saved is replayed next run even where the walk's saved failures (one that passes now)
+    took the budget: --max-examples 1 left Hypothesis no example, and the run came back clean."""
+    from hypothesis.database import InMemoryExampleDatabase
+
+    from state_machines.harness import Step
+    from state_machines.runs import runner
+
+    db = InMemoryExampleDatabase()
+    with monkeypatch.context() as m:
+        m.setattr(runner, "walked_examples", lambda n: 0)  # Hypothesis's run alone, so it finds and saves the failure
+        assert fuzz(TOKEN_ALIAS, max_examples=40, seed=0, database=db, shrink=False).failures
+    assert not list(db.fetch(_walk_key(machine_for(TOKEN_ALIAS))))
+    passing = Trace(TOKEN_ALIAS, (Step("alloc", {"n": 1}, "req_0"),))
+    db.save(_walk_key(machine_for(TOKEN_ALIAS)), passing.to_json().encode())
+    again = fuzz(TOKEN_ALIAS, max_examples=1, seed=0, database=db, shrink=False)
+    assert again.failures and again.record.examples_to_failure == 2
 
 
 class _CallProbe:

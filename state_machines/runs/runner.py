@@ -4,8 +4,10 @@ shrunk by ``minimize`` (``state_machines/runs/minimize.py``)."""
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
+from unittest import SkipTest
 
 import attrs
 from attrs import frozen
@@ -125,7 +127,8 @@ def fuzz(
     rules (``walk``; seeded by ``seed``, or 0 under ``derandomize``), the
     rest Hypothesis's, which runs only where the walk found nothing; no
     more than ``max_examples`` examples start before a failure, the
-    saved failures replayed included (``_hypothesis_capped``).  A
+    saved failures replayed included, but those always replay in full
+    (``_hypothesis_capped``).  A
     failure the walk finds is saved in the example database (when there is
     one) and replayed first next time, as Hypothesis replays its own.  With ``shrink``,
     each failure Hypothesis found is shrunk by ``minimize`` (on the run's
@@ -166,9 +169,7 @@ def fuzz(
             _walk_key(machine), Trace.from_violation(violation).to_json().encode())
         walk(machine, random.Random(seed if seed is not None else 0 if chosen.derandomize else None), walked,
              on_failure=save)
-        if chosen.max_examples > replayed + walked:
-            _hypothesis_capped(machine, settings(chosen, max_examples=chosen.max_examples - replayed - walked),
-                               record, start + chosen.max_examples)
+        _hypothesis_capped(machine, chosen, chosen.max_examples - replayed - walked, record, start + chosen.max_examples)
     except Exception as exc:
         found = violations_in(exc)
         if not found:
@@ -186,16 +187,32 @@ def fuzz(
     return Outcome(config, failures, record, time.monotonic() - started)
 
 
-def _hypothesis_capped(machine, chosen: settings, record: RunRecord, cap: int) -> None:
-    """Hypothesis's part of a run, stopped once ``record`` counts ``cap``
-    examples.  Its ``max_examples`` counts only the examples it calls valid:
-    one cut off at its size limit (an overrun: the early examples' reduced
-    limit, a mutation's) ran steps all the same and is not counted.  On
-    ``builtin:token``, seed 1, 38 Hypothesis examples ran with 4 overruns
-    besides, 125 with 40 (runs of 300 and 1,000 examples)."""
+def _hypothesis_capped(machine, chosen: settings, budget: int, record: RunRecord, cap: int) -> None:
+    """Hypothesis's part of a run: the examples its database keeps replayed
+    first, all of them, then at most ``budget`` of its own, stopped once
+    ``record`` counts ``cap`` examples.  Its ``max_examples`` counts only
+    the examples it calls valid: one cut off at its size limit (an
+    overrun: the early examples' reduced limit, a mutation's) ran steps
+    all the same and is not counted.  On ``builtin:token``, seed 1, 38
+    Hypothesis examples ran with 4 overruns besides, 125 with 40 (runs of
+    300 and 1,000 examples).  The saved examples replay in a run of their
+    own, not under the cap: under it, a budget the walk's saved failures
+    had taken left Hypothesis's own saved failure unreplayed (``--max-examples
+    1`` and one walk failure saved: the run came back clean)."""
+    if chosen.database is not None and Phase.reuse in chosen.phases:
+        # Without the generate phase Hypothesis replays up to max_examples of
+        # its secondary corpus, not a tenth: a tenth of the budget keeps that.
+        try:
+            run_state_machine_as_test(machine, settings=settings(
+                chosen, phases=[Phase.reuse], max_examples=max(1, math.ceil(max(budget, 1) / 10))))
+        except SkipTest:  # nothing saved: no example ran
+            pass
+        chosen = settings(chosen, phases=[p for p in chosen.phases if p != Phase.reuse])
+    if budget <= 0 or Phase.generate not in chosen.phases:
+        return
     record.cap, record.raised = cap, False
     try:
-        run_state_machine_as_test(machine, settings=chosen)
+        run_state_machine_as_test(machine, settings=settings(chosen, max_examples=budget))
     except BudgetSpent:
         pass
     finally:

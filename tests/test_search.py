@@ -533,9 +533,9 @@ def _edge_spy(config: Config, seen: list):
 
 
 def test_an_edge_decode_the_target_refuses_is_not_sent_on_every_step_left():
-    """builtin:hisparse at page size 1, whose device pool may refuse a decode the model's pool takes, walk seed 7, 300 examples: refusals are seen, and no example sends one more than twice (the walk stops steering to the edge; a uniform draw may pick the decode again)."""
+    """builtin:hisparse at page size 1, whose device pool may refuse a decode the model's pool takes, walk seed 3, 300 examples: refusals are seen (in 4 examples), and no example sends one more than twice (the walk stops steering to the edge; a uniform draw may pick the decode again; with the edge kept on, 9).  Seed 7, once used here, meets no refusal since POPULATE."""
     seen: list = []
-    walk(_edge_spy(Config(target="builtin:hisparse", page_size=1), seen), random.Random(7), 300)
+    walk(_edge_spy(Config(target="builtin:hisparse", page_size=1), seen), random.Random(3), 300)
     refused = Counter(seen)
     assert refused and max(refused.values()) <= 2, sorted(refused.values())
 

@@ -218,10 +218,14 @@ class _Publisher:
     def building(self, what: str | None) -> None:
         self.nums[_BUILDING] = 0.0
         if what is not None:
-            text = what.encode("utf-8", "replace")[:WHAT_BYTES]
-            ctypes.memmove(self.base + STEPS_BYTES, text, len(text))
-            self.nums[_WHAT_LEN] = len(text)
+            self._write_what(what)
             self.nums[_BUILDING] = 1.0
+
+    def _write_what(self, what: str) -> None:
+        """``what`` where ``Beacon.what`` reads it."""
+        text = what.encode("utf-8", "replace")[:WHAT_BYTES]
+        ctypes.memmove(self.base + STEPS_BYTES, text, len(text))
+        self.nums[_WHAT_LEN] = len(text)
 
     def call_started(self, state, what: str) -> None:
         nums = self.nums
@@ -252,9 +256,7 @@ class _Publisher:
                 written.append(step)
                 self.ends.append(offset)
             nums[_STEPS_LEN] = offset
-        text = what.encode("utf-8", "replace")[:WHAT_BYTES]
-        ctypes.memmove(self.base + STEPS_BYTES, text, len(text))
-        nums[_WHAT_LEN] = len(text)
+        self._write_what(what)
         nums[_LIMIT] = state.config.call_timeout_s
         nums[_STARTED] = time.monotonic()
 
@@ -551,13 +553,7 @@ def fuzz_watched(config: Config, *, max_examples: int, seed: int | None, db_spec
             done = True
 
     def drain(timeout: float = 0.0) -> None:
-        end = time.monotonic() + timeout
-        while not done and channels:
-            got_now = receive(channels, max(0.0, end - time.monotonic()))
-            for message in got_now:
-                handle(message)
-            if not got_now and time.monotonic() >= end:
-                return
+        _drain(channels, handle, lambda: done, timeout)
 
     signals = Signals()
     signals.install()
@@ -565,23 +561,8 @@ def fuzz_watched(config: Config, *, max_examples: int, seed: int | None, db_spec
     try:
         start_blocked(child)
         channels[0].started()
-        while not done:
-            for message in receive(channels, POLL_S):
-                handle(message)
-            if done:
-                break
-            seconds = beacon.overdue(time.monotonic())
-            if seconds is not None:
-                kill(child)
-                got["verdict"] = hung_verdict(config, beacon, 0, seconds)
-                break
-            if not child.is_alive():
-                drain(1.0)  # what it put just before it ended
-                if not done:
-                    got["bad_input"] = build_death(config, beacon, child.exitcode)
-                    if got["bad_input"] is None:
-                        got["verdict"] = died_verdict(config, beacon, 0, child.exitcode)
-                break
+        if (ended := _watch(child, channels, beacon, config, handle, lambda: done)) is not None:
+            got[ended[0]] = ended[1]
     except KeyboardInterrupt:
         interrupted = True
         signals.ignore()
@@ -657,6 +638,43 @@ def _plain_report(out, err, config, got, interrupted, signals, trace_dir) -> int
     return 1
 
 
+def _drain(channels: dict, handle, done, timeout: float = 0.0) -> None:
+    """Pass what the workers put to ``handle`` until ``done()``, or until
+    ``timeout`` seconds have brought nothing more."""
+    end = time.monotonic() + timeout
+    while not done() and channels:
+        got_now = receive(channels, max(0.0, end - time.monotonic()))
+        for message in got_now:
+            handle(message)
+        if not got_now and time.monotonic() >= end:
+            return
+
+
+def _watch(child, channels: dict, beacon: Beacon, config: Config, handle, done) -> tuple[str, object] | None:
+    """Pass one worker's messages to ``handle`` until ``done()``: None.  Or
+    the verdict reached here on a worker that does not say it is done: one
+    past its call's limit is killed, ``("verdict", allocator_hung trace)``;
+    one that ended (after a second for what it put just before) is
+    ``("bad_input", line)`` where it died building its target
+    (``build_death``), else ``("verdict", worker_died trace)``."""
+    while not done():
+        for message in receive(channels, POLL_S):
+            handle(message)
+        if done():
+            return None
+        seconds = beacon.overdue(time.monotonic())
+        if seconds is not None:
+            kill(child)
+            return "verdict", hung_verdict(config, beacon, 0, seconds)
+        if not child.is_alive():
+            _drain(channels, handle, done, 1.0)
+            if done():
+                return None
+            line = build_death(config, beacon, child.exitcode)
+            return ("bad_input", line) if line is not None else ("verdict", died_verdict(config, beacon, 0, child.exitcode))
+    return None
+
+
 # -- replay --
 
 
@@ -711,31 +729,17 @@ def replay_watched(trace, config: Config) -> Replayed:
                         name="kv-lockstep-replay", daemon=True)
     got: dict = {}
 
-    def take(messages) -> None:
-        for message in messages:
-            got.setdefault(message[0], message[2:])
+    def take(message) -> None:
+        got.setdefault(message[0], message[2:])
 
     signals = Signals()
     signals.install()
     try:
         start_blocked(child)
         channel.started()
-        while "done" not in got:
-            take(receive(channels, POLL_S))
-            if "done" in got:
-                break
-            seconds = beacon.overdue(time.monotonic())
-            if seconds is not None:
-                kill(child)
-                return Replayed(failure=hung_verdict(config, beacon, 0, seconds))
-            if not child.is_alive():
-                end = time.monotonic() + 1.0  # what it put just before it ended
-                while channels and "done" not in got and time.monotonic() < end:
-                    take(receive(channels, 0.1))
-                if "done" not in got:
-                    if (line := build_death(config, beacon, child.exitcode)) is not None:
-                        return Replayed(bad_input=line)
-                    return Replayed(failure=died_verdict(config, beacon, 0, child.exitcode))
+        if (ended := _watch(child, channels, beacon, config, take, lambda: "done" in got)) is not None:
+            kind, value = ended
+            return Replayed(bad_input=value) if kind == "bad_input" else Replayed(failure=value)
     except KeyboardInterrupt:
         signals.ignore()
         kill(child)

@@ -30,7 +30,7 @@ def command(data: dict) -> str:
     """The command line that measured ``data``: ``make bench`` where every
     setting is the default, else ``python -m bench`` with the options that
     differ from it (``--out`` and ``--verbose`` change no figure)."""
-    from bench.run import CAP_EXAMPLES, SHRINK_SEEDS
+    from bench.run import CAP_EXAMPLES, SEEDS, SHRINK_SEEDS
 
     settings = data["settings"]
     args = []
@@ -42,7 +42,7 @@ def command(data: dict) -> str:
         args += ["--only", settings["only"]]
     if not settings.get("clean_only"):
         # Seeds, cap and shrinking runs apply to bugs only.
-        if settings["seeds"] != 5:
+        if settings["seeds"] != SEEDS:
             args += ["--seeds", str(settings["seeds"])]
         if settings["cap_examples"] != CAP_EXAMPLES:
             args += ["--cap", str(settings["cap_examples"])]
@@ -71,9 +71,8 @@ def markdown(data: dict) -> str:
         # Every bug figure below (the bar, its ratios, shrinking) is over no
         # bugs at all: left out rather than shown empty or vacuously true.
         out += ["", "No bugs in this run, so no time to failure, ratio or shrinking figures; clean targets only."]
-    if not data["clean"]:
-        return "\n".join(out + _shortest_section(data)) + "\n"
-    out += _clean_sections(data)
+    if data["clean"]:
+        out += _clean_sections(data)
     return "\n".join(out + _shortest_section(data)) + "\n"
 
 

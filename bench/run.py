@@ -25,6 +25,8 @@ HERE = Path(__file__).resolve().parent
 CI_BUDGET = 200
 # Both fuzzers stop here; past it a seed counts as not found (issue 13's bar).
 CAP_EXAMPLES = 3000
+# Seeds a bug for time to failure (issue 13's bar).
+SEEDS = 5
 # The bar's time to failure: a time under this counts as this much, so that
 # start-up noise does not decide a ratio, and a miss counts as the whole search.
 FLOOR_S = 0.25
@@ -281,7 +283,7 @@ def _against(baseline: dict, again: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--seeds", type=int, default=5, help="seeds per bug for time to failure (default 5, the bar's)")
+    parser.add_argument("--seeds", type=int, default=SEEDS, help=f"seeds per bug for time to failure (default {SEEDS}, the bar's)")
     parser.add_argument("--only", metavar="REGEX", help="only the bugs whose name matches (e.g. 'bench.bugs|token')")
     parser.add_argument("--cap", type=int, default=CAP_EXAMPLES, help=f"examples a search stops at (default {CAP_EXAMPLES}, the bar's)")
     parser.add_argument("--shrink-seeds", type=int, default=SHRINK_SEEDS, help=f"shrinking runs per bug (default {SHRINK_SEEDS}; 0: none)")

@@ -119,6 +119,12 @@ BAD_POOLS = textwrap.dedent(
         def get_all_free_pages(self):
             os._exit(6)
 
+    class ExitsInHookProbe(Pool):
+        # Built, then exits when the one-off probe of its scheduler hooks
+        # asks one, on a copy: bad input, as in the probe of its optional methods.
+        def check_decode_capacity(self, num_tokens, tree_cache):
+            os._exit(9)
+
     hangs = 0
 
     def _factory(cls):
@@ -127,6 +133,7 @@ BAD_POOLS = textwrap.dedent(
     exits, interrupts, sysexits, stuck, sleeps = map(_factory, (Exits, Interrupts, SysExits, Stuck, Sleeps))
     slow_to_shrink, bad_census = _factory(SlowToShrink), _factory(BadCensus)
     exits_at_build, raises_at_build, census_exits = map(_factory, (ExitsAtBuild, RaisesAtBuild, CensusExits))
+    exits_in_hook_probe = _factory(ExitsInHookProbe)
     '''
 )
 
@@ -533,3 +540,16 @@ def test_a_death_while_building_is_bad_input_unless_it_was_killed_from_outside()
         assert build_death(config, beacon, 5) is None
     finally:
         lockstep.watch_calls(None)
+
+
+@pytest.mark.parametrize("mode", [[], LONG], ids=["plain", "long"])
+def test_a_death_in_the_probe_of_the_scheduler_hooks_is_bad_input(pools, mode):
+    """os._exit in a scheduler hook the one-off probe asks on a copy, while
+    the worker sets the target up: bad input, as a death in the probe of its
+    optional methods is (it was worker_died 'between allocator calls',
+    exit 1)."""
+    run = cli(pools, "--target", "bad_pools:exits_in_hook_probe", *mode)
+    ended(run, 2)
+    assert run.stderr == ("kv-lockstep: error: cannot build bad_pools:exits_in_hook_probe:"
+                          " the probe of its scheduler hooks (called once on a copy) exited with code 9\n")
+    assert "worker_died" not in run.stdout

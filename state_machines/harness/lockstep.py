@@ -339,7 +339,8 @@ _building: str | None = None
 def building(what: str):
     """While the block runs, the observer's ``building(what)`` knows that
     the target's own code runs outside any allocator call: its factory
-    (``family.build``), or the capability probe of its optional methods.
+    (``family.build``), or the capability probe of its optional methods or
+    of its scheduler hooks (``Lockstep.create``).
     The watchdog tells a worker that dies there (bad input: a factory that
     exits) from one that dies in an allocator call (a failure).  Nested
     blocks restore the outer one's ``what`` as they end."""
@@ -437,8 +438,13 @@ class Lockstep:
         )
         state.start_models(defers_frees)
         if state.models_hooks():
-            state.hooks_off = hooks.disabled_hooks(allocator, state.asked_hooks, config.page_size)
-            for name, reason in hooks.disabled_steps(allocator, state.hooks_off, state.asked_hooks).items():
+            # The target's own code, outside any allocator call, as the probe
+            # of its optional methods (``family.build``) is: a worker that
+            # dies here is bad input, not ``worker_died`` between calls.
+            with building("the probe of its scheduler hooks (called once on a copy)"):
+                state.hooks_off = hooks.disabled_hooks(allocator, state.asked_hooks, config.page_size)
+                off = hooks.disabled_steps(allocator, state.hooks_off, state.asked_hooks)
+            for name, reason in off.items():
                 state.disabled_rules.setdefault(name, reason)
         state.check()
         state._runs = {}

@@ -99,7 +99,7 @@ class Beacon:
     def building(self) -> str | None:
         """What of the target's own code the worker was running outside any
         allocator call (``harness.lockstep.building``: its factory, the
-        probe of its optional methods), or None."""
+        probes of its optional methods and scheduler hooks), or None."""
         if not self.nums[_BUILDING] or self.in_call():
             return None
         return self.what()

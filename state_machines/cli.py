@@ -50,6 +50,14 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _build_timeout(parser) -> None:
+    from state_machines.runs.watchdog import BUILD_TIMEOUT_S
+
+    parser.add_argument("--build-timeout", type=_seconds, default=BUILD_TIMEOUT_S, metavar="SECONDS",
+                        help="the target's factory (or a probe of its methods) running longer is bad input, exit 2;"
+                             " apart from --call-timeout, as a device's first build is slow (default %(default)g)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kv-lockstep", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -71,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--sglang-path", help="a folder holding the sglang package (a checkout's python/)")
     fuzz.add_argument("--call-timeout", type=_seconds, default=Config().call_timeout_s, metavar="SECONDS",
                       help="an allocator call running longer is a hang, allocator_hung (default %(default)g)")
+    _build_timeout(fuzz)
     fuzz.add_argument("--cover", action="store_true",
                       help="also measure statement coverage of the target's allocator code, per file (needs coverage.py)")
     fuzz.add_argument("--row-dtype", choices=("int32", "int64"), default=Config().row_dtype,
@@ -91,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--mutant", help="with this mutant (default: none when --target is given)")
     replay.add_argument("--sglang-path")
     _caller_options(replay, defaults=False)
+    _build_timeout(replay)
     replay.add_argument("--emit-pytest", metavar="FILE", help="also write a standalone pytest file that replays the trace")
 
     targets = sub.add_parser("targets", help="list targets and mutants, or what one target can run here")
@@ -194,12 +204,13 @@ def cmd_fuzz(args) -> int:
         return longrun.run(
             config, duration_s=duration_s, jobs=args.jobs or longrun.default_jobs(),
             db_spec=args.db, seed=args.seed, trace_dir=args.trace_dir, stats_json=args.stats_json,
+            build_timeout_s=args.build_timeout,
         )
     from state_machines.runs.watchdog import fuzz_watched
 
     if not args.cover:
         return fuzz_watched(config, max_examples=args.max_examples, seed=args.seed, db_spec=args.db,
-                            trace_dir=args.trace_dir)
+                            trace_dir=args.trace_dir, build_timeout_s=args.build_timeout)
     return _fuzz_covered(config, args)
 
 
@@ -218,7 +229,8 @@ def _fuzz_covered(config: Config, args) -> int:
         cover.union(seen, lines)
 
     code = fuzz_watched(config, max_examples=args.max_examples, seed=args.seed, db_spec=args.db,
-                        trace_dir=args.trace_dir, cover=cover.Recorder(files), on_cover=received)
+                        trace_dir=args.trace_dir, cover=cover.Recorder(files), on_cover=received,
+                        build_timeout_s=args.build_timeout)
     if code == 2:
         return code
     root = cover.root_of(config, files)
@@ -353,7 +365,7 @@ def cmd_replay(args) -> int:
     targets.resolve(config.target, config.mutant, config.sglang_path)
     devices.require(config.device)
     print(f"kv-lockstep replay: {len(trace.steps)} steps of {shown(args.trace)} on {config.label()}", flush=True)
-    replayed = replay_watched(trace, config)
+    replayed = replay_watched(trace, config, args.build_timeout)
     if replayed.signal is not None:
         print(f"kv-lockstep: interrupted ({signal_name(replayed.signal)})", file=sys.stderr)
         return 128 + replayed.signal

@@ -119,6 +119,16 @@ BAD_POOLS = textwrap.dedent(
         def get_all_free_pages(self):
             os._exit(6)
 
+    class HangsAtBuild(Pool):
+        # A factory that never returns (a device runtime that never comes
+        # up), deaf to SIGTERM: only a SIGKILL ends it.  It leaves its pid
+        # in hung.pid, where the test looks.
+        def __init__(self, size, page_size, device, need_sort):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            with open("hung.pid", "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(3600)
+
     class ExitsInHookProbe(Pool):
         # Built, then exits when the one-off probe of its scheduler hooks
         # asks one, on a copy: bad input, as in the probe of its optional methods.
@@ -133,7 +143,7 @@ BAD_POOLS = textwrap.dedent(
     exits, interrupts, sysexits, stuck, sleeps = map(_factory, (Exits, Interrupts, SysExits, Stuck, Sleeps))
     slow_to_shrink, bad_census = _factory(SlowToShrink), _factory(BadCensus)
     exits_at_build, raises_at_build, census_exits = map(_factory, (ExitsAtBuild, RaisesAtBuild, CensusExits))
-    exits_in_hook_probe = _factory(ExitsInHookProbe)
+    hangs_at_build, exits_in_hook_probe = _factory(HangsAtBuild), _factory(ExitsInHookProbe)
     '''
 )
 
@@ -451,15 +461,16 @@ def test_allocator_that_exits_in_its_first_census_is_a_failure(pools):
 GROUP_STEPS = [("begin", {}, None), ("alloc", {"n": 1}, "req_0"), ("finish", {"req": "req_0"}, None), ("end", {}, None)]
 
 
-def replay_cli(tmp_path, target, timeout=60):
-    """``kv-lockstep replay`` of GROUP_STEPS (1 s call limit) on ``target``."""
+def replay_cli(tmp_path, target, *extra, timeout=60):
+    """``kv-lockstep replay`` of GROUP_STEPS (1 s call limit) on ``target``,
+    with the command line's ``extra`` options."""
     from state_machines.harness import Step
     from state_machines.runs.trace import write
 
     steps = tuple(Step(rule, args, returns) for rule, args, returns in GROUP_STEPS)
     path = write(Trace(Config(target=target, call_timeout_s=1.0), steps), tmp_path / "in")
     started = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "state_machines.cli", "replay", str(path), "--target", target],
+    run = subprocess.run([sys.executable, "-m", "state_machines.cli", "replay", str(path), "--target", target, *extra],
                          cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=timeout)
     run.seconds = time.monotonic() - started
     return run
@@ -540,6 +551,70 @@ def test_a_death_while_building_is_bad_input_unless_it_was_killed_from_outside()
         assert build_death(config, beacon, 5) is None
     finally:
         lockstep.watch_calls(None)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("command", ["fuzz", "long", "replay"])
+def test_factory_that_never_returns_is_bad_input_and_its_worker_is_killed(pools, command):
+    """A factory still running after --build-timeout: its worker is killed
+    and the command ends as bad input, one line and exit 2, as where the
+    factory exits (it hung for good: building had no limit)."""
+    try:
+        if command == "replay":
+            run = replay_cli(pools, "bad_pools:hangs_at_build", "--build-timeout", "1")
+        else:
+            run = cli(pools, "--target", "bad_pools:hangs_at_build", "--build-timeout", "1", *(LONG if command == "long" else []))
+        ended(run, 2)
+        assert run.stderr == "kv-lockstep: error: cannot build bad_pools:hangs_at_build: its factory did not return within 1 s\n"
+        assert "worker_died" not in run.stdout and not list((pools / "traces").rglob("*.json"))
+        assert _gone(int((pools / "hung.pid").read_text()))
+    finally:  # without the watchdog's kill, no worker outlives the test
+        if (pools / "hung.pid").exists() and not _gone(pid := int((pools / "hung.pid").read_text())):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_the_build_limit_runs_from_where_each_part_of_the_build_began():
+    """build_hang: past the limit in the factory, the line names it; a probe
+    that builds the factory inside it runs on its own clock again once the
+    factory returns; nothing once the build is over.  (``now`` is given: no
+    test waits for the limit.)"""
+    import multiprocessing
+
+    from state_machines.harness import lockstep
+    from state_machines.runs.watchdog import Beacon, build_hang
+
+    config = Config(target="my_pool:make")
+    beacon = Beacon(multiprocessing.get_context("fork"))
+    beacon.install()
+    try:
+        with lockstep.building("the probe"):
+            probe_began = time.monotonic()
+            assert build_hang(config, beacon, probe_began, 5.0) is None
+            with lockstep.building("its factory"):
+                factory_began = time.monotonic()
+                assert build_hang(config, beacon, factory_began + 6, 5.0) == (
+                    "cannot build my_pool:make: its factory did not return within 5 s")
+            # Back in the probe, on the probe's clock, which began first.
+            assert build_hang(config, beacon, probe_began + 4.9, 5.0) is None
+            assert build_hang(config, beacon, factory_began + 5.1, 5.0) == (
+                "cannot build my_pool:make: the probe did not return within 5 s")
+        assert build_hang(config, beacon, time.monotonic() + 100, 5.0) is None
+    finally:
+        lockstep.watch_calls(None)
+
+
+def test_bad_build_timeout_is_exit_2(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "state_machines.cli", "fuzz", "--build-timeout", "0"],
+                         cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+    ended(run, 2)
+    assert "--build-timeout: must be a positive number of seconds, got 0" in run.stderr
 
 
 @pytest.mark.parametrize("mode", [[], LONG], ids=["plain", "long"])

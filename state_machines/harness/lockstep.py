@@ -301,7 +301,7 @@ def watch_calls(observer) -> None:
     these methods it has: ``call_started(state, what)`` before a call,
     ``call_ended(category, seconds)`` after it (``ALLOCATOR`` or
     ``CENSUS``), ``judged(name, seconds)`` after a predicate,
-    ``building(what)`` while the target's own code runs outside any
+    ``building(what, since)`` while the target's own code runs outside any
     allocator call (``building``).  The bench's cost breakdown and the
     watchdog's per-call beacon are observers.  ``None`` stops watching."""
     global _observer
@@ -331,32 +331,35 @@ class _Observer:
     building: Callable | None = None
 
 
-# What ``building`` says is running now (None: nothing of the target's outside a call).
-_building: str | None = None
+# What ``building`` says is running now, and since when (``time.monotonic``);
+# None: nothing of the target's outside a call.
+_building: tuple[str, float] | None = None
 
 
 @contextmanager
 def building(what: str):
-    """While the block runs, the observer's ``building(what)`` knows that
-    the target's own code runs outside any allocator call: its factory
-    (``family.build``), or the capability probe of its optional methods or
-    of its scheduler hooks (``Lockstep.create``).
-    The watchdog tells a worker that dies there (bad input: a factory that
-    exits) from one that dies in an allocator call (a failure).  Nested
-    blocks restore the outer one's ``what`` as they end."""
+    """While the block runs, the observer's ``building(what, since)`` knows
+    that the target's own code runs outside any allocator call, and since
+    when: its factory (``family.build``), or the capability probe of its
+    optional methods or of its scheduler hooks (``Lockstep.create``).  The
+    watchdog tells a worker that dies there (bad input: a factory that
+    exits) from one that dies in an allocator call (a failure), and kills
+    one that stays there past the build limit.  Nested blocks restore the
+    outer one's ``what`` and its start as they end (``building(None,
+    None)`` after the outermost)."""
     global _building
     observer = _observer
     if observer is None or observer.building is None:
         yield
         return
     outer = _building
-    _building = what
-    observer.building(what)
+    _building = (what, time.monotonic())
+    observer.building(*_building)
     try:
         yield
     finally:
         _building = outer
-        observer.building(outer)
+        observer.building(*(outer or (None, None)))
 
 
 @frozen

@@ -129,20 +129,26 @@ def run(
     stats_json: str | None,
     out=None,
     err=None,
+    build_timeout_s: float | None = None,
 ) -> int:
     """Fuzz ``config`` with ``jobs`` workers for ``duration_s``; returns the exit code.
 
     Workers are watched (``watchdog``): one that hangs in an allocator call
     past the limit is killed, and one that dies without saying it is done
-    fails the run too, each with an unshrunk trace of its last steps.
+    fails the run too, each with an unshrunk trace of its last steps.  One
+    that dies building its target, or is still building it after
+    ``build_timeout_s`` (default ``watchdog.BUILD_TIMEOUT_S``), is killed
+    and ends the run as bad input.
     """
     from state_machines.runs.trace import replay_command, write
     from state_machines.runs.watchdog import (
+        BUILD_TIMEOUT_S,
         POLL_S,
         Beacon,
         Channel,
         Signals,
         build_death,
+        build_hang,
         died_verdict,
         hung_verdict,
         kill,
@@ -152,6 +158,7 @@ def run(
     )
 
     out, err = out or sys.stdout, err or sys.stderr
+    build_timeout_s = BUILD_TIMEOUT_S if build_timeout_s is None else build_timeout_s
     open_database(db_spec)  # bad --db fails here, before workers start
     tty = out.isatty()
     ctx = worker_context()
@@ -259,6 +266,10 @@ def run(
                 ended.add(i)
                 trace = hung_verdict(config, beacon, i, seconds)
                 verdict(trace, f"worker {i} hung in {beacon.what()}; killed after {seconds:.1f} s")
+            elif (line := build_hang(config, beacon, now, build_timeout_s)) is not None:
+                kill(w)
+                ended.add(i)
+                handle(("bad_input", i, line))
             elif not w.is_alive():
                 w.join(timeout=1)
                 drain_now()  # what it put just before it ended

@@ -13,6 +13,9 @@ that the parent knows, without asking the worker:
   kills the worker and reports ``allocator_hung``;
 - a worker that exits or is killed without saying it is done failed the
   run (``worker_died``): ``os._exit`` in the allocator, a crash, kill -9;
+- a worker whose target's own code (its factory, a probe) runs past the
+  build limit outside any allocator call is killed, and the command ends as
+  bad input (``build_hang``), as where that code exits (``build_death``);
 
 each with the steps recorded so far, written at once as an unshrunk trace
 (``TRACE_DIR/unshrunk/``).  Publishing costs a shared-memory write per call
@@ -44,6 +47,12 @@ CONFIG_BYTES = 1 << 12
 POLL_S = 0.2
 # After Ctrl-C or SIGTERM, a worker gets this long to stop before it is killed.
 INTERRUPT_GRACE_S = 3.0
+# How long the target's own code may run outside any allocator call (its
+# factory, the probes: ``harness.lockstep.building``) before the worker is
+# killed (``fuzz --build-timeout``).  Apart from the call limit, and long:
+# a device pool's first build initialises CUDA or the NPU runtime, which can
+# take well over a call's 10 s.
+BUILD_TIMEOUT_S = 120.0
 
 _STARTED, _LIMIT, _STEPS_LEN, _WHAT_LEN, _STOP, _ABORT, _CONFIG_LEN, _BUILDING = range(8)
 
@@ -103,6 +112,14 @@ class Beacon:
         if not self.nums[_BUILDING] or self.in_call():
             return None
         return self.what()
+
+    def build_overdue(self, now: float, limit: float) -> float | None:
+        """Seconds the target's own code has run outside any allocator call
+        (``building``), when that is past ``limit``; else None."""
+        started = self.nums[_BUILDING]
+        if started and not self.in_call() and now - started > limit:
+            return now - started
+        return None
 
     def overdue(self, now: float) -> float | None:
         """Seconds the current allocator call has run, when that is past
@@ -215,11 +232,14 @@ class _Publisher:
     def call_ended(self, category: str, seconds: float) -> None:
         self.nums[_STARTED] = 0.0
 
-    def building(self, what: str | None) -> None:
+    def building(self, what: str | None, since: float | None) -> None:
+        """``what`` runs since ``since`` (``time.monotonic``), the flag set
+        last: 0 while its name is written, so a reader never pairs a start
+        with the name before it."""
         self.nums[_BUILDING] = 0.0
         if what is not None:
             self._write_what(what)
-            self.nums[_BUILDING] = 1.0
+            self.nums[_BUILDING] = since
 
     def _write_what(self, what: str) -> None:
         """``what`` where ``Beacon.what`` reads it."""
@@ -303,6 +323,21 @@ def build_death(config: Config, beacon: Beacon, exitcode: int | None) -> str | N
     if what is None or (exitcode is not None and -exitcode in _SENT):
         return None
     return f"cannot build {config.target}: {what} {_how(exitcode)}"
+
+
+def build_hang(config: Config, beacon: Beacon, now: float, limit: float) -> str | None:
+    """The bad-input line for a worker whose target's own code has run past
+    ``limit`` outside any allocator call (a factory that never returns: a
+    device runtime that does not come up, a lock it waits on for ever); the
+    caller kills the worker.  Bad input, as a factory that raises or exits
+    (``build_death``): it is the target's configuration failing, and its
+    code there is no call of the run's (a call the allocator never returns
+    from is ``allocator_hung``, under the call limit).  None where it is not
+    building or not yet past the limit."""
+    what = beacon.building()
+    if what is None or beacon.build_overdue(now, limit) is None:
+        return None
+    return f"cannot build {config.target}: {what} did not return within {limit:g} s"
 
 
 def _how(exitcode: int | None) -> str:
@@ -509,10 +544,11 @@ def print_trace(out, trace, path, *, shrunk: bool) -> None:
 
 
 def fuzz_watched(config: Config, *, max_examples: int, seed: int | None, db_spec: str | None, trace_dir: str,
-                 out=None, err=None, cover=None, on_cover=None) -> int:
+                 out=None, err=None, cover=None, on_cover=None, build_timeout_s: float = BUILD_TIMEOUT_S) -> int:
     """``kv-lockstep fuzz`` without ``--duration``: Hypothesis runs in one
     worker, watched from here.  Returns the exit code: 0 no failure, 1 a
     failure, 2 bad input, 128 + the signal on SIGINT / SIGTERM.
+    ``build_timeout_s``: the build limit (``build_hang``).
 
     ``cover`` (``runs.cover.Recorder``) records statement coverage in the
     worker, a fresh interpreter then; ``on_cover(lines)`` receives what it
@@ -561,7 +597,7 @@ def fuzz_watched(config: Config, *, max_examples: int, seed: int | None, db_spec
     try:
         start_blocked(child)
         channels[0].started()
-        if (ended := _watch(child, channels, beacon, config, handle, lambda: done)) is not None:
+        if (ended := _watch(child, channels, beacon, config, handle, lambda: done, build_timeout_s)) is not None:
             got[ended[0]] = ended[1]
     except KeyboardInterrupt:
         interrupted = True
@@ -650,22 +686,29 @@ def _drain(channels: dict, handle, done, timeout: float = 0.0) -> None:
             return
 
 
-def _watch(child, channels: dict, beacon: Beacon, config: Config, handle, done) -> tuple[str, object] | None:
+def _watch(child, channels: dict, beacon: Beacon, config: Config, handle, done,
+           build_timeout_s: float) -> tuple[str, object] | None:
     """Pass one worker's messages to ``handle`` until ``done()``: None.  Or
     the verdict reached here on a worker that does not say it is done: one
     past its call's limit is killed, ``("verdict", allocator_hung trace)``;
-    one that ended (after a second for what it put just before) is
-    ``("bad_input", line)`` where it died building its target
-    (``build_death``), else ``("verdict", worker_died trace)``."""
+    one building its target past ``build_timeout_s`` is killed,
+    ``("bad_input", line)`` (``build_hang``); one that ended (after a second
+    for what it put just before) is ``("bad_input", line)`` where it died
+    building its target (``build_death``), else ``("verdict", worker_died
+    trace)``."""
     while not done():
         for message in receive(channels, POLL_S):
             handle(message)
         if done():
             return None
-        seconds = beacon.overdue(time.monotonic())
+        now = time.monotonic()
+        seconds = beacon.overdue(now)
         if seconds is not None:
             kill(child)
             return "verdict", hung_verdict(config, beacon, 0, seconds)
+        if (line := build_hang(config, beacon, now, build_timeout_s)) is not None:
+            kill(child)
+            return "bad_input", line
         if not child.is_alive():
             _drain(channels, handle, done, 1.0)
             if done():
@@ -713,13 +756,14 @@ def _replay_child(trace, config_dict, messages, beacon) -> None:
         messages.put(("done", 0))
 
 
-def replay_watched(trace, config: Config) -> Replayed:
+def replay_watched(trace, config: Config, build_timeout_s: float = BUILD_TIMEOUT_S) -> Replayed:
     """``kv-lockstep replay``: the trace's steps run in one worker, watched
     from here as a plain fuzz run's are (``fuzz_watched``), so an allocator
     that exits, crashes, is killed or hangs where SIGALRM cannot reach ends
     the replay with ``worker_died`` or ``allocator_hung`` naming the call,
     and one that raises ``KeyboardInterrupt`` is ``allocator_raised``, as in
-    ``fuzz``; a target that dies while it is built is bad input.  The
+    ``fuzz``; a target that dies while it is built, or is still building
+    after ``build_timeout_s``, is bad input.  The
     worker is forked on CPU, so the replay's imports are made once, here."""
     ctx = _plain_context(config)
     channel = Channel(ctx)
@@ -737,7 +781,7 @@ def replay_watched(trace, config: Config) -> Replayed:
     try:
         start_blocked(child)
         channel.started()
-        if (ended := _watch(child, channels, beacon, config, take, lambda: "done" in got)) is not None:
+        if (ended := _watch(child, channels, beacon, config, take, lambda: "done" in got, build_timeout_s)) is not None:
             kind, value = ended
             return Replayed(bad_input=value) if kind == "bad_input" else Replayed(failure=value)
     except KeyboardInterrupt:

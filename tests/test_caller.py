@@ -548,6 +548,22 @@ def test_an_swa_cache_over_a_plain_allocator_or_a_release_without_it_is_bad_inpu
     assert "--caller unified-swa pairs full slots with SWA peers" in run.stderr
 
 
+@pytest.mark.sglang
+def test_a_cache_class_module_that_exits_at_import_is_bad_input(tmp_path):
+    """--caller MODULE:ATTR whose module calls os._exit at its top level:
+    checked in a fork before the command imports it, one line and exit 2
+    (the command ended silently, with the module's code)."""
+    (tmp_path / "kvl_exits_at_import.py").write_text("import os\nos._exit(7)\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "state_machines.cli", "fuzz", "--caller", "kvl_exits_at_import:Cache",
+         "--sglang-path", str(release_dir("0.5.23")), "--trace-dir", str(tmp_path / "traces")],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(_env(), PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}"),
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr == ("kv-lockstep: error: --caller kvl_exits_at_import:Cache: cannot load it:"
+                          " importing its module exited with code 7\n")
+
+
 def test_cover_of_a_caller_run_counts_the_cache_modules_too():
     """fuzz --cover under --caller measures the release's prefix caches and
     scheduler helpers besides its allocator package."""

@@ -628,3 +628,54 @@ def test_a_death_in_the_probe_of_the_scheduler_hooks_is_bad_input(pools, mode):
     assert run.stderr == ("kv-lockstep: error: cannot build bad_pools:exits_in_hook_probe:"
                           " the probe of its scheduler hooks (called once on a copy) exited with code 9\n")
     assert "worker_died" not in run.stdout
+
+
+# Target modules whose top level ends the process that imports it.
+ENDS_AT_IMPORT = {
+    "exits_at_import": ("import os\nos._exit(7)\n", "exited with code 7"),
+    "killed_at_import": ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "was killed by SIGKILL"),
+}
+
+
+@pytest.mark.parametrize("command", ["fuzz", "long", "replay", "targets"])
+@pytest.mark.parametrize("module", list(ENDS_AT_IMPORT))
+def test_a_target_module_that_ends_the_process_at_import_is_bad_input(tmp_path, module, command):
+    """The command imports a MODULE:ATTR target itself, to check it before
+    any worker starts: one whose import calls os._exit or is killed is bad
+    input, one line and exit 2 (the command ended silently, with the
+    module's code)."""
+    source, how = ENDS_AT_IMPORT[module]
+    (tmp_path / f"{module}.py").write_text(source)
+    target = f"{module}:make"
+    if command == "replay":
+        from state_machines.runs.trace import write
+
+        args = ["replay", str(write(Trace(Config(target="builtin:token"), ()), tmp_path / "in")), "--target", target]
+    elif command == "targets":
+        args = ["targets", "--target", target]
+    else:
+        args = ["fuzz", "--target", target, "--trace-dir", str(tmp_path / "traces"), *(LONG if command == "long" else [])]
+    run = subprocess.run([sys.executable, "-m", "state_machines.cli", *args],
+                         cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+    ended(run, 2)
+    assert run.stdout == "" and run.stderr == f"kv-lockstep: error: cannot load {target}: importing its module {how}\n"
+
+
+def test_the_import_check_forks_only_for_a_module_not_yet_imported(tmp_path, monkeypatch):
+    """import_death: a module that imports, or raises, is left to the
+    caller's own import (None), and is not imported here by the check; one
+    already imported, or one of sglang's, forks nothing."""
+    from state_machines.targets import base
+
+    (tmp_path / "kvl_fine.py").write_text("VALUE = 1\n")
+    (tmp_path / "kvl_raises.py").write_text("raise ValueError('no')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert base.import_death("kvl_fine") is None and "kvl_fine" not in sys.modules
+    assert base.import_death("kvl_raises") is None and "kvl_raises" not in sys.modules
+
+    def no_fork():
+        raise AssertionError("forked")
+
+    monkeypatch.setattr(base.os, "fork", no_fork)
+    assert base.import_death("os") is None
+    assert base.import_death("sglang.srt.mem_cache.allocator") is None

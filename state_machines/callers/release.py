@@ -19,7 +19,7 @@ from attrs import frozen
 
 from state_machines.callers import placement as placement_mod
 from state_machines.callers.adapters import Generation, generation_of
-from state_machines.targets.base import TargetError, one_line, quiet
+from state_machines.targets.base import TargetError, import_death, one_line, quiet
 
 # The named caches; anything else is MODULE:ATTR, a cache class.
 KINDS = ("radix", "unified", "unified-swa", "swa-radix")
@@ -227,6 +227,8 @@ def cache_class(release: Release, caller: str) -> type:
     module_name, sep, attr = caller.partition(":")
     if not sep or not module_name or not attr:
         raise TargetError(f"--caller {caller!r}: choose harness, {', '.join(KINDS)} or MODULE:ATTR (a cache class)")
+    if (how := import_death(module_name)) is not None:
+        raise TargetError(f"--caller {caller}: cannot load it: importing its module {how}")
     try:
         found: Any = importlib.import_module(module_name)
         for part in attr.split("."):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 
 import allocators
-from state_machines.targets.base import Target, TargetError, construct, one_line
+from state_machines.targets.base import Target, TargetError, construct, import_death, one_line
 
 __all__ = ["Target", "TargetError", "build", "builtin_names", "builtin_page_sizes", "describe_needs", "resolve", "unmet_need"]
 
@@ -65,6 +65,8 @@ def _builtin(name: str, mutant: str | None) -> Target:
 
 def _custom(spec: str) -> Target:
     module_name, _, attr = spec.partition(":")
+    if (how := import_death(module_name)) is not None:
+        raise TargetError(f"cannot load {spec}: importing its module {how}")
     try:
         module = importlib.import_module(module_name)
     except _USER_FAILURES as exc:  # any import-time failure, sys.exit() included, is the user's target

@@ -4,8 +4,12 @@ calling a factory with the constructor arguments it names."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import logging
+import os
+import signal
+import sys
 import warnings
 import weakref
 from typing import Any, Callable
@@ -97,3 +101,55 @@ def construct(factory: Callable[..., Any], **available: Any):
             name_of = getattr(factory, "__name__", repr(factory))
             raise TargetError(f"{name_of}() wants parameter {name!r}, which kv-lockstep cannot supply (it supplies {', '.join(available)})")
     return factory(**kwargs)
+
+
+def import_death(module_name: str) -> str | None:
+    """How a fork of this process ended while it imported ``module_name``
+    (``exited with code 7``, ``was killed by SIGSEGV``), or None where the
+    import returned or raised there: the caller then imports it itself, and
+    reports a raise as it reports any.  Without this, a user's module that
+    calls ``os._exit`` or crashes at its top level would end the command
+    with no word, before any watched worker starts.  Nothing is forked for
+    a module already imported (a worker forked from a process that checked
+    it), one of sglang's (its release loads unchecked for ``sglang:`` kinds
+    too, and twice would cost its import twice), or where there is no
+    fork.  The child reads nothing and its output goes nowhere: the module
+    speaks once, when the caller imports it."""
+    if module_name in sys.modules or module_name.partition(".")[0] == "sglang" or not hasattr(os, "fork"):
+        return None
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child, which leaves by os._exit alone
+        try:
+            os.close(read)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):  # it reads no input of the user's, and says nothing twice
+                os.dup2(null, fd)
+            try:
+                importlib.import_module(module_name)
+            except BaseException:  # noqa: BLE001 - a raise is the caller's to report, from its own import
+                pass
+            os.write(write, b".")
+        finally:
+            os._exit(0)  # not exit(): the parent's buffers and exit handlers are the parent's
+    os.close(write)
+    reaped = False
+    try:
+        with os.fdopen(read, "rb") as pipe:
+            returned = pipe.read(1) == b"."
+        _, status = os.waitpid(pid, 0)
+        reaped = True
+    finally:
+        if not reaped:  # interrupted while it imports: it goes too
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    if returned:
+        return None
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        return f"was killed by {name}"
+    return f"exited with code {os.waitstatus_to_exitcode(status)}"

@@ -110,6 +110,7 @@ def _parser() -> argparse.ArgumentParser:
                          " kinds that take any, 4)")
     targets.add_argument("--need-sort", action="store_true")
     targets.add_argument("--sglang-path", help="without --target: list this sglang's kinds, each described")
+    _build_timeout(targets)
     sub.add_parser("devices", help="which devices (cpu, cuda, npu) can run here, and why not")
     return parser
 
@@ -199,7 +200,7 @@ def cmd_fuzz(args) -> int:
     # anything else should not leave behind.
     _check_output_paths(trace_dir=args.trace_dir, stats_json=args.stats_json)
     if config.caller != "harness":
-        _print_caller_header(config)
+        _print_caller_header(config, args.build_timeout)
     if duration_s is not None:
         return longrun.run(
             config, duration_s=duration_s, jobs=args.jobs or longrun.default_jobs(),
@@ -243,12 +244,41 @@ def _fuzz_covered(config: Config, args) -> int:
     return code
 
 
-def _print_caller_header(config: Config) -> None:
-    """Build the caller once here (the worker forks from this process, so the
-    release's imports are made once) and name what it drives and stands in."""
+def _runs_users_code(config: Config) -> bool:
+    """Whether building ``config`` runs code of the user's: a ``MODULE:ATTR``
+    target or cache class (``--caller``).  A built-in target, an sglang kind
+    and a named cache are ours, and are built in this process."""
+    return config.target.partition(":")[0] not in ("builtin", "sglang") or ":" in config.caller
+
+
+def _build_here_or_watched(config: Config, job, build_timeout_s: float):
+    """``job(config)``, which builds ``config``'s target: here where that runs
+    only our code, else in a watched worker (``watchdog.build_watched``),
+    where a factory or cache class that exits, crashes or never returns is
+    bad input (it ended the command silently with its code, or hung it)."""
+    if not _runs_users_code(config):
+        return job(config)
+    from state_machines.runs.watchdog import build_watched
+
+    return build_watched(config, job, build_timeout_s=build_timeout_s)
+
+
+def _caller_header(config: Config) -> list[str]:
     import state_machines.callers as callers
 
-    for line in callers.build(config).header():
+    return callers.build(config).header()
+
+
+def _print_caller_header(config: Config, build_timeout_s: float) -> None:
+    """Build the caller once and name what it drives and stands in: here (the
+    worker forks from this process, so the release's imports are made once),
+    or, where that runs the user's code, in a watched worker forked after the
+    release and the cache class's module are loaded here."""
+    if _runs_users_code(config):
+        from state_machines.callers.release import cache_class, open_release
+
+        cache_class(open_release(config.sglang_path), config.caller)
+    for line in _build_here_or_watched(config, _caller_header, build_timeout_s):
         print(line)
 
 
@@ -411,9 +441,12 @@ def _describe(config: Config) -> list[str]:
 
 
 def _describe_target(args) -> int:
+    from state_machines import targets
+
     config = Config(target=args.target, mutant=args.mutant, page_size=args.page_size or 1, need_sort=args.need_sort,
                     sglang_path=args.sglang_path)
-    print("\n".join(_describe(config)))
+    targets.resolve(config.target, config.mutant, config.sglang_path)  # loaded here once: a fork shares it
+    print("\n".join(_build_here_or_watched(config, _describe, args.build_timeout)))
     return 0
 
 
@@ -519,6 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     from state_machines.harness import InvariantViolation
     from state_machines.runs.options import BadOption
     from state_machines.runs.trace import TraceError
+    from state_machines.runs.watchdog import WorkerError
     from state_machines.targets import TargetError
 
     try:
@@ -529,6 +563,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, TargetError, TraceError, BadOption) as exc:
         print(f"kv-lockstep: error: {exc}", file=sys.stderr)
         return 2
+    except WorkerError as exc:
+        print(f"kv-lockstep: harness error in the worker:\n{exc}", file=sys.stderr)
+        return 1
     except InvariantViolation as exc:
         # Raised outside a run: the freshly built allocator already disagrees.
         print(f"FAILED before any step: {exc.invariant}")

@@ -9,6 +9,7 @@ sglang), and skip when a release is missing.
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -562,6 +563,94 @@ def test_a_cache_class_module_that_exits_at_import_is_bad_input(tmp_path):
     assert run.returncode == 2, run.stdout + run.stderr
     assert run.stderr == ("kv-lockstep: error: --caller kvl_exits_at_import:Cache: cannot load it:"
                           " importing its module exited with code 7\n")
+
+
+# A factory and a cache class of the user's that end the process building
+# them, and a factory that never returns (deaf to SIGTERM; it leaves its pid
+# in hung.pid, where the test looks).  The cache class's module imports the
+# release: it loads only once --caller has put it on sys.path.
+BUILDS = textwrap.dedent("""\
+    import os, signal, time
+
+    def exits(size, page_size, device, need_sort):
+        os._exit(5)
+
+    def hangs(size, page_size, device, need_sort):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with open("hung.pid", "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(3600)
+    """)
+CACHES = textwrap.dedent("""\
+    import os
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    class ExitsAtInit(RadixCache):
+        def __init__(self, params):
+            os._exit(5)
+    """)
+
+
+def _ends_while_built(tmp_path, *args) -> subprocess.CompletedProcess:
+    """``kv-lockstep ARGS`` on 0.5.23 with BUILDS and CACHES importable; a
+    worker left hung (hung.pid) is killed after."""
+    (tmp_path / "kvl_builds.py").write_text(BUILDS)
+    (tmp_path / "kvl_caches.py").write_text(CACHES)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "state_machines.cli", *args, "--sglang-path", str(release_dir("0.5.23")),
+             "--build-timeout", "1"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=180, env=dict(_env(), PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}"),
+        )
+    finally:
+        if (tmp_path / "hung.pid").exists():
+            try:
+                os.kill(int((tmp_path / "hung.pid").read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+ENDS_WHILE_BUILT = {
+    "factory exits": (["--target", "kvl_builds:exits"], "cannot build kvl_builds:exits: its factory exited with code 5"),
+    "factory hangs": (["--target", "kvl_builds:hangs"], "cannot build kvl_builds:hangs: its factory did not return within 1 s"),
+    "cache exits": (["--caller", "kvl_caches:ExitsAtInit"],
+                    "cannot build sglang:token: its cache (ExitsAtInit, --caller kvl_caches:ExitsAtInit) exited with code 5"),
+}
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("how", list(ENDS_WHILE_BUILT))
+def test_fuzz_under_caller_with_a_factory_or_cache_that_ends_while_built_is_bad_input(tmp_path, how):
+    """fuzz --caller builds the caller for its header before any worker: a
+    MODULE:ATTR factory or cache class that exits or never returns there is
+    bad input, one line and exit 2 (a factory's exit ended the command
+    silently with code 5, its hang hung it; the cache's exit, in a build
+    with no building phase, was worker_died)."""
+    options, line = ENDS_WHILE_BUILT[how]
+    caller = [] if "--caller" in options else ["--caller", "radix"]
+    run = _ends_while_built(tmp_path, "fuzz", *caller, *options, "--max-examples", "1", "--trace-dir", str(tmp_path / "traces"))
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stdout == "" and run.stderr == f"kv-lockstep: error: {line}\n"
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("how", list(ENDS_WHILE_BUILT))
+def test_replay_under_caller_with_a_factory_or_cache_that_ends_while_built_is_bad_input(tmp_path, how):
+    """replay --caller builds the caller in its watched worker alone: the
+    factory and the cache class run in building phases there (a factory's
+    exit was worker_died 'between allocator calls', exit 1; its hang had no
+    limit)."""
+    from state_machines.config import Config
+    from state_machines.runs.trace import Trace, write
+
+    options, line = ENDS_WHILE_BUILT[how]
+    caller = [] if "--caller" in options else ["--caller", "radix"]
+    target = options[1] if "--target" in options else "sglang:token"
+    trace = write(Trace(Config(target=target, caller=options[1] if "--caller" in options else "radix",
+                               sglang_path=str(release_dir("0.5.23"))), ()), tmp_path / "in")
+    run = _ends_while_built(tmp_path, "replay", str(trace), *caller, *options)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr == f"kv-lockstep: error: {line}\n"
 
 
 def test_cover_of_a_caller_run_counts_the_cache_modules_too():

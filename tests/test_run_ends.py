@@ -679,3 +679,41 @@ def test_the_import_check_forks_only_for_a_module_not_yet_imported(tmp_path, mon
     monkeypatch.setattr(base.os, "fork", no_fork)
     assert base.import_death("os") is None
     assert base.import_death("sglang.srt.mem_cache.allocator") is None
+
+
+@pytest.mark.parametrize("name, code, said", [
+    ("exits_at_build", 2, "kv-lockstep: error: cannot build bad_pools:exits_at_build: its factory exited with code 5\n"),
+    ("hangs_at_build", 2, "kv-lockstep: error: cannot build bad_pools:hangs_at_build: its factory did not return within 1 s\n"),
+    ("exits_in_hook_probe", 2, "kv-lockstep: error: cannot build bad_pools:exits_in_hook_probe: the probe of its scheduler"
+                               " hooks (called once on a copy) exited with code 9\n"),
+    ("census_exits", 1, "FAILED before any step: worker_died\n    worker 0 exited with code 6 during get_all_free_pages()\n"),
+])
+def test_targets_builds_a_custom_target_in_a_watched_worker(pools, name, code, said):
+    """targets --target MODULE:ATTR builds the target to describe it, in a
+    watched worker: a factory or probe that exits, or a factory still
+    running after --build-timeout, is bad input (one line, exit 2); an
+    allocator that dies in its first census fails before any step (exit 1).
+    Each ended the command silently with the target's code, or hung it,
+    when the build ran in the command's own process."""
+    try:
+        run = subprocess.run([sys.executable, "-m", "state_machines.cli", "targets", "--target", f"bad_pools:{name}",
+                              "--build-timeout", "1"], cwd=pools, env=_env(pools), capture_output=True, text=True, timeout=60)
+        ended(run, code)
+        assert (run.stderr if code == 2 else run.stdout) == said
+    finally:  # without the watchdog's kill, no build outlives the test
+        if (pools / "hung.pid").exists() and not _gone(pid := int((pools / "hung.pid").read_text())):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_targets_builds_ours_in_its_own_process(monkeypatch, capsys):
+    """A built-in target (like an sglang kind) runs only our code while it is
+    built: targets --target describes it without a worker."""
+    from state_machines import cli
+    from state_machines.runs import watchdog
+
+    def no_worker(*args, **kwargs):
+        raise AssertionError("built in a worker")
+
+    monkeypatch.setattr(watchdog, "build_watched", no_worker)
+    assert cli.main(["targets", "--target", "builtin:token"]) == 0
+    assert capsys.readouterr().out.startswith("builtin:token page_size=1: TokenAllocator, harness Lockstep\n")

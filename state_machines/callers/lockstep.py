@@ -50,7 +50,7 @@ from state_machines.callers.release import (
     sliding_window,
 )
 from state_machines.config import Config
-from state_machines.harness.lockstep import InvariantViolation, Lockstep, census_of, violation_type
+from state_machines.harness.lockstep import InvariantViolation, Lockstep, building, census_of, violation_type
 from state_machines.harness.steps import ReqRef, Step, step, steps_of
 from state_machines.harness.swa import is_hybrid
 from state_machines.targets.base import TargetError
@@ -165,7 +165,12 @@ class CallerLockstep:
             # The SWA family takes page size 1 for its alloc() (it asserts above 1); sglang's
             # callers allocate with alloc_extend / alloc_decode there, as this one does.
             target = attrs.evolve(target, page_sizes=None)
-        allocator = targets.build(target, size=config.pool_size, page_size=ps, device="cpu", need_sort=config.need_sort)
+        # The target's own code, and the cache class's below, run in building
+        # phases as ``family.build``'s factory does: in a watched worker, one
+        # that exits or hangs there is bad input (``watchdog.build_death``,
+        # ``build_hang``), not ``worker_died`` between calls or a hang with no limit.
+        with building("its factory"):
+            allocator = targets.build(target, size=config.pool_size, page_size=ps, device="cpu", need_sort=config.need_sort)
         swa = is_hybrid(allocator)
         if config.caller in SWA_KINDS and not swa:
             raise TargetError(f"--caller {config.caller} pairs full slots with SWA peers: it drives the hybrid"
@@ -175,7 +180,9 @@ class CallerLockstep:
         release.configure(ps)
         pool = m.ReqToTokenPool(size=config.rows, max_context_len=config.row_pages * ps, device="cpu",
                                 enable_memory_saver=False)
-        cache = make_cache(release, cache_class(release, config.caller), pool, allocator, ps, swa=swa)
+        cache_type = cache_class(release, config.caller)
+        with building(f"its cache ({cache_type.__name__}, --caller {config.caller})"):
+            cache = make_cache(release, cache_type, pool, allocator, ps, swa=swa)
         how = path_reader(cache)
         unchecked = {} if how else {"protected_prefix_is_locked_path": f"{type(cache).__name__} exposes no tree path"}
         state = cls(

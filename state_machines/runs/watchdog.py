@@ -799,3 +799,84 @@ def replay_watched(trace, config: Config, build_timeout_s: float = BUILD_TIMEOUT
     if "error" in got:
         return Replayed(error=got["error"][0])
     return Replayed(failure=got["replayed"][0])
+
+
+# -- a build the command itself needs --
+
+
+class WorkerError(Exception):
+    """A harness bug in a watched build's worker: its traceback, as text."""
+
+
+def _build_child(job, config_dict, args, messages, beacon) -> None:
+    worker_signals()
+    try:
+        from state_machines.harness import InvariantViolation
+        from state_machines.runs.trace import Trace
+        from state_machines.targets import TargetError
+
+        config = Config.from_dict(config_dict)
+        if config.caller != "harness":
+            import state_machines.callers  # noqa: F401 - a fresh worker registers the caller family itself
+        beacon.install()
+        try:
+            messages.put(("built", 0, job(config, *args)))
+        except TargetError as exc:
+            messages.put(("bad_input", 0, str(exc)))
+        except InvariantViolation as exc:
+            messages.put(("before_any_step", 0, Trace.from_violation(exc)))
+    except BaseException:  # a harness bug: report it rather than vanish
+        messages.put(("error", 0, traceback.format_exc()))
+    finally:
+        messages.put(("done", 0))
+
+
+def build_watched(config: Config, job, *args, build_timeout_s: float = BUILD_TIMEOUT_S):
+    """``job(config, *args)``, which builds ``config``'s target, in a worker
+    watched from here as ``fuzz``'s is; returns what it returns (something
+    that pickles).  For what the command itself builds before any run
+    (``targets --target``, the ``--caller`` header): a custom factory that
+    exits or crashes there ended the command silently with its code, and
+    one that never returned hung it.  Now a death or a hang while the target
+    is built is ``TargetError`` (``build_death``, ``build_hang``: bad input,
+    one line, exit 2), as a raise there is; a fresh allocator that already
+    disagrees, or dies or hangs in an allocator call, is the
+    ``InvariantViolation`` of its trace (``worker_died``, ``allocator_hung``);
+    a harness bug in the worker is ``WorkerError``.  Forked on CPU (a
+    module-level ``job`` elsewhere: the worker is a fresh interpreter)."""
+    from state_machines.harness.lockstep import violation_type
+    from state_machines.targets import TargetError
+
+    if config.device == "cpu" and "fork" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("fork")
+    else:
+        from state_machines.runs.options import worker_context
+
+        ctx = worker_context()
+    channel = Channel(ctx)
+    channels = {0: channel}
+    beacon = Beacon(ctx)
+    child = ctx.Process(target=_build_child, args=(job, config.to_dict(), args, channel, beacon),
+                        name="kv-lockstep-build", daemon=True)
+    got: dict = {}
+
+    def take(message) -> None:
+        got.setdefault(message[0], message[2] if len(message) > 2 else None)
+
+    try:
+        start_blocked(child)
+        channel.started()
+        if (ended := _watch(child, channels, beacon, config, take, lambda: "done" in got, build_timeout_s)) is not None:
+            got[ended[0]] = ended[1]
+    finally:  # Ctrl-C here too: the worker goes with the command
+        child.join(timeout=2 if "done" in got else 0)
+        if child.is_alive():
+            kill(child)
+    if "bad_input" in got:
+        raise TargetError(got["bad_input"])
+    if "error" in got:
+        raise WorkerError(got["error"])
+    trace = got.get("before_any_step") or got.get("verdict")
+    if trace is not None:
+        raise violation_type(trace.invariant)(trace.detail, list(trace.steps), trace.config)
+    return got["built"]

@@ -406,9 +406,7 @@ def cmd_replay(args) -> int:
         return 1
     failure = replayed.failure
     if args.emit_pytest:
-        from state_machines.runs.emit import write_pytest
-
-        print(f"pytest file: {shown(write_pytest(trace, config, args.emit_pytest, source=args.trace))}")
+        print(_emitted(trace, config, args))
     if failure is None:
         print(f"trace passes: all {len(trace.steps)} steps and the teardown check out")
         return 0
@@ -420,6 +418,34 @@ def cmd_replay(args) -> int:
     if config.latent:
         print("  (latent: the trace drives what no sglang caller does; a finding, not a gate failure)")
     return 1
+
+
+def _emit_pytest(config: Config, trace, path: str, source: str, recorded: bool = True) -> str:
+    from state_machines.runs.emit import write_pytest
+
+    return str(write_pytest(trace, config, path, source=source, recorded=recorded))
+
+
+def _emitted(trace, config: Config, args) -> str:
+    """``replay --emit-pytest``: write the file, and say where.  Writing it
+    runs the steps again, to record what each alloc returned: in a worker
+    watched as the replay's is (``watchdog.build_watched``), for every
+    target, since a trace whose allocator died or hung in the replay does so
+    again here (it ended the command silently with the allocator's code,
+    before the replay's verdict was printed, or hung it).  Where the worker
+    dies or hangs in an allocator call, the file is written without those
+    returns, and the line says why."""
+    from state_machines.harness import InvariantViolation
+    from state_machines.runs.trace import shown
+    from state_machines.runs.watchdog import build_watched
+
+    try:
+        path = build_watched(config, _emit_pytest, trace, args.emit_pytest, args.trace, build_timeout_s=args.build_timeout)
+    except InvariantViolation as exc:  # the steps did not run through: no returns to show
+        path = _emit_pytest(config, trace, args.emit_pytest, args.trace, recorded=False)
+        why = " ".join(exc.detail.split())
+        return f"pytest file: {shown(path)} (without the slots each alloc returned: recording them, {exc.invariant}: {why})"
+    return f"pytest file: {shown(path)}"
 
 
 def _describe(config: Config) -> list[str]:

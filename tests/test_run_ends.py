@@ -717,3 +717,24 @@ def test_targets_builds_ours_in_its_own_process(monkeypatch, capsys):
     monkeypatch.setattr(watchdog, "build_watched", no_worker)
     assert cli.main(["targets", "--target", "builtin:token"]) == 0
     assert capsys.readouterr().out.startswith("builtin:token page_size=1: TokenAllocator, harness Lockstep\n")
+
+
+@pytest.mark.parametrize("name, invariant, detail", [
+    ("exits", "worker_died", "worker 0 exited with code 3 during free_group_end()"),
+    ("stuck", "allocator_hung", "free_group_end() hung: no return within 1 s, and SIGALRM could not interrupt it;"),
+])
+def test_emit_pytest_of_a_trace_whose_allocator_dies_still_reports_the_replay(pools, name, invariant, detail):
+    """replay --emit-pytest runs the steps again to record what each alloc
+    returned, in a watched worker too: an allocator that dies or hangs there,
+    as it did in the replay, leaves the file written without those returns,
+    and the replay's failure reported, exit 1 (the command ended silently
+    with the allocator's code 3 before the failure was printed, or hung)."""
+    run = replay_cli(pools, f"bad_pools:{name}", "--emit-pytest", "test_emitted.py")
+    ended(run, 1)
+    said = run.stdout.splitlines()
+    assert said[1].startswith(f"pytest file: test_emitted.py (without the slots each alloc returned: recording them,"
+                              f" {invariant}: {detail}"), said
+    assert f"FAILED at step 3, state.end(): {invariant}\n    {detail}" in run.stdout
+    emitted = (pools / "test_emitted.py").read_text()
+    compile(emitted, "test_emitted.py", "exec")
+    assert "req_0 = state.alloc(n=1)\n" in emitted and "returned" not in emitted

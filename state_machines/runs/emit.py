@@ -58,17 +58,20 @@ def _comment(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_ ,.()\[\]=-]", "", text)
 
 
-def pytest_source(trace: Trace, config: Config, source: str | None = None) -> str:
-    """The text of a pytest module that replays ``trace`` on ``config``."""
+def pytest_source(trace: Trace, config: Config, source: str | None = None, recorded: bool = True) -> str:
+    """The text of a pytest module that replays ``trace`` on ``config``.
+    With ``recorded``, the steps run here once first, so that each alloc's
+    comment shows what it returned; without, no target code runs here and
+    alloc steps carry no such comment."""
     trace = trace.checked()  # TraceError unless every part fits the schema
     config = check_config(config.to_dict(), "the replay's config")
     invariant = trace.invariant  # [a-z_]{1,64} or None, checked
     name = f"test_{invariant or 'every_invariant'}_regression"
-    allocs = _recorded_allocs(trace, config)
+    allocs = _recorded_allocs(trace, config) if recorded else None
     body = []
     for index, step in enumerate(trace.steps):
         line = step_source(step)
-        if step.rule == "alloc":
+        if step.rule == "alloc" and allocs is not None:
             got = allocs.get(index)
             line += "  # " + _comment(f"returned torch.tensor({got})" if got is not None else "returned None")
         if index == len(trace.steps) - 1 and invariant:
@@ -116,10 +119,11 @@ def {name}():
     return text
 
 
-def write_pytest(trace: Trace, config: Config, path: str | Path, source: str | None = None) -> Path:
-    """Write the pytest file atomically; its folder must exist.  Returns its path."""
+def write_pytest(trace: Trace, config: Config, path: str | Path, source: str | None = None, recorded: bool = True) -> Path:
+    """Write the pytest file atomically; its folder must exist.  Returns its
+    path.  ``recorded``: as ``pytest_source``'s."""
     path = Path(path)
-    text = pytest_source(trace, config, source)
+    text = pytest_source(trace, config, source, recorded)
     if not path.parent.is_dir():
         raise TraceError(f"--emit-pytest {shown(path)}: folder {shown(path.parent)} does not exist")
     try:

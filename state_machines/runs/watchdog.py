@@ -812,7 +812,7 @@ def _build_child(job, config_dict, args, messages, beacon) -> None:
     worker_signals()
     try:
         from state_machines.harness import InvariantViolation
-        from state_machines.runs.trace import Trace
+        from state_machines.runs.trace import Trace, TraceError
         from state_machines.targets import TargetError
 
         config = Config.from_dict(config_dict)
@@ -821,7 +821,7 @@ def _build_child(job, config_dict, args, messages, beacon) -> None:
         beacon.install()
         try:
             messages.put(("built", 0, job(config, *args)))
-        except TargetError as exc:
+        except (TargetError, TraceError) as exc:
             messages.put(("bad_input", 0, str(exc)))
         except InvariantViolation as exc:
             messages.put(("before_any_step", 0, Trace.from_violation(exc)))

@@ -538,7 +538,7 @@ def _raw_losses(data: dict) -> list[str]:
 # A lever whose absence cuts the walk's steps to this share or less is named as a cause.
 _CAUSE = 0.8
 _LEVER_NAMES = {"steer": "steering", "edge": "edge decode", "fill": "fill", "shape": "pool shape drawn",
-                "populate": "allocs while few live", "tour": "tour of the rules"}
+                "populate": "allocs while few live"}
 
 
 def _ablation_table(data: dict) -> list[str]:

@@ -90,9 +90,12 @@ BAD_POOLS = textwrap.dedent(
     class Sleeps(Pool):
         # A hang SIGALRM does reach.
         def misbehave(self):
-            global hangs
-            hangs += 1
-            time.sleep(3600)
+            # How long each hang lasted before the run's limit stopped it.
+            started = time.monotonic()
+            try:
+                time.sleep(3600)
+            finally:
+                hangs.append(time.monotonic() - started)
 
     class SlowToShrink(Pool):
         # A wrong answer found at once, but every example that reaches it costs
@@ -135,7 +138,7 @@ BAD_POOLS = textwrap.dedent(
         def check_decode_capacity(self, num_tokens, tree_cache):
             os._exit(9)
 
-    hangs = 0
+    hangs = []
 
     def _factory(cls):
         return lambda size, page_size, device, need_sort: cls(size, page_size, device, need_sort)
@@ -159,11 +162,9 @@ def _env(tmp_path):
 
 
 def cli(tmp_path, *args, timeout=60):
-    started = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "state_machines.cli", "fuzz", *args,
                           "--trace-dir", str(tmp_path / "traces")],
                          cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=timeout)
-    run.seconds = time.monotonic() - started
     return run
 
 
@@ -248,31 +249,33 @@ def test_hang_sigalrm_cannot_reach_is_caught_by_the_watchdog(pools, mode):
     assert "allocator_hung" in run.stdout and "SIGALRM could not interrupt it" in run.stdout
     trace = kept(pools, "allocator_hung")
     assert trace.steps[-1].rule == "end" and "free_group_end()" in trace.detail
-    assert run.seconds < 30, run.seconds
+    # The hang itself is 3600 s: cli's own limit (60 s) is what shows it was cut.
 
 
 def test_shrinking_a_hang_does_not_pay_the_full_limit_each_time(pools, monkeypatch):
     """Once a call hangs, the shrinker's examples run under a short limit;
     the shrunk trace is checked once more under the full one."""
     monkeypatch.syspath_prepend(str(pools))
+    monkeypatch.delitem(sys.modules, "bad_pools", raising=False)  # not another test's
     import bad_pools
 
     from state_machines.config import Config
     from state_machines.runs.runner import fuzz
 
-    limit = 1.0
-    started = time.monotonic()
+    limit = 5.0
     outcome = fuzz(Config(target="bad_pools:sleeps", call_timeout_s=limit), max_examples=100, seed=0,
                    database=None, derandomize=False)
-    took = time.monotonic() - started
     (trace,) = outcome.failures
     assert trace.invariant == "allocator_hung" and trace.config.call_timeout_s == limit
     assert f"no return within {limit:g} s" in trace.detail
     # Shrunk from the random walk's example: a group around a free of a request's pages, a few steps.
     rules = [s.rule for s in trace.steps]
     assert rules[-1] == "end" and "begin" in rules and len(rules) <= 8, rules
-    # Without the short limit every hang costs the full second.
-    assert bad_pools.hangs > 10 and took < 0.5 * bad_pools.hangs * limit, (bad_pools.hangs, took)
+    # Only the first hang and the shrunk trace's last check run under the full
+    # limit; without the short one every hang would last it.  Each hang's own
+    # length is measured, not the run's, so a loaded machine cannot fail this.
+    full = [t for t in bad_pools.hangs if t > 0.9 * limit]
+    assert len(bad_pools.hangs) > 10 and len(full) <= 2, sorted(bad_pools.hangs)
 
 
 def _children(pid: int) -> list[int]:
@@ -469,10 +472,8 @@ def replay_cli(tmp_path, target, *extra, timeout=60):
 
     steps = tuple(Step(rule, args, returns) for rule, args, returns in GROUP_STEPS)
     path = write(Trace(Config(target=target, call_timeout_s=1.0), steps), tmp_path / "in")
-    started = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "state_machines.cli", "replay", str(path), "--target", target, *extra],
                          cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=timeout)
-    run.seconds = time.monotonic() - started
     return run
 
 
@@ -491,7 +492,7 @@ def test_replay_watches_the_allocator_as_fuzz_does(pools, name, invariant, detai
     run = replay_cli(pools, f"bad_pools:{name}")
     ended(run, 1)
     assert f"FAILED at step 3, state.end(): {invariant}\n    {detail}" in run.stdout
-    assert run.stderr == "" and run.seconds < 30, run.seconds
+    assert run.stderr == ""  # and within replay_cli's limit, not the hang's 3600 s
 
 
 @pytest.mark.parametrize("name, line", [

@@ -350,8 +350,8 @@ def test_a_second_run_on_the_database_replays_every_failure_the_walk_saved():
     invariants = {"free_sets_agree", "no_page_freed_twice"}
     assert {t.invariant for t in first.failures} == invariants
     again = fuzz(TOKEN_ALIAS, max_examples=40, seed=3, database=db, shrink=False)
-    assert {t.invariant for t in again.failures} == invariants
-    saved = [Trace.from_dict(json.loads(v)) for v in db.fetch(_walk_key(machine_for(TOKEN_ALIAS)))]
+    assert [t.invariant for t in again.failures] == [t.invariant for t in first.failures]  # in the order found
+    saved = [Trace.from_dict(json.loads(v)["trace"]) for v in db.fetch(_walk_key(machine_for(TOKEN_ALIAS)))]
     assert all(t in saved for t in again.failures)
     assert (again.record.examples, again.record.examples_to_failure) == (2, 1)
 
@@ -373,6 +373,66 @@ def test_hypothesis_replays_its_saved_failure_whatever_the_budget_left(monkeypat
     db.save(_walk_key(machine_for(TOKEN_ALIAS)), passing.to_json().encode())
     again = fuzz(TOKEN_ALIAS, max_examples=1, seed=0, database=db, shrink=False)
     assert again.failures and again.record.examples_to_failure == 2
+
+
+def _alias_walk_failures() -> dict[str, Trace]:
+    """The alias mutant's two walk failures on seed 2, unshrunk, by invariant."""
+    return {t.invariant: t for t in fuzz(TOKEN_ALIAS, max_examples=40, seed=2, database=None, shrink=False).failures}
+
+
+def test_a_saved_walk_failure_that_still_fails_leaves_hypothesiss_saved_failure_reported_too(monkeypatch):
+    """A database holding a walk failure of one invariant and a Hypothesis failure of another: one run reports
+    both (it reported only the walk's, since a saved walk failure ended the run before Hypothesis replayed)."""
+    from hypothesis.database import InMemoryExampleDatabase
+
+    from state_machines.runs import runner
+
+    db = InMemoryExampleDatabase()
+    with monkeypatch.context() as m:
+        m.setattr(runner, "walked_examples", lambda n: 0)  # Hypothesis's run alone, so it finds and saves the failure
+        hypothesis_found = fuzz(TOKEN_ALIAS, max_examples=40, seed=0, database=db, shrink=False)
+    assert [t.invariant for t in hypothesis_found.failures] == ["free_sets_agree"]
+    walk_found = _alias_walk_failures()["no_page_freed_twice"]
+    db.save(_walk_key(machine_for(TOKEN_ALIAS)), runner._walk_value(walk_found))
+    again = fuzz(TOKEN_ALIAS, max_examples=40, seed=0, database=db)
+    assert [t.invariant for t in again.failures] == ["no_page_freed_twice", "free_sets_agree"]
+    assert len(again.failures[0].steps) < len(walk_found.steps)  # each shrunk
+    # No walk and no generation: the walk's saved failure, Hypothesis's saved example and its replay to report it.
+    assert again.record.examples == 3
+
+
+def test_saved_walk_failures_replay_in_the_order_found_not_the_order_of_their_bytes():
+    """Two walk failures, the one whose bytes sort first found second: they replay, and are reported, in the
+    order found."""
+    from hypothesis.database import InMemoryExampleDatabase
+
+    from state_machines.runs.runner import _walk_value
+
+    db = InMemoryExampleDatabase()
+    later, earlier = sorted(_alias_walk_failures().values(), key=lambda t: _walk_value(t, found=0))
+    db.save(_walk_key(machine_for(TOKEN_ALIAS)), _walk_value(earlier, found=10))
+    db.save(_walk_key(machine_for(TOKEN_ALIAS)), _walk_value(later, found=9))
+    assert _walk_value(later, found=9) > _walk_value(earlier, found=10)
+    again = fuzz(TOKEN_ALIAS, max_examples=40, seed=0, database=db, shrink=False)
+    assert again.failures == (later, earlier)
+
+
+def test_a_walk_failure_saved_as_a_bare_trace_still_replays_after_those_saved_with_when_found():
+    """A value from before walk failures kept when they were found, a trace's JSON alone, still replays, after
+    those that say when they were found, though its bytes sort first."""
+    from hypothesis.database import InMemoryExampleDatabase
+
+    from state_machines.runs.runner import _walk_value
+
+    db = InMemoryExampleDatabase()
+    failures = _alias_walk_failures()
+    old, new = failures["no_page_freed_twice"].to_json().encode(), _walk_value(failures["free_sets_agree"])
+    assert old < new
+    db.save(_walk_key(machine_for(TOKEN_ALIAS)), old)
+    db.save(_walk_key(machine_for(TOKEN_ALIAS)), new)
+    again = fuzz(TOKEN_ALIAS, max_examples=40, seed=0, database=db, shrink=False)
+    assert again.failures == (failures["free_sets_agree"], failures["no_page_freed_twice"])
+    assert set(db.fetch(_walk_key(machine_for(TOKEN_ALIAS)))) == {old, new}
 
 
 class _CallProbe:

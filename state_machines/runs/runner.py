@@ -130,7 +130,11 @@ def fuzz(
     saved failures replayed included, but those always replay in full
     (``_hypothesis_capped``).  A
     failure the walk finds is saved in the example database (when there is
-    one) and replayed first next time, as Hypothesis replays its own.  With ``shrink``,
+    one) and replayed first next time, in the order found, as Hypothesis
+    replays its own.  Where a saved walk failure still fails, neither the
+    walk nor Hypothesis's generation runs, but Hypothesis's saved examples
+    still replay, and the run reports the first failure of each invariant
+    among them all, the walk's first.  With ``shrink``,
     each failure Hypothesis found is shrunk by ``minimize`` (on the run's
     own pool shape or a smaller pool where the failure still shows), not by
     Hypothesis's shrinker, which replays whole examples through the engine
@@ -160,16 +164,28 @@ def fuzz(
     # replayed, the walk's, and Hypothesis's (``_hypothesis_capped``).
     start = record.examples
     try:
-        _walk_saved(machine, chosen.database, record)
+        saved = _walk_saved(machine, chosen.database, record)
         replayed = record.examples - start
         walked = min(walked_examples(chosen.max_examples), chosen.max_examples - replayed)
+        budget = chosen.max_examples - replayed - walked
+        if saved:
+            # Hypothesis's saved failures replay too, or a failure only it
+            # found stays unreported while a walk failure still fails.
+            try:
+                _hypothesis_saved(machine, chosen, budget)
+            except Exception as exc:
+                more = violations_in(exc)
+                if not more:
+                    raise
+                saved += more
+            raise _distinct(saved)
         # Each failure is saved as the walk meets it, so an interrupt later
         # (the walk running on, or shrinking) loses nothing.
         save = None if chosen.database is None else lambda violation: chosen.database.save(
-            _walk_key(machine), Trace.from_violation(violation).to_json().encode())
+            _walk_key(machine), _walk_value(Trace.from_violation(violation)))
         walk(machine, random.Random(seed if seed is not None else 0 if chosen.derandomize else None), walked,
              on_failure=save)
-        _hypothesis_capped(machine, chosen, chosen.max_examples - replayed - walked, record, start + chosen.max_examples)
+        _hypothesis_capped(machine, chosen, budget, record, start + chosen.max_examples)
     except Exception as exc:
         found = violations_in(exc)
         if not found:
@@ -199,15 +215,8 @@ def _hypothesis_capped(machine, chosen: settings, budget: int, record: RunRecord
     own, not under the cap: under it, a budget the walk's saved failures
     had taken left Hypothesis's own saved failure unreplayed (``--max-examples
     1`` and one walk failure saved: the run came back clean)."""
-    if chosen.database is not None and Phase.reuse in chosen.phases:
-        # Without the generate phase Hypothesis replays up to max_examples of
-        # its secondary corpus, not a tenth: a tenth of the budget keeps that.
-        try:
-            run_state_machine_as_test(machine, settings=settings(
-                chosen, phases=[Phase.reuse], max_examples=max(1, math.ceil(max(budget, 1) / 10))))
-        except SkipTest:  # nothing saved: no example ran
-            pass
-        chosen = settings(chosen, phases=[p for p in chosen.phases if p != Phase.reuse])
+    _hypothesis_saved(machine, chosen, budget)
+    chosen = settings(chosen, phases=[p for p in chosen.phases if p != Phase.reuse])
     if budget <= 0 or Phase.generate not in chosen.phases:
         return
     record.cap, record.raised = cap, False
@@ -219,26 +228,78 @@ def _hypothesis_capped(machine, chosen: settings, budget: int, record: RunRecord
         record.cap = None
 
 
+def _hypothesis_saved(machine, chosen: settings, budget: int) -> None:
+    """Replay the examples Hypothesis's database keeps for ``machine``, all
+    of its failures and, from the rest, as many as its reuse phase would
+    take before a run of ``budget`` examples; generate none.  Raises what
+    the failing ones raise."""
+    if chosen.database is None or Phase.reuse not in chosen.phases:
+        return
+    # Without the generate phase Hypothesis replays up to max_examples of
+    # its secondary corpus, not a tenth: a tenth of the budget keeps that.
+    try:
+        run_state_machine_as_test(machine, settings=settings(
+            chosen, phases=[Phase.reuse], max_examples=max(1, math.ceil(max(budget, 1) / 10))))
+    except SkipTest:  # nothing saved: no example ran
+        pass
+
+
+def _distinct(violations: list[InvariantViolation]) -> InvariantViolation | WalkFailures:
+    """The first of ``violations`` for each invariant, as one exception to raise."""
+    found: dict[str, InvariantViolation] = {}
+    for violation in violations:
+        found.setdefault(violation.invariant, violation)
+    return next(iter(found.values())) if len(found) == 1 else WalkFailures(list(found.values()))
+
+
 def _walk_key(machine) -> bytes:
     """Where the example database keeps the walk's failures for ``machine``
     (its name spells the configuration)."""
     return b"kv-lockstep walk failures: " + machine.__name__.encode()
 
 
-def _walk_saved(machine, database, record: RunRecord) -> None:
+def _walk_value(trace: Trace, found: int | None = None) -> bytes:
+    """``trace`` as the example database keeps a walk failure: JSON of
+    ``found`` (``time.time_ns()`` unless given; wall-clock time, which
+    processes and machines sharing a database agree on) and the trace."""
+    return json.dumps({"found": time.time_ns() if found is None else found, "trace": trace.to_dict()}).encode()
+
+
+def _walk_entry(value: bytes) -> tuple[int | None, dict]:
+    """A saved walk failure's ``found`` and trace (``_walk_value``); ``found``
+    is None for a value from before it was kept, a trace's JSON alone."""
+    data = json.loads(value)
+    if not isinstance(data, dict):
+        raise ValueError(f"a walk failure is a JSON object, not {type(data).__name__}")
+    if "trace" not in data:
+        return None, data
+    if not isinstance(data.get("found"), int):
+        raise ValueError(f"a walk failure's 'found' is an integer, not {data.get('found')!r}")
+    return data["found"], data["trace"]
+
+
+def _walk_saved(machine, database, record: RunRecord) -> list[InvariantViolation]:
     """Replay the walk failures ``database`` kept for ``machine``, each an
-    example that the run's probe sees start and fail: raise those that
-    still fail, the first of each invariant (``WalkFailures`` where there
-    are several, as the walk reports the distinct failures it met); forget
-    those that pass.  They replay in the order of their saved bytes: the
-    database keeps a set, not the order the walk met them in."""
+    example that the run's probe sees start and fail: return what those
+    that still fail raised, in turn; forget those that pass.  They
+    replay in the order found (the database keeps a set), then those saved
+    without ``found`` (``_walk_entry``) in the order of their bytes."""
     if database is None:
-        return
-    found: dict[str, InvariantViolation] = {}
-    for value in sorted(database.fetch(_walk_key(machine))):
+        return []
+    key = _walk_key(machine)
+    entries = []
+    for value in list(database.fetch(key)):  # deleting from it as it is read
+        try:
+            found, data = _walk_entry(value)
+        except ValueError:  # not JSON, or not a walk failure: forgotten
+            database.delete(key, value)
+            continue
+        entries.append((found is None, found or 0, value, data))
+    failed: list[InvariantViolation] = []
+    for *_, value, data in sorted(entries, key=lambda entry: entry[:3]):
         example = machine()
         try:
-            trace = Trace.from_dict(json.loads(value))
+            trace = Trace.from_dict(data)
             example.state = build(trace.config)
             if record.probe is not None:
                 record.probe.before(example, "teardown", {})  # a new example, no step
@@ -248,15 +309,12 @@ def _walk_saved(machine, database, record: RunRecord) -> None:
             record.saw_failure()
             if record.probe is not None:
                 record.probe.failed(example, exc)
-            found.setdefault(exc.invariant, exc)
+            failed.append(exc)
             continue
         except Exception:  # noqa: BLE001 - a saved trace this version cannot run is forgotten
             pass
-        database.delete(_walk_key(machine), value)
-    if len(found) == 1:
-        raise next(iter(found.values()))
-    if found:
-        raise WalkFailures(list(found.values()))
+        database.delete(key, value)
+    return failed
 
 
 def shrink_call_timeout(limit: float, slowest_step_s: float) -> float:

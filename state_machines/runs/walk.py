@@ -178,11 +178,12 @@ MORE_AFTER_FAILURE = 20
 
 
 class WalkFailures(Exception):
-    """Distinct invariant violations one walk met, first found first
-    (``exceptions``, as in an exception group)."""
+    """Distinct invariant violations one run met, first found first
+    (``exceptions``, as in an exception group): one walk's, or the saved
+    failures replayed at a run's start, the walk's and Hypothesis's."""
 
     def __init__(self, exceptions: list[InvariantViolation]):
-        super().__init__(f"the walk found {len(exceptions)} distinct failures: "
+        super().__init__(f"{len(exceptions)} distinct failures: "
                          + ", ".join(e.invariant for e in exceptions))
         self.exceptions = exceptions
 

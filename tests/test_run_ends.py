@@ -662,6 +662,52 @@ def test_a_target_module_that_ends_the_process_at_import_is_bad_input(tmp_path, 
     assert run.stdout == "" and run.stderr == f"kv-lockstep: error: cannot load {target}: importing its module {how}\n"
 
 
+def _gone(pid: int, within: float = 10) -> bool:
+    """Whether process ``pid`` has ended (or is a zombie) within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _wait_for_pid(path: Path, proc, within: float = 30) -> int:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.exists() and path.read_text():
+            return int(path.read_text())
+        time.sleep(0.05)
+    raise AssertionError(f"no pid in {path}; the command ended with {proc.poll()}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child through /proc")
+def test_the_import_check_dies_with_a_command_killed_outright(tmp_path):
+    """A command SIGKILLed while import_death's child hangs in the target
+    module's import takes the child with it (it ran on, orphaned)."""
+    pid_file = tmp_path / "importer.pid"
+    (tmp_path / "hangs_at_import.py").write_text(
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(3600)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "state_machines.cli", "targets", "--target", "hangs_at_import:make"],
+                            cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        child = _wait_for_pid(pid_file, proc)
+        assert child != proc.pid
+        proc.kill()
+        proc.wait(timeout=30)
+        if not _gone(child):
+            os.kill(child, signal.SIGKILL)
+            raise AssertionError("the import check's child outlived the command")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_the_import_check_forks_only_for_a_module_not_yet_imported(tmp_path, monkeypatch):
     """import_death: a module that imports, or raises, is left to the
     caller's own import (None), and is not imported here by the check; one

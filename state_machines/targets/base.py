@@ -4,6 +4,7 @@ calling a factory with the constructor arguments it names."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
 import inspect
 import logging
@@ -118,9 +119,11 @@ def import_death(module_name: str) -> str | None:
     if module_name in sys.modules or module_name.partition(".")[0] == "sglang" or not hasattr(os, "fork"):
         return None
     read, write = os.pipe()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # the child, which leaves by os._exit alone
         try:
+            _die_with_parent(parent)
             os.close(read)
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):  # it reads no input of the user's, and says nothing twice
@@ -153,3 +156,22 @@ def import_death(module_name: str) -> str | None:
             name = f"signal {number}"
         return f"was killed by {name}"
     return f"exited with code {os.waitstatus_to_exitcode(status)}"
+
+
+def _die_with_parent(parent: int) -> None:
+    """In import_death's child: have the kernel SIGKILL it when ``parent``
+    dies (Linux's ``PR_SET_PDEATHSIG``), and leave at once where the parent
+    died before that was set.  A command killed outright while the child
+    hangs in a user's import would otherwise leave the child running on,
+    orphaned.  Where there is no prctl, only the check of the parent is
+    made.  (The same as runs.watchdog's, which this package does not
+    import.)"""
+    PR_SET_PDEATHSIG = 1  # noqa: N806 - <linux/prctl.h>
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        pass
+    else:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() != parent:
+        os._exit(0)

@@ -578,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     from state_machines.harness import InvariantViolation
     from state_machines.runs.options import BadOption
     from state_machines.runs.trace import TraceError
-    from state_machines.runs.watchdog import WorkerError
+    from state_machines.runs.watchdog import Interrupted, WorkerError, signal_name
     from state_machines.targets import TargetError
 
     try:
@@ -597,6 +597,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAILED before any step: {exc.invariant}")
         print(_indent(exc.detail))
         return 1
+    except Interrupted as exc:  # a watched build's worker, killed
+        print(f"kv-lockstep: interrupted ({signal_name(exc.signal)})", file=sys.stderr)
+        return 128 + exc.signal
     except KeyboardInterrupt:
         print("kv-lockstep: interrupted", file=sys.stderr)
         return 130

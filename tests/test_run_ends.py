@@ -665,15 +665,16 @@ def test_a_target_module_that_ends_the_process_at_import_is_bad_input(tmp_path, 
 def _gone(pid: int, within: float = 10) -> bool:
     """Whether process ``pid`` has ended (or is a zombie) within ``within`` seconds."""
     deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
+    while True:
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
         except OSError:
             return True
         if state in ("Z", "X"):
             return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.05)
-    return False
 
 
 def _wait_for_pid(path: Path, proc, within: float = 30) -> int:
@@ -706,6 +707,32 @@ def test_the_import_check_dies_with_a_command_killed_outright(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the worker through /proc")
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_targets_builds_a_factory_kills_its_worker(pools, sig, code):
+    """``targets --target`` builds a custom factory in a watched worker: a
+    signal there kills the worker, deaf to SIGTERM as this one is, and ends
+    the command with 128 + the signal and one line (on SIGTERM the command
+    died with no word, and the worker ran on, orphaned)."""
+    proc = subprocess.Popen([sys.executable, "-m", "state_machines.cli", "targets", "--target", "bad_pools:hangs_at_build",
+                             "--build-timeout", "600"],
+                            cwd=pools, env=_env(pools), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    worker = None
+    try:
+        worker = _wait_for_pid(pools / "hung.pid", proc)
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == code, stdout + stderr
+        assert stderr == f"kv-lockstep: interrupted ({sig.name})\n" and "Traceback" not in stderr
+        assert _gone(worker), "the build's worker outlived the command"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if worker is not None and not _gone(worker, 0):
+            os.kill(worker, signal.SIGKILL)
 
 
 def test_the_import_check_forks_only_for_a_module_not_yet_imported(tmp_path, monkeypatch):

@@ -808,6 +808,15 @@ class WorkerError(Exception):
     """A harness bug in a watched build's worker: its traceback, as text."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM (``signal``) came while a watched build ran; its
+    worker was killed.  The command ends with 128 + ``signal``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signal = signum
+
+
 def _build_child(job, config_dict, args, messages, beacon) -> None:
     worker_signals()
     try:
@@ -842,7 +851,8 @@ def build_watched(config: Config, job, *args, build_timeout_s: float = BUILD_TIM
     one line, exit 2), as a raise there is; a fresh allocator that already
     disagrees, or dies or hangs in an allocator call, is the
     ``InvariantViolation`` of its trace (``worker_died``, ``allocator_hung``);
-    a harness bug in the worker is ``WorkerError``.  Forked on CPU (a
+    a harness bug in the worker is ``WorkerError``; SIGINT or SIGTERM here
+    kills the worker and raises ``Interrupted``.  Forked on CPU (a
     module-level ``job`` elsewhere: the worker is a fresh interpreter)."""
     from state_machines.harness.lockstep import violation_type
     from state_machines.targets import TargetError
@@ -863,15 +873,23 @@ def build_watched(config: Config, job, *args, build_timeout_s: float = BUILD_TIM
     def take(message) -> None:
         got.setdefault(message[0], message[2] if len(message) > 2 else None)
 
+    signals = Signals()
+    signals.install()
     try:
         start_blocked(child)
         channel.started()
         if (ended := _watch(child, channels, beacon, config, take, lambda: "done" in got, build_timeout_s)) is not None:
             got[ended[0]] = ended[1]
-    finally:  # Ctrl-C here too: the worker goes with the command
+    except KeyboardInterrupt:
+        signals.ignore()
+        kill(child)
+        raise Interrupted(signals.got or signal.SIGINT) from None
+    finally:
+        signals.ignore()
         child.join(timeout=2 if "done" in got else 0)
         if child.is_alive():
             kill(child)
+        signals.restore()
     if "bad_input" in got:
         raise TargetError(got["bad_input"])
     if "error" in got:

@@ -734,26 +734,13 @@ class Replayed:
     signal: int | None = None
 
 
-def _replay_child(trace, config_dict, messages, beacon) -> None:
-    worker_signals()
-    try:
-        from state_machines.runs.trace import Trace, TraceError, replay
-        from state_machines.targets import TargetError
+def _replayed(config: Config, trace):
+    """``replay_watched``'s job in its worker (``_build_child``): the
+    violation ``trace``'s steps meet, as a trace, or None."""
+    from state_machines.runs.trace import Trace, replay
 
-        config = Config.from_dict(config_dict)
-        if config.caller != "harness":
-            import state_machines.callers  # noqa: F401 - a fresh worker registers the caller family itself
-        beacon.install()
-        try:
-            failure = replay(trace, config)
-        except (TargetError, TraceError) as exc:
-            messages.put(("bad_input", 0, str(exc)))
-        else:
-            messages.put(("replayed", 0, None if failure is None else Trace.from_violation(failure)))
-    except BaseException:  # a harness bug: report it rather than vanish
-        messages.put(("error", 0, traceback.format_exc()))
-    finally:
-        messages.put(("done", 0))
+    failure = replay(trace, config)
+    return None if failure is None else Trace.from_violation(failure)
 
 
 def replay_watched(trace, config: Config, build_timeout_s: float = BUILD_TIMEOUT_S) -> Replayed:
@@ -765,40 +752,18 @@ def replay_watched(trace, config: Config, build_timeout_s: float = BUILD_TIMEOUT
     ``fuzz``; a target that dies while it is built, or is still building
     after ``build_timeout_s``, is bad input.  The
     worker is forked on CPU, so the replay's imports are made once, here."""
-    ctx = _plain_context(config)
-    channel = Channel(ctx)
-    channels = {0: channel}
-    beacon = Beacon(ctx)
-    child = ctx.Process(target=_replay_child, args=(trace, config.to_dict(), channel, beacon),
-                        name="kv-lockstep-replay", daemon=True)
-    got: dict = {}
-
-    def take(message) -> None:
-        got.setdefault(message[0], message[2:])
-
-    signals = Signals()
-    signals.install()
     try:
-        start_blocked(child)
-        channel.started()
-        if (ended := _watch(child, channels, beacon, config, take, lambda: "done" in got, build_timeout_s)) is not None:
-            kind, value = ended
-            return Replayed(bad_input=value) if kind == "bad_input" else Replayed(failure=value)
-    except KeyboardInterrupt:
-        signals.ignore()
-        kill(child)
-        return Replayed(signal=signals.got or signal.SIGINT)
-    finally:
-        signals.ignore()
-        child.join(timeout=2)
-        if child.is_alive():
-            kill(child)
-        signals.restore()
+        got = _watched(_plain_context(config), config, _replayed, (trace,), "kv-lockstep-replay", build_timeout_s)
+    except Interrupted as stopped:
+        return Replayed(signal=stopped.signal)
     if "bad_input" in got:
-        return Replayed(bad_input=got["bad_input"][0])
+        return Replayed(bad_input=got["bad_input"])
     if "error" in got:
-        return Replayed(error=got["error"][0])
-    return Replayed(failure=got["replayed"][0])
+        return Replayed(error=got["error"])
+    for answer in ("before_any_step", "verdict", "built"):
+        if answer in got:
+            return Replayed(failure=got[answer])
+    raise AssertionError(f"a watched replay ended without an answer: {sorted(got)}")
 
 
 # -- a build the command itself needs --
@@ -809,8 +774,9 @@ class WorkerError(Exception):
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM (``signal``) came while a watched build ran; its
-    worker was killed.  The command ends with 128 + ``signal``."""
+    """SIGINT or SIGTERM (``signal``) came while a watched build or replay
+    ran (``_watched``); its worker was killed.  The command ends with 128 +
+    ``signal``."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -818,6 +784,10 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _build_child(job, config_dict, args, messages, beacon) -> None:
+    """A watched worker's body (``build_watched``, ``replay_watched``): puts
+    ``("built", 0, job(config, *args))``, or how it failed: ``bad_input``,
+    ``before_any_step`` (a violation's trace), ``error`` (a harness bug's
+    traceback); then ``done``."""
     worker_signals()
     try:
         from state_machines.harness import InvariantViolation
@@ -838,6 +808,42 @@ def _build_child(job, config_dict, args, messages, beacon) -> None:
         messages.put(("error", 0, traceback.format_exc()))
     finally:
         messages.put(("done", 0))
+
+
+def _watched(ctx, config: Config, job, args: tuple, name: str, build_timeout_s: float) -> dict:
+    """Run ``job(config, *args)`` in a worker (``_build_child``) watched by
+    ``_watch``: what it answered, by kind (``built``, ``bad_input``,
+    ``before_any_step``, ``error``), or the watchdog's own verdict on it
+    (``verdict``: an ``allocator_hung`` or ``worker_died`` trace;
+    ``bad_input``: a death or hang while building).  SIGINT or SIGTERM
+    here kills the worker and raises ``Interrupted``."""
+    channel = Channel(ctx)
+    beacon = Beacon(ctx)
+    child = ctx.Process(target=_build_child, args=(job, config.to_dict(), args, channel, beacon),
+                        name=name, daemon=True)
+    got: dict = {}
+
+    def take(message) -> None:
+        got.setdefault(message[0], message[2] if len(message) > 2 else None)
+
+    signals = Signals()
+    signals.install()
+    try:
+        start_blocked(child)
+        channel.started()
+        if (ended := _watch(child, {0: channel}, beacon, config, take, lambda: "done" in got, build_timeout_s)) is not None:
+            got[ended[0]] = ended[1]
+    except KeyboardInterrupt:
+        signals.ignore()
+        kill(child)
+        raise Interrupted(signals.got or signal.SIGINT) from None
+    finally:
+        signals.ignore()
+        child.join(timeout=2 if "done" in got else 0)
+        if child.is_alive():
+            kill(child)
+        signals.restore()
+    return got
 
 
 def build_watched(config: Config, job, *args, build_timeout_s: float = BUILD_TIMEOUT_S):
@@ -863,33 +869,7 @@ def build_watched(config: Config, job, *args, build_timeout_s: float = BUILD_TIM
         from state_machines.runs.options import worker_context
 
         ctx = worker_context()
-    channel = Channel(ctx)
-    channels = {0: channel}
-    beacon = Beacon(ctx)
-    child = ctx.Process(target=_build_child, args=(job, config.to_dict(), args, channel, beacon),
-                        name="kv-lockstep-build", daemon=True)
-    got: dict = {}
-
-    def take(message) -> None:
-        got.setdefault(message[0], message[2] if len(message) > 2 else None)
-
-    signals = Signals()
-    signals.install()
-    try:
-        start_blocked(child)
-        channel.started()
-        if (ended := _watch(child, channels, beacon, config, take, lambda: "done" in got, build_timeout_s)) is not None:
-            got[ended[0]] = ended[1]
-    except KeyboardInterrupt:
-        signals.ignore()
-        kill(child)
-        raise Interrupted(signals.got or signal.SIGINT) from None
-    finally:
-        signals.ignore()
-        child.join(timeout=2 if "done" in got else 0)
-        if child.is_alive():
-            kill(child)
-        signals.restore()
+    got = _watched(ctx, config, job, args, "kv-lockstep-build", build_timeout_s)
     if "bad_input" in got:
         raise TargetError(got["bad_input"])
     if "error" in got:

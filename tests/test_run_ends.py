@@ -138,6 +138,24 @@ BAD_POOLS = textwrap.dedent(
         def check_decode_capacity(self, num_tokens, tree_cache):
             os._exit(9)
 
+    class Lost(Pool):
+        # Slow allocs (0.3 s, well inside the run's limit), a leak outside
+        # a group, a hang at a group's end: as MODE says.
+        def alloc(self, n):
+            if MODE["slow"]:
+                time.sleep(0.3)
+            return super().alloc(n)
+
+        def free(self, index):
+            if self.queue is None and MODE["wrong"]:
+                return
+            return super().free(index)
+
+        def misbehave(self):
+            if MODE["hang"]:
+                time.sleep(3600)
+
+    MODE = {"slow": False, "hang": False, "wrong": False}
     hangs = []
 
     def _factory(cls):
@@ -147,6 +165,7 @@ BAD_POOLS = textwrap.dedent(
     slow_to_shrink, bad_census = _factory(SlowToShrink), _factory(BadCensus)
     exits_at_build, raises_at_build, census_exits = map(_factory, (ExitsAtBuild, RaisesAtBuild, CensusExits))
     hangs_at_build, exits_in_hook_probe = _factory(HangsAtBuild), _factory(ExitsInHookProbe)
+    lost = _factory(Lost)
     '''
 )
 
@@ -276,6 +295,37 @@ def test_shrinking_a_hang_does_not_pay_the_full_limit_each_time(pools, monkeypat
     # length is measured, not the run's, so a loaded machine cannot fail this.
     full = [t for t in bad_pools.hangs if t > 0.9 * limit]
     assert len(bad_pools.hangs) > 10 and len(full) <= 2, sorted(bad_pools.hangs)
+
+
+def test_after_a_saved_hang_hypothesiss_saved_failures_replay_under_the_full_limit(pools, monkeypatch):
+    """A saved walk failure that hangs again moves the machine onto the
+    shrinker's short per-call limit (0.1 s here: nothing ran before it);
+    Hypothesis's saved failure, replayed after it, runs under the run's own
+    limit, so a slow call there is not taken for a hang and the failure is
+    reported.  Under the short limit it was lost, a duplicate hang."""
+    from hypothesis.database import InMemoryExampleDatabase
+
+    from state_machines.config import Config
+    from state_machines.harness import Step, machine_for
+    from state_machines.runs import runner
+
+    monkeypatch.syspath_prepend(str(pools))
+    monkeypatch.delitem(sys.modules, "bad_pools", raising=False)
+    import bad_pools
+
+    config, db = Config(target="bad_pools:lost", call_timeout_s=2.0), InMemoryExampleDatabase()
+    bad_pools.MODE.update(wrong=True)
+    walked = runner.walked_examples
+    monkeypatch.setattr(runner, "walked_examples", lambda n: 0)  # Hypothesis alone finds and saves the leak
+    assert [t.invariant for t in runner.fuzz(config, max_examples=40, seed=0, database=db, shrink=False).failures] \
+        == ["free_sets_agree"]
+    monkeypatch.setattr(runner, "walked_examples", walked)
+    steps = (Step("begin", {}), Step("alloc", {"n": 1}, "req_0"), Step("finish", {"req": "req_0"}), Step("end", {}))
+    db.save(runner._walk_key(machine_for(config)), runner._walk_value(Trace(config, steps)))
+    bad_pools.MODE.update(hang=True, slow=True)
+    again = runner.fuzz(config, max_examples=40, seed=0, database=db, shrink=False)
+    assert [(t.invariant, t.config.call_timeout_s) for t in again.failures] == \
+        [("allocator_hung", 2.0), ("free_sets_agree", 2.0)]
 
 
 def _children(pid: int) -> list[int]:

@@ -409,12 +409,14 @@ def test_saved_walk_failures_replay_in_the_order_found_not_the_order_of_their_by
     from state_machines.runs.runner import _walk_value
 
     db = InMemoryExampleDatabase()
-    later, earlier = sorted(_alias_walk_failures().values(), key=lambda t: _walk_value(t, found=0))
-    db.save(_walk_key(machine_for(TOKEN_ALIAS)), _walk_value(earlier, found=10))
-    db.save(_walk_key(machine_for(TOKEN_ALIAS)), _walk_value(later, found=9))
-    assert _walk_value(later, found=9) > _walk_value(earlier, found=10)
+    # The trace whose own bytes sort last is found first, so neither the values' bytes nor the traces' give
+    # the order found.
+    small, big = sorted(_alias_walk_failures().values(), key=lambda t: _walk_value(t, found=0))
+    db.save(_walk_key(machine_for(TOKEN_ALIAS)), _walk_value(small, found=10))
+    db.save(_walk_key(machine_for(TOKEN_ALIAS)), _walk_value(big, found=9))
+    assert _walk_value(big, found=9) > _walk_value(small, found=10)
     again = fuzz(TOKEN_ALIAS, max_examples=40, seed=0, database=db, shrink=False)
-    assert again.failures == (later, earlier)
+    assert again.failures == (big, small)
 
 
 def test_a_walk_failure_saved_as_a_bare_trace_still_replays_after_those_saved_with_when_found():
@@ -639,3 +641,15 @@ def test_the_walk_takes_seven_eighths_of_a_runs_examples_and_hypothesis_the_rest
                         lambda machine, settings: asked.setdefault("hypothesis", settings.max_examples))
     assert runner.fuzz(Config(), max_examples=16, seed=0, database=None, shrink=False).ok
     assert asked == {"walk": 14, "hypothesis": 2}
+
+
+def test_a_saved_walk_value_nested_past_the_json_parser_is_forgotten_not_a_crash():
+    """A database value json cannot parse for its depth (RecursionError, not
+    ValueError) is forgotten as other junk is; the run goes on."""
+    from hypothesis.database import InMemoryExampleDatabase
+
+    db = InMemoryExampleDatabase()
+    key = _walk_key(machine_for(TOKEN_ALIAS))
+    db.save(key, b"[" * 100_000)
+    again = fuzz(TOKEN_ALIAS, max_examples=40, seed=0, database=db, shrink=False)
+    assert again.failures and b"[" * 100_000 not in set(db.fetch(key))

@@ -164,13 +164,18 @@ def fuzz(
     # replayed, the walk's, and Hypothesis's (``_hypothesis_capped``).
     start = record.examples
     try:
+        full = machine.config
         saved = _walk_saved(machine, chosen.database, record)
         replayed = record.examples - start
         walked = min(walked_examples(chosen.max_examples), chosen.max_examples - replayed)
         budget = chosen.max_examples - replayed - walked
         if saved:
             # Hypothesis's saved failures replay too, or a failure only it
-            # found stays unreported while a walk failure still fails.
+            # found stays unreported while a walk failure still fails.  They
+            # replay under the run's own per-call limit: a saved hang just
+            # replayed moved the machine onto the shrinker's short one
+            # (``_HangWatch``), under which a slow call passes for a hang.
+            machine.config = full
             try:
                 _hypothesis_saved(machine, chosen, budget)
             except Exception as exc:
@@ -273,7 +278,7 @@ def _walk_entry(value: bytes) -> tuple[int | None, dict]:
         raise ValueError(f"a walk failure is a JSON object, not {type(data).__name__}")
     if "trace" not in data:
         return None, data
-    if not isinstance(data.get("found"), int):
+    if not isinstance(data.get("found"), int) or isinstance(data["found"], bool):
         raise ValueError(f"a walk failure's 'found' is an integer, not {data.get('found')!r}")
     return data["found"], data["trace"]
 
@@ -291,7 +296,7 @@ def _walk_saved(machine, database, record: RunRecord) -> list[InvariantViolation
     for value in list(database.fetch(key)):  # deleting from it as it is read
         try:
             found, data = _walk_entry(value)
-        except ValueError:  # not JSON, or not a walk failure: forgotten
+        except (ValueError, RecursionError):  # not JSON (or nested past the parser), not a walk failure: forgotten
             database.delete(key, value)
             continue
         entries.append((found is None, found or 0, value, data))

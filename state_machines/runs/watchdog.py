@@ -39,6 +39,7 @@ from pathlib import Path
 import attrs
 
 from state_machines.config import Config
+from state_machines.orphans import die_with_parent
 
 STEPS_BYTES = 1 << 18
 WHAT_BYTES = 1 << 10
@@ -397,23 +398,10 @@ def worker_signals() -> None:
     alone decides what it means; SIGTERM ends the worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _die_with_parent()
+    # The kernel sends it SIGTERM when the process that started it dies, by
+    # SIGKILL too (under forkserver, the server, which exits with the run).
+    die_with_parent(signal.SIGTERM)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-
-
-def _die_with_parent() -> None:
-    """Have the kernel send this worker SIGTERM when the process that
-    started it dies, by SIGKILL too (Linux's ``PR_SET_PDEATHSIG``): a parent
-    killed outright would otherwise leave its worker fuzzing on, orphaned.
-    Elsewhere a no-op (the parent's own exit still ends a daemon worker)."""
-    PR_SET_PDEATHSIG = 1  # noqa: N806 - <linux/prctl.h>
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return
-    # The parent here is the process that forked this one (under
-    # forkserver, the server, which exits with the run).
-    prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
 def start_worker(config: Config, beacon: Beacon, messages, index: int):
@@ -520,9 +508,19 @@ def _plain_context(config: Config, fresh: bool = False):
     that imports everything itself, a fresh interpreter."""
     if fresh:
         return multiprocessing.get_context("spawn")
-    if config.device == "cpu" and "fork" in multiprocessing.get_all_start_methods():
+    if _forks(config):
         import state_machines.runs.runner  # noqa: F401 - imported once, shared by the fork
+    return _context(config)
 
+
+def _forks(config: Config) -> bool:
+    return config.device == "cpu" and "fork" in multiprocessing.get_all_start_methods()
+
+
+def _context(config: Config):
+    """Fork on CPU; elsewhere the long run's start method (forkserver or
+    spawn: a device runtime does not survive a fork)."""
+    if _forks(config):
         return multiprocessing.get_context("fork")
     from state_machines.runs.options import worker_context
 
@@ -863,13 +861,7 @@ def build_watched(config: Config, job, *args, build_timeout_s: float = BUILD_TIM
     from state_machines.harness.lockstep import violation_type
     from state_machines.targets import TargetError
 
-    if config.device == "cpu" and "fork" in multiprocessing.get_all_start_methods():
-        ctx = multiprocessing.get_context("fork")
-    else:
-        from state_machines.runs.options import worker_context
-
-        ctx = worker_context()
-    got = _watched(ctx, config, job, args, "kv-lockstep-build", build_timeout_s)
+    got = _watched(_context(config), config, job, args, "kv-lockstep-build", build_timeout_s)
     if "bad_input" in got:
         raise TargetError(got["bad_input"])
     if "error" in got:

@@ -4,7 +4,6 @@ calling a factory with the constructor arguments it names."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib
 import inspect
 import logging
@@ -16,6 +15,8 @@ import weakref
 from typing import Any, Callable
 
 from attrs import field, frozen
+
+from state_machines.orphans import die_with_parent
 
 
 class TargetError(Exception):
@@ -160,18 +161,10 @@ def import_death(module_name: str) -> str | None:
 
 def _die_with_parent(parent: int) -> None:
     """In import_death's child: have the kernel SIGKILL it when ``parent``
-    dies (Linux's ``PR_SET_PDEATHSIG``), and leave at once where the parent
-    died before that was set.  A command killed outright while the child
-    hangs in a user's import would otherwise leave the child running on,
-    orphaned.  Where there is no prctl, only the check of the parent is
-    made.  (The same as runs.watchdog's, which this package does not
-    import.)"""
-    PR_SET_PDEATHSIG = 1  # noqa: N806 - <linux/prctl.h>
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        pass
-    else:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    dies, and leave at once where the parent died before that was set.  A
+    command killed outright while the child hangs in a user's import would
+    otherwise leave the child running on, orphaned.  Where there is no
+    prctl, only the check of the parent is made."""
+    die_with_parent(signal.SIGKILL)
     if os.getppid() != parent:
         os._exit(0)

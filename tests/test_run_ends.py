@@ -356,7 +356,12 @@ def test_killing_a_worker_fails_the_run(tmp_path, jobs):
         workers = _children(proc.pid) if not jobs else [w for c in _children(proc.pid) for w in _children(c)]
     assert len(workers) == max(jobs, 1), workers
     time.sleep(1.0)  # into their runs
-    os.kill(workers[0], signal.SIGKILL)
+    try:
+        os.kill(workers[0], signal.SIGKILL)
+    except ProcessLookupError:  # the run ended first (CI saw it once): say how, rather than a bare lookup error
+        stdout, stderr = proc.communicate(timeout=60)
+        raise AssertionError(f"worker {workers[0]} was gone before the kill; the run ended with {proc.returncode}:"
+                             f"\n{stdout}{stderr}") from None
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 1, stdout + stderr
     assert "Traceback" not in stderr
@@ -604,12 +609,19 @@ def test_a_death_while_building_is_bad_input_unless_it_was_killed_from_outside()
         lockstep.watch_calls(None)
 
 
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
+def _gone(pid: int, within: float = 10) -> bool:
+    """Whether process ``pid`` has ended (or is a zombie) within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("command", ["fuzz", "long", "replay"])
@@ -712,21 +724,6 @@ def test_a_target_module_that_ends_the_process_at_import_is_bad_input(tmp_path, 
     assert run.stdout == "" and run.stderr == f"kv-lockstep: error: cannot load {target}: importing its module {how}\n"
 
 
-def _gone(pid: int, within: float = 10) -> bool:
-    """Whether process ``pid`` has ended (or is a zombie) within ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-        except OSError:
-            return True
-        if state in ("Z", "X"):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
-
-
 def _wait_for_pid(path: Path, proc, within: float = 30) -> int:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline and proc.poll() is None:
@@ -783,6 +780,32 @@ def test_a_signal_while_targets_builds_a_factory_kills_its_worker(pools, sig, co
             proc.wait()
         if worker is not None and not _gone(worker, 0):
             os.kill(worker, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_die_with_parent_sets_the_signal_the_kernel_sends():
+    """orphans.die_with_parent, in a forked child (it must not mark this
+    process): the kernel reads back the signal asked for (PR_GET_PDEATHSIG),
+    and it says it was set."""
+    import ctypes
+
+    from state_machines import orphans
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            said = orphans.die_with_parent(signal.SIGUSR1)
+            got = ctypes.c_int(-1)
+            ctypes.CDLL(None).prctl(2, ctypes.byref(got))  # PR_GET_PDEATHSIG
+            os.write(write, f"{said} {got.value}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        answer = pipe.read()
+    os.waitpid(pid, 0)
+    assert answer == f"True {int(signal.SIGUSR1)}"
 
 
 def test_the_import_check_forks_only_for_a_module_not_yet_imported(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 def _find_prctl():
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # no libc to load, or no prctl in it: not Linux
+    except (OSError, AttributeError, TypeError):  # no libc to load, no prctl in it, or no CDLL(None): not Linux
         return None
     prctl.restype = ctypes.c_int
     return prctl

@@ -348,21 +348,29 @@ def test_killing_a_worker_fails_the_run(tmp_path, jobs):
     only one: exit 1, worker_died, its last steps kept."""
     mode = ["--duration", "60s", "-j", str(jobs)] if jobs else ["--max-examples", "100000"]
     proc = popen(tmp_path, "--target", "builtin:token", *mode)
-    deadline = time.monotonic() + 30
-    workers = []
-    while len(workers) < max(jobs, 1) and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-        # A plain run forks its worker; a long run's are forked by the forkserver, a child of the CLI.
-        workers = _children(proc.pid) if not jobs else [w for c in _children(proc.pid) for w in _children(c)]
-    assert len(workers) == max(jobs, 1), workers
-    time.sleep(1.0)  # into their runs
     try:
-        os.kill(workers[0], signal.SIGKILL)
-    except ProcessLookupError:  # the run ended first (CI saw it once): say how, rather than a bare lookup error
+        deadline = time.monotonic() + 30
+        workers = []
+        while len(workers) < max(jobs, 1) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            # A plain run forks its worker; a long run's are forked by the forkserver, a child of the CLI.
+            workers = _children(proc.pid) if not jobs else [w for c in _children(proc.pid) for w in _children(c)]
+        assert len(workers) == max(jobs, 1) and proc.poll() is None, (workers, proc.poll())
+        time.sleep(1.0)  # into their runs
+        try:
+            os.kill(workers[0], signal.SIGKILL)
+        except ProcessLookupError:  # CI saw it once: say how the run ended, rather than a bare lookup error
+            try:
+                stdout, stderr = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"worker {workers[0]} was gone before the kill, and the run goes on") from None
+            raise AssertionError(f"worker {workers[0]} was gone before the kill; the run ended with"
+                                 f" {proc.returncode}:\n{stdout}{stderr}") from None
         stdout, stderr = proc.communicate(timeout=60)
-        raise AssertionError(f"worker {workers[0]} was gone before the kill; the run ended with {proc.returncode}:"
-                             f"\n{stdout}{stderr}") from None
-    stdout, stderr = proc.communicate(timeout=60)
+    finally:  # a run the test gave up on does not outlive it
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 1, stdout + stderr
     assert "Traceback" not in stderr
     assert "was killed by SIGKILL" in stdout and "time is up" not in stdout
@@ -616,7 +624,13 @@ def _gone(pid: int, within: float = 10) -> bool:
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
         except OSError:
-            return True
+            if Path("/proc/self/stat").exists():
+                return True
+            try:  # no /proc: a zombie counts as alive here
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            state = "?"
         if state in ("Z", "X"):
             return True
         if time.monotonic() >= deadline:
@@ -639,7 +653,7 @@ def test_factory_that_never_returns_is_bad_input_and_its_worker_is_killed(pools,
         assert "worker_died" not in run.stdout and not list((pools / "traces").rglob("*.json"))
         assert _gone(int((pools / "hung.pid").read_text()))
     finally:  # without the watchdog's kill, no worker outlives the test
-        if (pools / "hung.pid").exists() and not _gone(pid := int((pools / "hung.pid").read_text())):
+        if (pools / "hung.pid").exists() and not _gone(pid := int((pools / "hung.pid").read_text()), 0):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -791,13 +805,14 @@ def test_die_with_parent_sets_the_signal_the_kernel_sends():
 
     from state_machines import orphans
 
+    prctl = ctypes.CDLL(None).prctl  # looked up here: no dlopen in the forked child
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
             said = orphans.die_with_parent(signal.SIGUSR1)
             got = ctypes.c_int(-1)
-            ctypes.CDLL(None).prctl(2, ctypes.byref(got))  # PR_GET_PDEATHSIG
+            prctl(2, ctypes.byref(got))  # PR_GET_PDEATHSIG
             os.write(write, f"{said} {got.value}".encode())
         finally:
             os._exit(0)
@@ -848,7 +863,7 @@ def test_targets_builds_a_custom_target_in_a_watched_worker(pools, name, code, s
         ended(run, code)
         assert (run.stderr if code == 2 else run.stdout) == said
     finally:  # without the watchdog's kill, no build outlives the test
-        if (pools / "hung.pid").exists() and not _gone(pid := int((pools / "hung.pid").read_text())):
+        if (pools / "hung.pid").exists() and not _gone(pid := int((pools / "hung.pid").read_text()), 0):
             os.kill(pid, signal.SIGKILL)
 
 

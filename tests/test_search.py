@@ -419,22 +419,50 @@ def test_saved_walk_failures_replay_in_the_order_found_not_the_order_of_their_by
     assert again.failures == (big, small)
 
 
-def test_a_walk_failure_saved_as_a_bare_trace_still_replays_after_those_saved_with_when_found():
-    """A value from before walk failures kept when they were found, a trace's JSON alone, still replays, after
-    those that say when they were found, though its bytes sort first."""
+def test_a_walk_failure_an_older_version_saved_still_replays_after_those_saved_with_when_found():
+    """A value an older version kept, a trace's JSON alone under the key it
+    reads, still replays, after those that say when they were found, though
+    its bytes sort first; what this version saves goes under its own key,
+    where an older run, which forgets what it cannot run, never reads it."""
     from hypothesis.database import InMemoryExampleDatabase
 
-    from state_machines.runs.runner import _walk_value
+    from state_machines.runs.runner import _walk_key_before_v2, _walk_value
 
     db = InMemoryExampleDatabase()
     failures = _alias_walk_failures()
     old, new = failures["no_page_freed_twice"].to_json().encode(), _walk_value(failures["free_sets_agree"])
     assert old < new
-    db.save(_walk_key(machine_for(TOKEN_ALIAS)), old)
-    db.save(_walk_key(machine_for(TOKEN_ALIAS)), new)
+    older_key, key = _walk_key_before_v2(machine_for(TOKEN_ALIAS)), _walk_key(machine_for(TOKEN_ALIAS))
+    assert older_key != key
+    db.save(older_key, old)
+    db.save(key, new)
     again = fuzz(TOKEN_ALIAS, max_examples=40, seed=0, database=db, shrink=False)
     assert again.failures == (failures["free_sets_agree"], failures["no_page_freed_twice"])
-    assert set(db.fetch(_walk_key(machine_for(TOKEN_ALIAS)))) == {old, new}
+    assert (set(db.fetch(older_key)), set(db.fetch(key))) == ({old}, {new})
+    fresh = InMemoryExampleDatabase()
+    assert fuzz(TOKEN_ALIAS, max_examples=40, seed=2, database=fresh, shrink=False).failures
+    assert len(list(fresh.fetch(key))) == 2 and not list(fresh.fetch(older_key))
+
+
+def test_a_walk_failure_saved_twice_replays_once_and_is_kept_once():
+    """Two runs sharing a database that each found the same trace keep it
+    twice, found at different times: the next run replays it once, the
+    first found, and forgets the other (it replayed, and kept, both)."""
+    from hypothesis.database import InMemoryExampleDatabase
+
+    from state_machines.runs.runner import _walk_key_before_v2, _walk_value
+
+    db = InMemoryExampleDatabase()
+    trace = _alias_walk_failures()["no_page_freed_twice"]
+    key = _walk_key(machine_for(TOKEN_ALIAS))
+    db.save(key, _walk_value(trace, found=2))
+    db.save(key, _walk_value(trace, found=1))
+    db.save(_walk_key_before_v2(machine_for(TOKEN_ALIAS)), trace.to_json().encode())
+    again = fuzz(TOKEN_ALIAS, max_examples=40, seed=0, database=db, shrink=False)
+    assert again.failures == (trace,)
+    assert again.record.examples == 1  # the saved walk failure, once (Hypothesis saved nothing to replay)
+    assert set(db.fetch(key)) == {_walk_value(trace, found=1)}
+    assert not list(db.fetch(_walk_key_before_v2(machine_for(TOKEN_ALIAS))))
 
 
 class _CallProbe:

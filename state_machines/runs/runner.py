@@ -259,7 +259,16 @@ def _distinct(violations: list[InvariantViolation]) -> InvariantViolation | Walk
 
 def _walk_key(machine) -> bytes:
     """Where the example database keeps the walk's failures for ``machine``
-    (its name spells the configuration)."""
+    (its name spells the configuration), each with when it was found
+    (``_walk_value``)."""
+    return b"kv-lockstep walk failures v2: " + machine.__name__.encode()
+
+
+def _walk_key_before_v2(machine) -> bytes:
+    """Where versions before ``_walk_key`` kept them, as a trace's JSON
+    alone: read, never written.  Such a version reads only this key and
+    forgets what it cannot run, so a value of today's form kept here would
+    be deleted by any older run sharing the database."""
     return b"kv-lockstep walk failures: " + machine.__name__.encode()
 
 
@@ -288,20 +297,29 @@ def _walk_saved(machine, database, record: RunRecord) -> list[InvariantViolation
     example that the run's probe sees start and fail: return what those
     that still fail raised, in turn; forget those that pass.  They
     replay in the order found (the database keeps a set), then those saved
-    without ``found`` (``_walk_entry``) in the order of their bytes."""
+    without ``found`` (``_walk_entry``: a version's before it was kept)
+    in the order of their bytes.  A trace kept more than once (runs that
+    shared the database each found it) replays once, the first found; the
+    others are forgotten."""
     if database is None:
         return []
-    key = _walk_key(machine)
     entries = []
-    for value in list(database.fetch(key)):  # deleting from it as it is read
-        try:
-            found, data = _walk_entry(value)
-        except (ValueError, RecursionError):  # not JSON (or nested past the parser), not a walk failure: forgotten
+    for key in (_walk_key(machine), _walk_key_before_v2(machine)):
+        for value in list(database.fetch(key)):  # deleting from it as it is read
+            try:
+                found, data = _walk_entry(value)
+                same = json.dumps(data, sort_keys=True)
+            except (ValueError, RecursionError):  # not JSON (or nested past the parser), not a walk failure: forgotten
+                database.delete(key, value)
+                continue
+            entries.append((found is None, found or 0, value, key, data, same))
+    failed: list[InvariantViolation] = []
+    replayed = set()
+    for *_, value, key, data, same in sorted(entries, key=lambda entry: entry[:3]):
+        if same in replayed:
             database.delete(key, value)
             continue
-        entries.append((found is None, found or 0, value, data))
-    failed: list[InvariantViolation] = []
-    for *_, value, data in sorted(entries, key=lambda entry: entry[:3]):
+        replayed.add(same)
         example = machine()
         try:
             trace = Trace.from_dict(data)

@@ -5,6 +5,7 @@ otherwise leave a forked worker or import check running on, orphaned."""
 from __future__ import annotations
 
 import ctypes
+import os
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -30,3 +31,27 @@ def die_with_parent(signum: int) -> bool:
     the caller's other ends (a daemon worker, a parent that kills its
     children) are then the only ones."""
     return _PRCTL is not None and _PRCTL(PR_SET_PDEATHSIG, ctypes.c_ulong(signum)) == 0
+
+
+def let_the_forkserver_go() -> None:
+    """In a worker: close the write end of the forkserver's liveness pipe.
+
+    The forkserver hands every child it forks that end (so the child could
+    ask it for children of its own), and the server exits only when no one
+    holds it: while a worker lived, a command killed outright left the
+    server, so the worker, whose parent it is, running on, orphaned.  With
+    the worker's copy closed, the command's death ends the server, and the
+    server's the worker (``die_with_parent``).  A worker that wants a
+    forkserver of its own later gets a new one."""
+    import multiprocessing.forkserver as forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is None:
+        return
+    server._forkserver_alive_fd = None
+    server._forkserver_pid = None
+    try:
+        os.close(fd)
+    except OSError:
+        pass

@@ -39,7 +39,7 @@ from pathlib import Path
 import attrs
 
 from state_machines.config import Config
-from state_machines.orphans import die_with_parent
+from state_machines.orphans import die_with_parent, let_the_forkserver_go
 
 STEPS_BYTES = 1 << 18
 WHAT_BYTES = 1 << 10
@@ -398,9 +398,11 @@ def worker_signals() -> None:
     alone decides what it means; SIGTERM ends the worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    # The kernel sends it SIGTERM when the process that started it dies, by
-    # SIGKILL too (under forkserver, the server, which exits with the run).
-    die_with_parent(signal.SIGTERM)
+    # The kernel SIGKILLs it when the process that started it dies, by
+    # SIGKILL too (under forkserver, the server, which exits with the run):
+    # no one is left to report to, and a target's code may ignore SIGTERM.
+    die_with_parent(signal.SIGKILL)
+    let_the_forkserver_go()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 

@@ -341,6 +341,20 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _forks(pid: int) -> list[int]:
+    """The children of ``pid`` that run its own program: forks, such as a
+    worker, not a program it started (the forkserver, the resource tracker,
+    a helper some library runs)."""
+    def cmdline(p: int) -> bytes | None:
+        try:
+            return Path(f"/proc/{p}/cmdline").read_bytes()
+        except OSError:
+            return None
+
+    own = cmdline(pid)
+    return [c for c in _children(pid) if own is not None and cmdline(c) == own]
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds workers through /proc")
 @pytest.mark.parametrize("jobs", [0, 1, 2], ids=["plain", "long-j1", "long-j2"])
 def test_killing_a_worker_fails_the_run(tmp_path, jobs):
@@ -354,7 +368,7 @@ def test_killing_a_worker_fails_the_run(tmp_path, jobs):
         while len(workers) < max(jobs, 1) and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)
             # A plain run forks its worker; a long run's are forked by the forkserver, a child of the CLI.
-            workers = _children(proc.pid) if not jobs else [w for c in _children(proc.pid) for w in _children(c)]
+            workers = _forks(proc.pid) if not jobs else [w for c in _children(proc.pid) for w in _forks(c)]
         assert len(workers) == max(jobs, 1) and proc.poll() is None, (workers, proc.poll())
         time.sleep(1.0)  # into their runs
         try:
@@ -821,6 +835,31 @@ def test_die_with_parent_sets_the_signal_the_kernel_sends():
         answer = pipe.read()
     os.waitpid(pid, 0)
     assert answer == f"True {int(signal.SIGUSR1)}"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the worker through /proc")
+@pytest.mark.parametrize("command", ["fuzz", "long", "targets"])
+def test_a_worker_deaf_to_sigterm_dies_with_a_command_killed_outright(pools, command):
+    """kill -9 of the command while its worker hangs in a factory that
+    ignores SIGTERM: the worker goes too (the kernel's signal on its
+    parent's death is SIGKILL; SIGTERM left this one running, orphaned)."""
+    args = (["targets", "--target", "bad_pools:hangs_at_build"] if command == "targets" else
+            ["fuzz", "--target", "bad_pools:hangs_at_build", "--trace-dir", str(pools / "traces"),
+             *(LONG if command == "long" else [])])
+    proc = subprocess.Popen([sys.executable, "-m", "state_machines.cli", *args, "--build-timeout", "600"],
+                            cwd=pools, env=_env(pools), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = None
+    try:
+        worker = _wait_for_pid(pools / "hung.pid", proc)
+        proc.kill()
+        proc.wait(timeout=30)
+        assert _gone(worker), "the worker outlived the command"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if worker is not None and not _gone(worker, 0):
+            os.kill(worker, signal.SIGKILL)
 
 
 def test_the_import_check_forks_only_for_a_module_not_yet_imported(tmp_path, monkeypatch):

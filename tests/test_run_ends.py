@@ -4,6 +4,7 @@ killed, or is wrong from its first census; and when the user presses Ctrl-C
 or sends SIGTERM.  Each ends with the right exit code, no traceback, and the
 failure kept as a trace."""
 
+import contextlib
 import json
 import os
 import signal
@@ -784,6 +785,25 @@ def test_the_import_check_dies_with_a_command_killed_outright(tmp_path):
             proc.wait()
 
 
+@contextlib.contextmanager
+def _hung_build(pools, *args, **popen):
+    """``kv-lockstep ARGS --build-timeout 600`` started, given back with its
+    worker's pid once that hangs in bad_pools:hangs_at_build's factory (deaf
+    to SIGTERM); neither outlives the test."""
+    proc = subprocess.Popen([sys.executable, "-m", "state_machines.cli", *args, "--build-timeout", "600"],
+                            cwd=pools, env=_env(pools), **popen)
+    worker = None
+    try:
+        worker = _wait_for_pid(pools / "hung.pid", proc)
+        yield proc, worker
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if worker is not None and not _gone(worker, 0):
+            os.kill(worker, signal.SIGKILL)
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the worker through /proc")
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_while_targets_builds_a_factory_kills_its_worker(pools, sig, code):
@@ -791,23 +811,13 @@ def test_a_signal_while_targets_builds_a_factory_kills_its_worker(pools, sig, co
     signal there kills the worker, deaf to SIGTERM as this one is, and ends
     the command with 128 + the signal and one line (on SIGTERM the command
     died with no word, and the worker ran on, orphaned)."""
-    proc = subprocess.Popen([sys.executable, "-m", "state_machines.cli", "targets", "--target", "bad_pools:hangs_at_build",
-                             "--build-timeout", "600"],
-                            cwd=pools, env=_env(pools), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    worker = None
-    try:
-        worker = _wait_for_pid(pools / "hung.pid", proc)
+    with _hung_build(pools, "targets", "--target", "bad_pools:hangs_at_build",
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as (proc, worker):
         proc.send_signal(sig)
         stdout, stderr = proc.communicate(timeout=60)
         assert proc.returncode == code, stdout + stderr
         assert stderr == f"kv-lockstep: interrupted ({sig.name})\n" and "Traceback" not in stderr
         assert _gone(worker), "the build's worker outlived the command"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if worker is not None and not _gone(worker, 0):
-            os.kill(worker, signal.SIGKILL)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
@@ -846,20 +856,10 @@ def test_a_worker_deaf_to_sigterm_dies_with_a_command_killed_outright(pools, com
     args = (["targets", "--target", "bad_pools:hangs_at_build"] if command == "targets" else
             ["fuzz", "--target", "bad_pools:hangs_at_build", "--trace-dir", str(pools / "traces"),
              *(LONG if command == "long" else [])])
-    proc = subprocess.Popen([sys.executable, "-m", "state_machines.cli", *args, "--build-timeout", "600"],
-                            cwd=pools, env=_env(pools), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    worker = None
-    try:
-        worker = _wait_for_pid(pools / "hung.pid", proc)
+    with _hung_build(pools, *args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as (proc, worker):
         proc.kill()
         proc.wait(timeout=30)
         assert _gone(worker), "the worker outlived the command"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if worker is not None and not _gone(worker, 0):
-            os.kill(worker, signal.SIGKILL)
 
 
 def test_the_import_check_forks_only_for_a_module_not_yet_imported(tmp_path, monkeypatch):

@@ -444,25 +444,58 @@ def test_a_walk_failure_an_older_version_saved_still_replays_after_those_saved_w
     assert len(list(fresh.fetch(key))) == 2 and not list(fresh.fetch(older_key))
 
 
-def test_a_walk_failure_saved_twice_replays_once_and_is_kept_once():
-    """Two runs sharing a database that each found the same trace keep it
-    twice, found at different times: the next run replays it once, the
-    first found, and forgets the other (it replayed, and kept, both)."""
+def test_a_walk_failure_saved_twice_replays_once_and_is_kept_once_under_each_key():
+    """Two runs sharing a database that each found the same failure keep it
+    twice, found at different times, the later under another per-call
+    limit and detail: the next run replays it once, the first found, and
+    forgets the other (it replayed, and kept, both).  A copy under an
+    older version's key is not replayed again but kept there, for that
+    version; one found first there leaves today's copy kept too."""
     from hypothesis.database import InMemoryExampleDatabase
 
     from state_machines.runs.runner import _walk_key_before_v2, _walk_value
 
-    db = InMemoryExampleDatabase()
     trace = _alias_walk_failures()["no_page_freed_twice"]
-    key = _walk_key(machine_for(TOKEN_ALIAS))
-    db.save(key, _walk_value(trace, found=2))
+    other = attrs.evolve(trace, config=attrs.evolve(trace.config, call_timeout_s=0.5), detail="another text")
+    key, older_key = _walk_key(machine_for(TOKEN_ALIAS)), _walk_key_before_v2(machine_for(TOKEN_ALIAS))
+    db = InMemoryExampleDatabase()
+    db.save(key, _walk_value(other, found=2))
     db.save(key, _walk_value(trace, found=1))
-    db.save(_walk_key_before_v2(machine_for(TOKEN_ALIAS)), trace.to_json().encode())
+    db.save(older_key, trace.to_json().encode())
     again = fuzz(TOKEN_ALIAS, max_examples=40, seed=0, database=db, shrink=False)
     assert again.failures == (trace,)
     assert again.record.examples == 1  # the saved walk failure, once (Hypothesis saved nothing to replay)
-    assert set(db.fetch(key)) == {_walk_value(trace, found=1)}
-    assert not list(db.fetch(_walk_key_before_v2(machine_for(TOKEN_ALIAS))))
+    assert (set(db.fetch(key)), set(db.fetch(older_key))) == ({_walk_value(trace, found=1)}, {trace.to_json().encode()})
+    db = InMemoryExampleDatabase()
+    db.save(older_key, _walk_value(trace, found=1))  # the form a version kept there for a while
+    db.save(key, _walk_value(trace, found=2))
+    assert fuzz(TOKEN_ALIAS, max_examples=40, seed=0, database=db, shrink=False).failures == (trace,)
+    assert (set(db.fetch(key)), set(db.fetch(older_key))) == ({_walk_value(trace, found=2)}, {_walk_value(trace, found=1)})
+
+
+def test_a_saved_walk_failure_this_version_cannot_run_is_kept_for_one_that_can():
+    """A trace of a form this version does not know (a configuration field
+    of a later one) or of a target not here is kept, not replayed, where it
+    was forgotten: a version or machine that can run it would have lost
+    it.  A value that is no trace at all is still forgotten."""
+    from hypothesis.database import InMemoryExampleDatabase
+
+    from state_machines.runs.runner import _walk_value
+
+    trace = _alias_walk_failures()["no_page_freed_twice"]
+    later = json.loads(_walk_value(trace, found=1))
+    later["trace"]["config"]["a_later_field"] = 1
+    elsewhere = json.loads(_walk_value(trace, found=2))
+    elsewhere["trace"]["config"]["target"] = "kvl_not_here:make"
+    junk = json.dumps({"found": 3, "trace": {"not": "a trace"}}).encode()
+    key = _walk_key(machine_for(TOKEN_ALIAS))
+    db = InMemoryExampleDatabase()
+    kept = {json.dumps(later).encode(), json.dumps(elsewhere).encode()}
+    for value in (*kept, junk):
+        db.save(key, value)
+    again = fuzz(TOKEN_ALIAS, max_examples=40, seed=2, database=db, shrink=False)
+    assert again.failures  # the walk ran, none of the saved ones failing here
+    assert kept <= set(db.fetch(key)) and junk not in set(db.fetch(key))
 
 
 class _CallProbe:

@@ -265,10 +265,11 @@ def _walk_key(machine) -> bytes:
 
 
 def _walk_key_before_v2(machine) -> bytes:
-    """Where versions before ``_walk_key`` kept them, as a trace's JSON
-    alone: read, never written.  Such a version reads only this key and
-    forgets what it cannot run, so a value of today's form kept here would
-    be deleted by any older run sharing the database."""
+    """Where earlier versions kept them (a trace's JSON alone, or, for a
+    while, ``_walk_value``'s form): read, never written.  Such a version
+    reads only this key and forgot what it could not run, so a value of
+    today's form kept here would be deleted by any older run sharing the
+    database."""
     return b"kv-lockstep walk failures: " + machine.__name__.encode()
 
 
@@ -292,15 +293,37 @@ def _walk_entry(value: bytes) -> tuple[int | None, dict]:
     return data["found"], data["trace"]
 
 
+def _is_trace(data) -> bool:
+    """Whether ``data`` says it is a trace, of this version's form or any
+    other's (``trace.FORMAT``)."""
+    return isinstance(data, dict) and isinstance(data.get("format"), str) and data["format"].startswith("kv-lockstep-trace/")
+
+
+def _same_failure(data) -> str:
+    """What makes two saved walk failures one: the configuration, less the
+    per-call limit (a hang's is set by timing), the steps and the
+    invariant, not the detail (an exception's text names paths, a hang's
+    its limit)."""
+    if not _is_trace(data):
+        return json.dumps(data, sort_keys=True)
+    config, failure = data.get("config"), data.get("failure")
+    config = {k: v for k, v in config.items() if k != "call_timeout_s"} if isinstance(config, dict) else config
+    invariant = failure.get("invariant") if isinstance(failure, dict) else failure
+    return json.dumps([config, data.get("steps"), invariant], sort_keys=True)
+
+
 def _walk_saved(machine, database, record: RunRecord) -> list[InvariantViolation]:
     """Replay the walk failures ``database`` kept for ``machine``, each an
     example that the run's probe sees start and fail: return what those
-    that still fail raised, in turn; forget those that pass.  They
-    replay in the order found (the database keeps a set), then those saved
-    without ``found`` (``_walk_entry``: a version's before it was kept)
-    in the order of their bytes.  A trace kept more than once (runs that
-    shared the database each found it) replays once, the first found; the
-    others are forgotten."""
+    that still fail raised, in turn; forget those that pass, and values
+    that are no trace at all.  A trace this version or machine cannot run
+    (another version's form, a target not here) is kept for those that
+    can.  They replay in the order found (the database keeps a set), then
+    those saved without ``found`` (``_walk_entry``: an older version's) in
+    the order of their bytes.  A failure kept more than once (runs that
+    shared the database each found it) replays once, the first found;
+    under the same key the others are forgotten, under the other key kept
+    (an older version reads only its own)."""
     if database is None:
         return []
     entries = []
@@ -308,18 +331,19 @@ def _walk_saved(machine, database, record: RunRecord) -> list[InvariantViolation
         for value in list(database.fetch(key)):  # deleting from it as it is read
             try:
                 found, data = _walk_entry(value)
-                same = json.dumps(data, sort_keys=True)
+                same = _same_failure(data)
             except (ValueError, RecursionError):  # not JSON (or nested past the parser), not a walk failure: forgotten
                 database.delete(key, value)
                 continue
             entries.append((found is None, found or 0, value, key, data, same))
     failed: list[InvariantViolation] = []
-    replayed = set()
+    replayed: dict[str, bytes] = {}  # each failure replayed: the key it was kept under
     for *_, value, key, data, same in sorted(entries, key=lambda entry: entry[:3]):
         if same in replayed:
-            database.delete(key, value)
+            if replayed[same] == key:
+                database.delete(key, value)
             continue
-        replayed.add(same)
+        replayed[same] = key
         example = machine()
         try:
             trace = Trace.from_dict(data)
@@ -334,8 +358,9 @@ def _walk_saved(machine, database, record: RunRecord) -> list[InvariantViolation
                 record.probe.failed(example, exc)
             failed.append(exc)
             continue
-        except Exception:  # noqa: BLE001 - a saved trace this version cannot run is forgotten
-            pass
+        except Exception:  # noqa: BLE001 - one this version or machine cannot run is kept for those that can
+            if _is_trace(data):
+                continue
         database.delete(key, value)
     return failed
 

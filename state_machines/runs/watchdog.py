@@ -398,9 +398,10 @@ def worker_signals() -> None:
     alone decides what it means; SIGTERM ends the worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    # The kernel SIGKILLs it when the process that started it dies, by
-    # SIGKILL too (under forkserver, the server, which exits with the run):
+    # When its parent dies, however (kill -9 too), the kernel SIGKILLs it:
     # no one is left to report to, and a target's code may ignore SIGTERM.
+    # Under forkserver the parent is the server, which exits with the
+    # command once no worker holds its liveness pipe.
     die_with_parent(signal.SIGKILL)
     let_the_forkserver_go()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})

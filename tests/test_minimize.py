@@ -677,3 +677,22 @@ def test_minimize_lowers_a_prompt_two_requests_share_in_both():
         cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_minimize_folds_a_growth_and_puts_another_path_in_place_of_a_step_that_then_passes():
+    """multi-ended segment-view as the bench's shrinking seed 0 left it:
+    the grow folded into the alloc (the segment refitted to the larger
+    request) passes, every step still applying; the finish after it made
+    an overwrite of the row fails as before, by the known shortest path
+    (six steps to five).  No single move shortened the six."""
+    config = Config(target="builtin:multi-ended", mutant="segment-view", page_size=4, row_dtype="int64", size=8)
+    six = (
+        Step("begin", {}),
+        Step("alloc", {"n": 4}, "req_0"),
+        Step("free_segment", {"req": "req_0", "start": 0, "n": 1}),
+        Step("alloc", {"n": 4, "req": "req_0"}),
+        Step("finish", {"req": "req_0"}),
+        Step("end", {}),
+    )
+    shortest = _shrinks_to(config, six, "no_page_freed_twice", 5)
+    assert [s.rule for s in shortest.steps] == ["begin", "alloc", "free_segment", "overwrite_row", "end"]

@@ -713,7 +713,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     from there end shorter (its own budget, ``SPLIT_STEPS``).  Last, where
     all of those are stuck, ``paired``: two moves at once, a step moved and
     a new one put next to it, or a growth folded into its alloc, a step
-    that then no longer applies deleted or made simpler (its own budget,
+    that then no longer applies deleted or made simpler, or, where the fold
+    passes, a later step made a simple one of any rule (its own budget,
     ``PAIR_STEPS``).  Only a
     failure on the same invariant counts (``_fails_like``).  Each kept candidate is re-recorded,
     so names run ``req_0``, ``req_1``, ... again.  ``stop()``, when given,
@@ -985,8 +986,10 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         rule the trace lacks put just before or after it; or a step that
         grows a request folded into its alloc (``_growth_hoisted``).  Where
         a step after the change no longer applies, that step goes, or (for
-        a fold) a simpler step takes its place (``_candidate_steps``); what
-        then fails is kept where ``descend`` ends shorter than ``best``.  Run
+        a fold) a simpler step takes its place (``_candidate_steps``); where
+        a fold applies but passes, one later step is made a simple step of
+        any rule; what then fails is kept where ``descend`` ends shorter
+        than ``best``.  Run
         only where every other pass is stuck; stops once ``PAIR_STEPS``
         steps in all have been replayed."""
         steps, config = best.steps, best.config
@@ -1003,8 +1006,24 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         def mended(candidate: tuple[Step, ...], after: int, simpler: bool) -> bool:
             """Whether ``candidate``, or it with its first step after index
             ``after`` that does not apply deleted (or made simpler), fails
-            and descends to shorter than ``best`` (and take that)."""
+            and descends to shorter than ``best`` (and take that).  With
+            ``simpler`` (a fold, one step shorter already), a candidate
+            that applies but passes may fail with one step after ``after``
+            replaced by a simple one of any rule (the request grown at once
+            may fail by another path: an overwrite of its row where a grow
+            and a finish did)."""
             found = outcome(candidate)
+            if found is None and simpler and len(candidate) < len(best.steps):
+                for k in range(after + 1, len(candidate)):
+                    for s in _candidate_steps(rules[config], config, _made_before(candidate, k),
+                                              _ints_in(candidate[k : k + 1])):
+                        if returns_kind(s.rule) is not None or s == candidate[k]:
+                            continue
+                        if spent[3] > PAIR_STEPS:
+                            return False
+                        if isinstance(again := outcome((*candidate[:k], s, *candidate[k + 1 :])), Trace) \
+                                and descended_here(again.steps):
+                            return True
             if isinstance(found, int) and found > after:
                 k = found
                 fixes = [candidate[:k] + candidate[k + 1 :]]

@@ -652,7 +652,9 @@ SPLIT_STEPS = 1500
 # this much at most for it (checked between candidates: a descent from a
 # kept one may run past it): over the 157 failures captured from the
 # bench's bugs it added a median of 12 steps (at most 2,822) to the 1,521
-# median each shrink replayed.
+# median each shrink replayed (measured before a fold that passes was
+# tried with a later step made another: that comes last and can take the
+# rest of the budget).
 PAIR_STEPS = 2000
 
 
@@ -713,8 +715,9 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     from there end shorter (its own budget, ``SPLIT_STEPS``).  Last, where
     all of those are stuck, ``paired``: two moves at once, a step moved and
     a new one put next to it, or a growth folded into its alloc, a step
-    that then no longer applies deleted or made simpler, or, where the fold
-    passes, a later step made a simple one of any rule (its own budget,
+    that then no longer applies deleted or made simpler, or, last, where
+    the fold applies but does not fail, a later step made a simple step of
+    any rule (its own budget,
     ``PAIR_STEPS``).  Only a
     failure on the same invariant counts (``_fails_like``).  Each kept candidate is re-recorded,
     so names run ``req_0``, ``req_1``, ... again.  ``stop()``, when given,
@@ -986,10 +989,10 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         rule the trace lacks put just before or after it; or a step that
         grows a request folded into its alloc (``_growth_hoisted``).  Where
         a step after the change no longer applies, that step goes, or (for
-        a fold) a simpler step takes its place (``_candidate_steps``); where
-        a fold applies but passes, one later step is made a simple step of
-        any rule; what then fails is kept where ``descend`` ends shorter
-        than ``best``.  Run
+        a fold) a simpler step takes its place (``_candidate_steps``); last,
+        where a fold applies but does not fail on the invariant, one later
+        step is made a simple step of any rule (``replaced``); what then
+        fails is kept where ``descend`` ends shorter than ``best``.  Run
         only where every other pass is stuck; stops once ``PAIR_STEPS``
         steps in all have been replayed."""
         steps, config = best.steps, best.config
@@ -1006,24 +1009,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         def mended(candidate: tuple[Step, ...], after: int, simpler: bool) -> bool:
             """Whether ``candidate``, or it with its first step after index
             ``after`` that does not apply deleted (or made simpler), fails
-            and descends to shorter than ``best`` (and take that).  With
-            ``simpler`` (a fold, one step shorter already), a candidate
-            that applies but passes may fail with one step after ``after``
-            replaced by a simple one of any rule (the request grown at once
-            may fail by another path: an overwrite of its row where a grow
-            and a finish did)."""
+            and descends to shorter than ``best`` (and take that)."""
             found = outcome(candidate)
-            if found is None and simpler and len(candidate) < len(best.steps):
-                for k in range(after + 1, len(candidate)):
-                    for s in _candidate_steps(rules[config], config, _made_before(candidate, k),
-                                              _ints_in(candidate[k : k + 1])):
-                        if returns_kind(s.rule) is not None or s == candidate[k]:
-                            continue
-                        if spent[3] > PAIR_STEPS:
-                            return False
-                        if isinstance(again := outcome((*candidate[:k], s, *candidate[k + 1 :])), Trace) \
-                                and descended_here(again.steps):
-                            return True
             if isinstance(found, int) and found > after:
                 k = found
                 fixes = [candidate[:k] + candidate[k + 1 :]]
@@ -1039,6 +1026,30 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                         found = again
                         break
             return isinstance(found, Trace) and descended_here(found.steps)
+
+        def replaced(candidate: tuple[Step, ...], after: int) -> bool:
+            """Whether a fold ``candidate`` (one step shorter than ``best``)
+            that applies but does not fail on the invariant fails on it with
+            one step after index ``after`` made a simple step of any rule,
+            and descends to shorter than ``best`` (and take that): the
+            request grown at once may fail by another path, an overwrite of
+            its row where a grow and a finish did.  A step whose name a later
+            step uses is left."""
+            if outcome(candidate) is not None:
+                return False
+            for k in range(after + 1, len(candidate)):
+                if candidate[k].returns and any(candidate[k].returns in _refs(s) for s in candidate[k + 1 :]):
+                    continue
+                for s in _candidate_steps(rules[config], config, _made_before(candidate, k),
+                                          _ints_in(candidate[k : k + 1])):
+                    if returns_kind(s.rule) is not None or s == candidate[k]:
+                        continue
+                    if spent[3] > PAIR_STEPS:
+                        return False
+                    if isinstance(again := outcome((*candidate[:k], s, *candidate[k + 1 :])), Trace) \
+                            and descended_here(again.steps):
+                        return True
+            return False
 
         for candidate in _growth_hoisted(steps, config):
             if spent[3] > PAIR_STEPS:
@@ -1065,6 +1076,14 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                         return False
                     if mended((*moved[:at], step, *moved[at:]), at, simpler=False):
                         return True
+        # Last, as the dearest: a fold that still applies, one later step
+        # made another (after the moves, which it must not starve).
+        for candidate in _growth_hoisted(steps, config):
+            if spent[3] > PAIR_STEPS:
+                return False
+            at = next((i for i, (a, b) in enumerate(zip(candidate, steps)) if a != b), len(candidate))
+            if replaced(candidate, at):
+                return True
         return False
 
     best = trace

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -659,37 +658,18 @@ def test_sigterm_while_the_caller_header_builds_a_factory_kills_its_worker_and_s
     """fuzz --caller builds the caller for its header in a watched worker:
     SIGTERM there kills the worker, deaf to SIGTERM as this one is, and
     ends the command with 143 and one line."""
+    from tests.test_run_ends import gone, hung_build
+
     (tmp_path / "kvl_builds.py").write_text(BUILDS)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "state_machines.cli", "fuzz", "--caller", "radix", "--target", "kvl_builds:hangs",
-         "--sglang-path", str(release_dir("0.5.23")), "--build-timeout", "600", "--trace-dir", str(tmp_path / "traces")],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=dict(_env(), PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}"),
-    )
-    pid_file, worker = tmp_path / "hung.pid", None
-    try:
-        deadline = time.monotonic() + 300  # the release's import comes first
-        while worker is None and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.1)
-            if pid_file.exists() and pid_file.read_text():
-                worker = int(pid_file.read_text())
-        assert worker is not None, (proc.poll(), proc.communicate(timeout=60) if proc.poll() is not None else "")
+    with hung_build(tmp_path, "fuzz", "--caller", "radix", "--target", "kvl_builds:hangs",
+                    "--sglang-path", str(release_dir("0.5.23")), "--trace-dir", str(tmp_path / "traces"),
+                    within=300,  # the release's import comes first
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as (proc, worker):
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 143, stdout + stderr
         assert stderr == "kv-lockstep: interrupted (SIGTERM)\n"
-        for _ in range(200):
-            if not Path(f"/proc/{worker}").exists() or Path(f"/proc/{worker}/stat").read_text().split(")")[-1].split()[0] == "Z":
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("the header's worker outlived the command")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        if worker is not None and Path(f"/proc/{worker}").exists():
-            os.kill(worker, signal.SIGKILL)
+        assert gone(worker), "the header's worker outlived the command"
 
 
 def test_cover_of_a_caller_run_counts_the_cache_modules_too():

@@ -632,7 +632,7 @@ def test_a_death_while_building_is_bad_input_unless_it_was_killed_from_outside()
         lockstep.watch_calls(None)
 
 
-def _gone(pid: int, within: float = 10) -> bool:
+def gone(pid: int, within: float = 10) -> bool:
     """Whether process ``pid`` has ended (or is a zombie) within ``within`` seconds."""
     deadline = time.monotonic() + within
     while True:
@@ -666,9 +666,9 @@ def test_factory_that_never_returns_is_bad_input_and_its_worker_is_killed(pools,
         ended(run, 2)
         assert run.stderr == "kv-lockstep: error: cannot build bad_pools:hangs_at_build: its factory did not return within 1 s\n"
         assert "worker_died" not in run.stdout and not list((pools / "traces").rglob("*.json"))
-        assert _gone(int((pools / "hung.pid").read_text()))
+        assert gone(int((pools / "hung.pid").read_text()))
     finally:  # without the watchdog's kill, no worker outlives the test
-        if (pools / "hung.pid").exists() and not _gone(pid := int((pools / "hung.pid").read_text()), 0):
+        if (pools / "hung.pid").exists() and not gone(pid := int((pools / "hung.pid").read_text()), 0):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -776,7 +776,7 @@ def test_the_import_check_dies_with_a_command_killed_outright(tmp_path):
         assert child != proc.pid
         proc.kill()
         proc.wait(timeout=30)
-        if not _gone(child):
+        if not gone(child):
             os.kill(child, signal.SIGKILL)
             raise AssertionError("the import check's child outlived the command")
     finally:
@@ -786,21 +786,22 @@ def test_the_import_check_dies_with_a_command_killed_outright(tmp_path):
 
 
 @contextlib.contextmanager
-def _hung_build(pools, *args, **popen):
-    """``kv-lockstep ARGS --build-timeout 600`` started, given back with its
-    worker's pid once that hangs in bad_pools:hangs_at_build's factory (deaf
-    to SIGTERM); neither outlives the test."""
+def hung_build(pools, *args, within: float = 30, **popen):
+    """``kv-lockstep ARGS --build-timeout 600`` started in ``pools``, given
+    back with its worker's pid once that hangs in a factory deaf to SIGTERM
+    that leaves its pid in hung.pid there (bad_pools:hangs_at_build), within
+    ``within`` seconds; neither outlives the test."""
     proc = subprocess.Popen([sys.executable, "-m", "state_machines.cli", *args, "--build-timeout", "600"],
                             cwd=pools, env=_env(pools), **popen)
     worker = None
     try:
-        worker = _wait_for_pid(pools / "hung.pid", proc)
+        worker = _wait_for_pid(pools / "hung.pid", proc, within)
         yield proc, worker
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        if worker is not None and not _gone(worker, 0):
+        if worker is not None and not gone(worker, 0):
             os.kill(worker, signal.SIGKILL)
 
 
@@ -811,13 +812,13 @@ def test_a_signal_while_targets_builds_a_factory_kills_its_worker(pools, sig, co
     signal there kills the worker, deaf to SIGTERM as this one is, and ends
     the command with 128 + the signal and one line (on SIGTERM the command
     died with no word, and the worker ran on, orphaned)."""
-    with _hung_build(pools, "targets", "--target", "bad_pools:hangs_at_build",
+    with hung_build(pools, "targets", "--target", "bad_pools:hangs_at_build",
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as (proc, worker):
         proc.send_signal(sig)
         stdout, stderr = proc.communicate(timeout=60)
         assert proc.returncode == code, stdout + stderr
         assert stderr == f"kv-lockstep: interrupted ({sig.name})\n" and "Traceback" not in stderr
-        assert _gone(worker), "the build's worker outlived the command"
+        assert gone(worker), "the build's worker outlived the command"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
@@ -856,10 +857,10 @@ def test_a_worker_deaf_to_sigterm_dies_with_a_command_killed_outright(pools, com
     args = (["targets", "--target", "bad_pools:hangs_at_build"] if command == "targets" else
             ["fuzz", "--target", "bad_pools:hangs_at_build", "--trace-dir", str(pools / "traces"),
              *(LONG if command == "long" else [])])
-    with _hung_build(pools, *args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as (proc, worker):
+    with hung_build(pools, *args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as (proc, worker):
         proc.kill()
         proc.wait(timeout=30)
-        assert _gone(worker), "the worker outlived the command"
+        assert gone(worker), "the worker outlived the command"
 
 
 def test_the_import_check_forks_only_for_a_module_not_yet_imported(tmp_path, monkeypatch):
@@ -902,7 +903,7 @@ def test_targets_builds_a_custom_target_in_a_watched_worker(pools, name, code, s
         ended(run, code)
         assert (run.stderr if code == 2 else run.stdout) == said
     finally:  # without the watchdog's kill, no build outlives the test
-        if (pools / "hung.pid").exists() and not _gone(pid := int((pools / "hung.pid").read_text()), 0):
+        if (pools / "hung.pid").exists() and not gone(pid := int((pools / "hung.pid").read_text()), 0):
             os.kill(pid, signal.SIGKILL)
 
 

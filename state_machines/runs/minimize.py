@@ -1051,10 +1051,12 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                         return True
             return False
 
-        for candidate in _growth_hoisted(steps, config):
+        # Each fold, with where it first differs from ``steps``.
+        folds = [(candidate, next((i for i, (a, b) in enumerate(zip(candidate, steps)) if a != b), len(candidate)))
+                 for candidate in _growth_hoisted(steps, config)]
+        for candidate, at in folds:
             if spent[3] > PAIR_STEPS:
                 return False
-            at = next((i for i, (a, b) in enumerate(zip(candidate, steps)) if a != b), len(candidate))
             if mended(candidate, at, simpler=True):
                 return True
         for j, moved in _moved(steps):
@@ -1078,10 +1080,9 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                         return True
         # Last, as the dearest: a fold that still applies, one later step
         # made another (after the moves, which it must not starve).
-        for candidate in _growth_hoisted(steps, config):
+        for candidate, at in folds:
             if spent[3] > PAIR_STEPS:
                 return False
-            at = next((i for i, (a, b) in enumerate(zip(candidate, steps)) if a != b), len(candidate))
             if replaced(candidate, at):
                 return True
         return False

@@ -55,3 +55,21 @@ def let_the_forkserver_go() -> None:
         os.close(fd)
     except OSError:
         pass
+
+
+def parent_died_first() -> bool:
+    """In a multiprocessing worker, just after ``die_with_parent``: whether
+    the process that started it had died before that (fork and spawn: this
+    process is no longer its child), so that the kernel will never send the
+    signal.  A forkserver's worker is the server's child: it cannot have
+    lost the server before ``let_the_forkserver_go`` (its own copy of the
+    liveness pipe kept the server alive), and after that the server's death
+    is the one the kernel signals."""
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()
+    # Only where the starter is known to be the parent: a worker made by
+    # the default context does not say how it was started.
+    if parent is None or multiprocessing.current_process()._start_method not in ("fork", "spawn"):
+        return False
+    return os.getppid() != parent.pid

@@ -863,6 +863,51 @@ def test_a_worker_deaf_to_sigterm_dies_with_a_command_killed_outright(pools, com
         assert gone(worker), "the worker outlived the command"
 
 
+_LATE_WORKER = """\
+import multiprocessing, os, signal, sys, time
+
+from state_machines.runs.watchdog import worker_signals
+
+
+def work():
+    parent = multiprocessing.parent_process().pid
+    while os.getppid() == parent:  # the command dies before the worker sets its signals
+        time.sleep(0.01)
+    worker_signals()
+    time.sleep(120)
+
+
+if __name__ == "__main__":
+    worker = multiprocessing.get_context(sys.argv[1]).Process(target=work)
+    worker.start()
+    with open("worker.pid", "w") as out:
+        out.write(str(worker.pid))
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_worker_whose_command_died_before_it_set_its_signals_ends(tmp_path, method):
+    """A command killed between a worker's start and its worker_signals: the
+    kernel was asked to signal a parent's death that had already happened,
+    so the worker ends itself there (it ran on, orphaned)."""
+    (tmp_path / "late_worker.py").write_text(_LATE_WORKER)
+    proc = subprocess.Popen([sys.executable, "late_worker.py", method], cwd=tmp_path, env=_env(tmp_path),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = None
+    try:
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+        worker = int((tmp_path / "worker.pid").read_text())
+        assert gone(worker, 30), "the worker outlived the command"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if worker is not None and not gone(worker, 0):
+            os.kill(worker, signal.SIGKILL)
+
+
 def test_the_import_check_forks_only_for_a_module_not_yet_imported(tmp_path, monkeypatch):
     """import_death: a module that imports, or raises, is left to the
     caller's own import (None), and is not imported here by the check; one

@@ -30,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import json
 import multiprocessing
+import os
 import signal
 import sys
 import time
@@ -39,7 +40,7 @@ from pathlib import Path
 import attrs
 
 from state_machines.config import Config
-from state_machines.orphans import die_with_parent, let_the_forkserver_go
+from state_machines.orphans import die_with_parent, let_the_forkserver_go, parent_died_first
 
 STEPS_BYTES = 1 << 18
 WHAT_BYTES = 1 << 10
@@ -404,6 +405,9 @@ def worker_signals() -> None:
     # command once no worker holds its liveness pipe.
     die_with_parent(signal.SIGKILL)
     let_the_forkserver_go()
+    if parent_died_first():
+        # The command died before the kernel was asked: it will send nothing.
+        os.kill(os.getpid(), signal.SIGKILL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 

@@ -401,6 +401,25 @@ def test_a_saved_walk_failure_that_still_fails_leaves_hypothesiss_saved_failure_
     assert again.record.examples == 3
 
 
+def test_a_new_walk_failure_leaves_hypothesiss_saved_failure_reported_too(monkeypatch):
+    """A database holding a Hypothesis failure of one invariant, and a walk that meets another (seed 1 meets only
+    no_page_freed_twice in 7 examples): one run reports both (it reported only the walk's, since the walk's failure
+    ended the run before Hypothesis's reuse phase)."""
+    from hypothesis.database import InMemoryExampleDatabase
+
+    from state_machines.runs import runner
+
+    db = InMemoryExampleDatabase()
+    with monkeypatch.context() as m:
+        m.setattr(runner, "walked_examples", lambda n: 0)  # Hypothesis's run alone, so it finds and saves the failure
+        hypothesis_found = fuzz(TOKEN_ALIAS, max_examples=40, seed=0, database=db, shrink=False)
+    assert [t.invariant for t in hypothesis_found.failures] == ["free_sets_agree"]
+    assert [t.invariant for t in fuzz(TOKEN_ALIAS, max_examples=8, seed=1, database=None, shrink=False).failures] == [
+        "no_page_freed_twice"]
+    again = fuzz(TOKEN_ALIAS, max_examples=8, seed=1, database=db, shrink=False)
+    assert [t.invariant for t in again.failures] == ["no_page_freed_twice", "free_sets_agree"]
+
+
 def test_saved_walk_failures_replay_in_the_order_found_not_the_order_of_their_bytes():
     """Two walk failures, the one whose bytes sort first found second: they replay, and are reported, in the
     order found."""

@@ -133,8 +133,9 @@ def fuzz(
     one) and replayed first next time, in the order found, as Hypothesis
     replays its own.  Where a saved walk failure still fails, neither the
     walk nor Hypothesis's generation runs, but Hypothesis's saved examples
-    still replay, and the run reports the first failure of each invariant
-    among them all, the walk's first.  With ``shrink``,
+    still replay, as they do where the walk meets a failure, and the run
+    reports the first failure of each invariant among them all, the walk's
+    first.  With ``shrink``,
     each failure Hypothesis found is shrunk by ``minimize`` (on the run's
     own pool shape or a smaller pool where the failure still shows), not by
     Hypothesis's shrinker, which replays whole examples through the engine
@@ -170,26 +171,19 @@ def fuzz(
         walked = min(walked_examples(chosen.max_examples), chosen.max_examples - replayed)
         budget = chosen.max_examples - replayed - walked
         if saved:
-            # Hypothesis's saved failures replay too, or a failure only it
-            # found stays unreported while a walk failure still fails.  They
-            # replay under the run's own per-call limit: a saved hang just
-            # replayed moved the machine onto the shrinker's short one
-            # (``_HangWatch``), under which a slow call passes for a hang.
-            machine.config = full
-            try:
-                _hypothesis_saved(machine, chosen, budget)
-            except Exception as exc:
-                more = violations_in(exc)
-                if not more:
-                    raise
-                saved += more
-            raise _distinct(saved)
+            raise _distinct(saved + _saved_by_hypothesis(machine, full, chosen, budget))
         # Each failure is saved as the walk meets it, so an interrupt later
         # (the walk running on, or shrinking) loses nothing.
         save = None if chosen.database is None else lambda violation: chosen.database.save(
             _walk_key(machine), _walk_value(Trace.from_violation(violation)))
-        walk(machine, random.Random(seed if seed is not None else 0 if chosen.derandomize else None), walked,
-             on_failure=save)
+        try:
+            walk(machine, random.Random(seed if seed is not None else 0 if chosen.derandomize else None), walked,
+                 on_failure=save)
+        except Exception as exc:
+            met = violations_in(exc)
+            if not met:
+                raise
+            raise _distinct(met + _saved_by_hypothesis(machine, full, chosen, budget)) from None
         _hypothesis_capped(machine, chosen, budget, record, start + chosen.max_examples)
     except Exception as exc:
         found = violations_in(exc)
@@ -247,6 +241,24 @@ def _hypothesis_saved(machine, chosen: settings, budget: int) -> None:
             chosen, phases=[Phase.reuse], max_examples=max(1, math.ceil(max(budget, 1) / 10))))
     except SkipTest:  # nothing saved: no example ran
         pass
+
+
+def _saved_by_hypothesis(machine, full: Config, chosen: settings, budget: int) -> list[InvariantViolation]:
+    """The failures among Hypothesis's saved examples (``_hypothesis_saved``),
+    replayed where the walk's failures, saved or new, end the run before
+    Hypothesis's own reuse phase: else a failure only Hypothesis found stays
+    unreported beside them.  They replay under the run's own per-call limit
+    ``full``: a hang just met moved the machine onto the shrinker's short
+    one (``_HangWatch``), under which a slow call passes for a hang."""
+    machine.config = full
+    try:
+        _hypothesis_saved(machine, chosen, budget)
+    except Exception as exc:
+        more = violations_in(exc)
+        if not more:
+            raise
+        return more
+    return []
 
 
 def _distinct(violations: list[InvariantViolation]) -> InvariantViolation | WalkFailures:

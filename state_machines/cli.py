@@ -54,7 +54,8 @@ def _build_timeout(parser) -> None:
     from state_machines.runs.watchdog import BUILD_TIMEOUT_S
 
     parser.add_argument("--build-timeout", type=_seconds, default=BUILD_TIMEOUT_S, metavar="SECONDS",
-                        help="the target's factory (or a probe of its methods) running longer is bad input, exit 2;"
+                        help="the target's factory (or a probe of its methods, or its module's import) running longer"
+                             " is bad input, exit 2;"
                              " apart from --call-timeout, as a device's first build is slow (default %(default)g)")
 
 
@@ -583,6 +584,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         args = _parser().parse_args(argv)
+        if hasattr(args, "build_timeout"):
+            from state_machines.targets.base import limit_imports
+
+            limit_imports(args.build_timeout)  # a target module's import is the target's code too
         if getattr(args, "caller", None) not in (None, "harness") or args.command == "replay":
             import state_machines.callers  # noqa: F401 - registers the caller family (a trace may name one)
         return {"fuzz": cmd_fuzz, "replay": cmd_replay, "targets": cmd_targets, "devices": cmd_devices}[args.command](args)

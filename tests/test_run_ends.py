@@ -722,10 +722,12 @@ def test_a_death_in_the_probe_of_the_scheduler_hooks_is_bad_input(pools, mode):
     assert "worker_died" not in run.stdout
 
 
-# Target modules whose top level ends the process that imports it.
+# Target modules whose top level ends the process that imports it, or never returns (under --build-timeout 1).
 ENDS_AT_IMPORT = {
     "exits_at_import": ("import os\nos._exit(7)\n", "exited with code 7"),
     "killed_at_import": ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "was killed by SIGKILL"),
+    "hangs_at_import": ("import os, time\nopen('importer.pid', 'w').write(str(os.getpid()))\ntime.sleep(3600)\n",
+                        "did not return within 1 s"),
 }
 
 
@@ -735,7 +737,7 @@ def test_a_target_module_that_ends_the_process_at_import_is_bad_input(tmp_path, 
     """The command imports a MODULE:ATTR target itself, to check it before
     any worker starts: one whose import calls os._exit or is killed is bad
     input, one line and exit 2 (the command ended silently, with the
-    module's code)."""
+    module's code; one that never returned hung it)."""
     source, how = ENDS_AT_IMPORT[module]
     (tmp_path / f"{module}.py").write_text(source)
     target = f"{module}:make"
@@ -747,10 +749,12 @@ def test_a_target_module_that_ends_the_process_at_import_is_bad_input(tmp_path, 
         args = ["targets", "--target", target]
     else:
         args = ["fuzz", "--target", target, "--trace-dir", str(tmp_path / "traces"), *(LONG if command == "long" else [])]
-    run = subprocess.run([sys.executable, "-m", "state_machines.cli", *args],
+    run = subprocess.run([sys.executable, "-m", "state_machines.cli", *args, "--build-timeout", "1"],
                          cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=60)
     ended(run, 2)
     assert run.stdout == "" and run.stderr == f"kv-lockstep: error: cannot load {target}: importing its module {how}\n"
+    if (pid_file := tmp_path / "importer.pid").exists():
+        assert gone(int(pid_file.read_text()), 0), "the import check's child outlived the command"
 
 
 def _wait_for_pid(path: Path, proc, within: float = 30) -> int:

@@ -41,6 +41,7 @@ import attrs
 
 from state_machines.config import Config
 from state_machines.orphans import die_with_parent, let_the_forkserver_go, parent_died_first
+from state_machines.targets.base import BUILD_TIMEOUT_S  # the limit of a build (harness.lockstep.building)
 
 STEPS_BYTES = 1 << 18
 WHAT_BYTES = 1 << 10
@@ -49,12 +50,6 @@ CONFIG_BYTES = 1 << 12
 POLL_S = 0.2
 # After Ctrl-C or SIGTERM, a worker gets this long to stop before it is killed.
 INTERRUPT_GRACE_S = 3.0
-# How long the target's own code may run outside any allocator call (its
-# factory, the probes: ``harness.lockstep.building``) before the worker is
-# killed (``fuzz --build-timeout``).  Apart from the call limit, and long:
-# a device pool's first build initialises CUDA or the NPU runtime, which can
-# take well over a call's 10 s.
-BUILD_TIMEOUT_S = 120.0
 
 _STARTED, _LIMIT, _STEPS_LEN, _WHAT_LEN, _STOP, _ABORT, _CONFIG_LEN, _BUILDING = range(8)
 

@@ -8,6 +8,7 @@ import importlib
 import inspect
 import logging
 import os
+import select
 import signal
 import sys
 import warnings
@@ -105,13 +106,32 @@ def construct(factory: Callable[..., Any], **available: Any):
     return factory(**kwargs)
 
 
+# How long the target's own code may run outside any allocator call, in
+# its factory, its probes or its module's import, before it counts as hung
+# (``fuzz --build-timeout``; the watchdog's build limit).  Apart from the
+# call limit, and long: a device pool's first build initialises CUDA or the
+# NPU runtime, which can take well over a call's 10 s.
+BUILD_TIMEOUT_S = 120.0
+
+_import_limit_s = BUILD_TIMEOUT_S
+
+
+def limit_imports(seconds: float) -> None:
+    """How long ``import_death`` waits for a module's import from now on:
+    the command's ``--build-timeout``."""
+    global _import_limit_s
+    _import_limit_s = seconds
+
+
 def import_death(module_name: str) -> str | None:
     """How a fork of this process ended while it imported ``module_name``
-    (``exited with code 7``, ``was killed by SIGSEGV``), or None where the
-    import returned or raised there: the caller then imports it itself, and
-    reports a raise as it reports any.  Without this, a user's module that
-    calls ``os._exit`` or crashes at its top level would end the command
-    with no word, before any watched worker starts.  Nothing is forked for
+    (``exited with code 7``, ``was killed by SIGSEGV``, ``did not return
+    within 120 s``: ``limit_imports``, after which it is killed), or None
+    where the import returned or raised there: the caller then imports it
+    itself, and reports a raise as it reports any.  Without this, a user's
+    module that calls ``os._exit`` or crashes at its top level would end
+    the command with no word, and one that never returns would hang it,
+    before any watched worker starts.  Nothing is forked for
     a module already imported (a worker forked from a process that checked
     it), one of sglang's (its release loads unchecked for ``sglang:`` kinds
     too, and twice would cost its import twice), or where there is no
@@ -138,15 +158,20 @@ def import_death(module_name: str) -> str | None:
             os._exit(0)  # not exit(): the parent's buffers and exit handlers are the parent's
     os.close(write)
     reaped = False
+    limit = _import_limit_s
     try:
         with os.fdopen(read, "rb") as pipe:
-            returned = pipe.read(1) == b"."
-        _, status = os.waitpid(pid, 0)
-        reaped = True
+            ended = bool(select.select([pipe], [], [], limit)[0])  # a word, or the end of the pipe
+            returned = ended and pipe.read(1) == b"."
+        if ended:
+            _, status = os.waitpid(pid, 0)
+            reaped = True
     finally:
-        if not reaped:  # interrupted while it imports: it goes too
+        if not reaped:  # still importing past the limit, or interrupted while it imports: it goes
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+    if not ended:
+        return f"did not return within {limit:g} s"
     if returned:
         return None
     if os.WIFSIGNALED(status):

@@ -51,7 +51,7 @@ def _seconds(text: str) -> float:
 
 
 def _build_timeout(parser) -> None:
-    from state_machines.runs.watchdog import BUILD_TIMEOUT_S
+    from state_machines.config import BUILD_TIMEOUT_S
 
     parser.add_argument("--build-timeout", type=_seconds, default=BUILD_TIMEOUT_S, metavar="SECONDS",
                         help="the target's factory (or a probe of its methods, or its module's import) running longer"

@@ -6,6 +6,14 @@ from pathlib import Path
 
 from attrs import asdict, field, fields, frozen
 
+# How long the target's own code may run outside any allocator call, in
+# its factory, its probes or its module's import, before it counts as hung
+# (``fuzz --build-timeout``; the watchdog's build limit, and
+# ``targets.base.import_death``'s).  Apart from the call limit, and long:
+# a device pool's first build initialises CUDA or the NPU runtime, which
+# can take well over a call's 10 s.
+BUILD_TIMEOUT_S = 120.0
+
 
 @frozen
 class Config:

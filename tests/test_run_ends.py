@@ -728,6 +728,12 @@ ENDS_AT_IMPORT = {
     "killed_at_import": ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "was killed by SIGKILL"),
     "hangs_at_import": ("import os, time\nopen('importer.pid', 'w').write(str(os.getpid()))\ntime.sleep(3600)\n",
                         "did not return within 1 s"),
+    # Closes the check's pipe too: the end of the pipe is no end of the import.
+    "closes_fds_and_hangs_at_import": ("import os, time\nos.closerange(3, 65536)\ntime.sleep(3600)\n",
+                                       "did not return within 1 s"),
+    # Its child holds the check's pipe open past the limit: the exit is what counts.
+    "exits_leaving_a_child_at_import": ("import os, time\nif os.fork() == 0:\n    time.sleep(5)\n    os._exit(0)\n"
+                                        "os._exit(7)\n", "exited with code 7"),
 }
 
 

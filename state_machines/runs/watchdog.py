@@ -39,9 +39,8 @@ from pathlib import Path
 
 import attrs
 
-from state_machines.config import Config
+from state_machines.config import BUILD_TIMEOUT_S, Config
 from state_machines.orphans import die_with_parent, let_the_forkserver_go, parent_died_first
-from state_machines.targets.base import BUILD_TIMEOUT_S  # the limit of a build (harness.lockstep.building)
 
 STEPS_BYTES = 1 << 18
 WHAT_BYTES = 1 << 10

@@ -8,15 +8,16 @@ import importlib
 import inspect
 import logging
 import os
-import select
 import signal
 import sys
+import time
 import warnings
 import weakref
 from typing import Any, Callable
 
 from attrs import field, frozen
 
+from state_machines.config import BUILD_TIMEOUT_S
 from state_machines.orphans import die_with_parent
 
 
@@ -106,13 +107,6 @@ def construct(factory: Callable[..., Any], **available: Any):
     return factory(**kwargs)
 
 
-# How long the target's own code may run outside any allocator call, in
-# its factory, its probes or its module's import, before it counts as hung
-# (``fuzz --build-timeout``; the watchdog's build limit).  Apart from the
-# call limit, and long: a device pool's first build initialises CUDA or the
-# NPU runtime, which can take well over a call's 10 s.
-BUILD_TIMEOUT_S = 120.0
-
 _import_limit_s = BUILD_TIMEOUT_S
 
 
@@ -157,20 +151,23 @@ def import_death(module_name: str) -> str | None:
         finally:
             os._exit(0)  # not exit(): the parent's buffers and exit handlers are the parent's
     os.close(write)
-    reaped = False
     limit = _import_limit_s
+    status = None
     try:
-        with os.fdopen(read, "rb") as pipe:
-            ended = bool(select.select([pipe], [], [], limit)[0])  # a word, or the end of the pipe
-            returned = ended and pipe.read(1) == b"."
-        if ended:
-            _, status = os.waitpid(pid, 0)
-            reaped = True
+        status = _ended_within(pid, limit)
+        # Its word, if it said one, is in the pipe; a process of the
+        # module's own may hold the pipe open, so the read does not wait.
+        os.set_blocking(read, False)
+        try:
+            returned = os.read(read, 1) == b"."
+        except BlockingIOError:
+            returned = False
     finally:
-        if not reaped:  # still importing past the limit, or interrupted while it imports: it goes
+        os.close(read)
+        if status is None:  # still importing past the limit, or interrupted while it imports: it goes
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-    if not ended:
+    if status is None:
         return f"did not return within {limit:g} s"
     if returned:
         return None
@@ -182,6 +179,24 @@ def import_death(module_name: str) -> str | None:
             name = f"signal {number}"
         return f"was killed by {name}"
     return f"exited with code {os.waitstatus_to_exitcode(status)}"
+
+
+def _ended_within(pid: int, limit: float) -> int | None:
+    """Child ``pid``'s wait status once it ends, reaped, or None where it is
+    still running after ``limit`` seconds.  The child itself is watched, not
+    its pipe, which a module can close, or hand to a process of its own
+    that outlives it."""
+    deadline = time.monotonic() + limit
+    pause = 0.001
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 0.05)
 
 
 def _die_with_parent(parent: int) -> None:

@@ -61,15 +61,16 @@ def parent_died_first() -> bool:
     """In a multiprocessing worker, just after ``die_with_parent``: whether
     the process that started it had died before that (fork and spawn: this
     process is no longer its child), so that the kernel will never send the
-    signal.  A forkserver's worker is the server's child: it cannot have
-    lost the server before ``let_the_forkserver_go`` (its own copy of the
-    liveness pipe kept the server alive), and after that the server's death
-    is the one the kernel signals."""
+    signal.  A forkserver's worker is the server's child: the command's
+    death cannot end the server before ``let_the_forkserver_go`` (the
+    worker's own copy of the liveness pipe keeps it), and after that the
+    server's death is the one the kernel signals (a server killed on its
+    own, by the OOM killer say, before the worker asked is not seen)."""
     import multiprocessing
 
     parent = multiprocessing.parent_process()
     # Only where the starter is known to be the parent: a worker made by
     # the default context does not say how it was started.
-    if parent is None or multiprocessing.current_process()._start_method not in ("fork", "spawn"):
+    if parent is None or getattr(multiprocessing.current_process(), "_start_method", None) not in ("fork", "spawn"):
         return False
     return os.getppid() != parent.pid

@@ -125,7 +125,8 @@ def fuzz(
     ``TargetError`` here rather than inside Hypothesis.  Seven eighths of
     the examples (``walked_examples``) are a seeded random walk over the same
     rules (``walk``; seeded by ``seed``, or 0 under ``derandomize``), the
-    rest Hypothesis's, which runs only where the walk found nothing; no
+    rest Hypothesis's, whose new examples run only where the walk found
+    nothing; no
     more than ``max_examples`` examples start before a failure, the
     saved failures replayed included, but those always replay in full
     (``_hypothesis_capped``).  A
@@ -249,7 +250,10 @@ def _saved_by_hypothesis(machine, full: Config, chosen: settings, budget: int) -
     Hypothesis's own reuse phase: else a failure only Hypothesis found stays
     unreported beside them.  They replay under the run's own per-call limit
     ``full``: a hang just met moved the machine onto the shrinker's short
-    one (``_HangWatch``), under which a slow call passes for a hang."""
+    one (``_HangWatch``), under which a slow call passes for a hang.  An
+    error of the harness's there is raised, not hidden: the walk's failures
+    are then lost to the outcome, though the command has reported each as
+    first seen (``FirstSight``), unshrunk, and the database keeps them."""
     machine.config = full
     try:
         _hypothesis_saved(machine, chosen, budget)

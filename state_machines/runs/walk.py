@@ -179,8 +179,9 @@ MORE_AFTER_FAILURE = 20
 
 class WalkFailures(Exception):
     """Distinct invariant violations one run met, first found first
-    (``exceptions``, as in an exception group): one walk's, or the saved
-    failures replayed at a run's start, the walk's and Hypothesis's."""
+    (``exceptions``, as in an exception group): one walk's, or a run's, the
+    walk's (met anew, or saved and replayed at its start) and then those of
+    Hypothesis's saved examples, replayed after them."""
 
     def __init__(self, exceptions: list[InvariantViolation]):
         super().__init__(f"{len(exceptions)} distinct failures: "

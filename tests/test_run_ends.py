@@ -808,11 +808,16 @@ def hung_build(pools, *args, within: float = 30, **popen):
         worker = _wait_for_pid(pools / "hung.pid", proc, within)
         yield proc, worker
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if worker is not None and not gone(worker, 0):
-            os.kill(worker, signal.SIGKILL)
+        _leave_none(proc, worker)
+
+
+def _leave_none(proc, pid: int | None) -> None:
+    """Kill the command ``proc`` and the process ``pid`` (if any) where they still run."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    if pid is not None and not gone(pid, 0):
+        os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the worker through /proc")
@@ -911,11 +916,7 @@ def test_a_worker_whose_command_died_before_it_set_its_signals_ends(tmp_path, me
         worker = int((tmp_path / "worker.pid").read_text())
         assert gone(worker, 30), "the worker outlived the command"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if worker is not None and not gone(worker, 0):
-            os.kill(worker, signal.SIGKILL)
+        _leave_none(proc, worker)
 
 
 def test_the_import_check_forks_only_for_a_module_not_yet_imported(tmp_path, monkeypatch):

@@ -919,6 +919,35 @@ def test_a_worker_whose_command_died_before_it_set_its_signals_ends(tmp_path, me
         _leave_none(proc, worker)
 
 
+def _import_limit(answer) -> None:
+    from state_machines.targets import base
+
+    answer.put(base._import_limit_s())
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_fresh_worker_checks_imports_under_the_commands_build_timeout(monkeypatch, method):
+    """--build-timeout reaches the import check of a worker started afresh
+    (a device run, a long run, --cover), not only the command's own: such a
+    worker checked under the default 120 s, cutting off a slow import the
+    command allowed, or waiting past a shorter limit."""
+    import multiprocessing
+
+    from state_machines.targets import base
+
+    monkeypatch.setenv(base._IMPORT_LIMIT_ENV, "not a number")  # restored after the test, whatever it was
+    assert base._import_limit_s() == base.BUILD_TIMEOUT_S
+    base.limit_imports(600)
+    ctx = multiprocessing.get_context(method)
+    answer = ctx.Queue()
+    worker = ctx.Process(target=_import_limit, args=(answer,))
+    worker.start()
+    try:
+        assert answer.get(timeout=120) == 600
+    finally:
+        worker.join(timeout=30)
+
+
 def test_the_import_check_forks_only_for_a_module_not_yet_imported(tmp_path, monkeypatch):
     """import_death: a module that imports, or raises, is left to the
     caller's own import (None), and is not imported here by the check; one

@@ -107,14 +107,27 @@ def construct(factory: Callable[..., Any], **available: Any):
     return factory(**kwargs)
 
 
-_import_limit_s = BUILD_TIMEOUT_S
+# The limit travels in the environment, so that the command's workers
+# that start afresh (spawn, forkserver: a device run, a long run, --cover)
+# check their own import of the module under it too.
+_IMPORT_LIMIT_ENV = "KV_LOCKSTEP_IMPORT_LIMIT_S"
 
 
 def limit_imports(seconds: float) -> None:
-    """How long ``import_death`` waits for a module's import from now on:
-    the command's ``--build-timeout``."""
-    global _import_limit_s
-    _import_limit_s = seconds
+    """How long ``import_death`` waits for a module's import from now on,
+    here and in the processes started from here: the command's
+    ``--build-timeout``."""
+    os.environ[_IMPORT_LIMIT_ENV] = repr(float(seconds))
+
+
+def _import_limit_s() -> float:
+    """``limit_imports``'s seconds, or ``BUILD_TIMEOUT_S`` where none (or no
+    positive number) was set."""
+    try:
+        seconds = float(os.environ[_IMPORT_LIMIT_ENV])
+    except (KeyError, ValueError):
+        return BUILD_TIMEOUT_S
+    return seconds if seconds > 0 else BUILD_TIMEOUT_S
 
 
 def import_death(module_name: str) -> str | None:
@@ -151,7 +164,7 @@ def import_death(module_name: str) -> str | None:
         finally:
             os._exit(0)  # not exit(): the parent's buffers and exit handlers are the parent's
     os.close(write)
-    limit = _import_limit_s
+    limit = _import_limit_s()
     status = None
     try:
         status = _ended_within(pid, limit)

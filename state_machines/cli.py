@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -582,6 +583,11 @@ def main(argv: list[str] | None = None) -> int:
     from state_machines.runs.watchdog import Interrupted, WorkerError, signal_name
     from state_machines.targets import TargetError
 
+    if getattr(signal, "SIGCHLD", None) and signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
+        # Ignored by whatever started this (it carries over exec): the
+        # kernel would then reap its children itself, and no worker's or
+        # import check's end could be read (waitpid: no child processes).
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     try:
         args = _parser().parse_args(argv)
         if hasattr(args, "build_timeout"):

@@ -7,6 +7,7 @@ import contextlib
 import importlib
 import inspect
 import logging
+import mmap
 import os
 import signal
 import sys
@@ -146,13 +147,15 @@ def import_death(module_name: str) -> str | None:
     speaks once, when the caller imports it."""
     if module_name in sys.modules or module_name.partition(".")[0] == "sglang" or not hasattr(os, "fork"):
         return None
-    read, write = os.pipe()
+    # The child's word that the import returned: a byte of memory shared
+    # across the fork, which no file descriptor names (a module may close
+    # every descriptor, and open its own files under their numbers).
+    word = mmap.mmap(-1, 1)
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # the child, which leaves by os._exit alone
         try:
             _die_with_parent(parent)
-            os.close(read)
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):  # it reads no input of the user's, and says nothing twice
                 os.dup2(null, fd)
@@ -160,26 +163,20 @@ def import_death(module_name: str) -> str | None:
                 importlib.import_module(module_name)
             except BaseException:  # noqa: BLE001 - a raise is the caller's to report, from its own import
                 pass
-            os.write(write, b".")
+            word[0] = _RETURNED
         finally:
             os._exit(0)  # not exit(): the parent's buffers and exit handlers are the parent's
-    os.close(write)
     limit = _import_limit_s()
     status = None
     try:
         status = _ended_within(pid, limit)
-        # Its word, if it said one, is in the pipe; a process of the
-        # module's own may hold the pipe open, so the read does not wait.
-        os.set_blocking(read, False)
-        try:
-            returned = os.read(read, 1) == b"."
-        except BlockingIOError:
-            returned = False
+        returned = word[0] == _RETURNED
     finally:
-        os.close(read)
+        word.close()
         if status is None:  # still importing past the limit, or interrupted while it imports: it goes
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):  # reaped as the interrupt came
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
     if status is None:
         return f"did not return within {limit:g} s"
     if returned:
@@ -194,11 +191,14 @@ def import_death(module_name: str) -> str | None:
     return f"exited with code {os.waitstatus_to_exitcode(status)}"
 
 
+_RETURNED = ord(".")
+
+
 def _ended_within(pid: int, limit: float) -> int | None:
     """Child ``pid``'s wait status once it ends, reaped, or None where it is
     still running after ``limit`` seconds.  The child itself is watched, not
-    its pipe, which a module can close, or hand to a process of its own
-    that outlives it."""
+    a pipe of its, which a module can close, or hand to a process of its
+    own that outlives it."""
     deadline = time.monotonic() + limit
     pause = 0.001
     while True:
@@ -209,7 +209,7 @@ def _ended_within(pid: int, limit: float) -> int | None:
         if left <= 0:
             return None
         time.sleep(min(pause, left))
-        pause = min(pause * 2, 0.05)
+        pause = min(pause * 2, 0.02)
 
 
 def _die_with_parent(parent: int) -> None:

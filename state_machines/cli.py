@@ -259,7 +259,12 @@ def _build_here_or_watched(config: Config, job, build_timeout_s: float):
     where a factory or cache class that exits, crashes or never returns is
     bad input (it ended the command silently with its code, or hung it)."""
     if not _runs_users_code(config):
-        return job(config)
+        try:
+            return job(config)
+        finally:  # no alarm of its calls' timer during the run that follows
+            from state_machines.harness.lockstep import disarm_call_timer
+
+            disarm_call_timer()
     from state_machines.runs.watchdog import build_watched
 
     return build_watched(config, job, build_timeout_s=build_timeout_s)
@@ -618,6 +623,14 @@ def main(argv: list[str] | None = None) -> int:
         # The reader went away (`| head`): nothing more can be said; no traceback at exit either.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    finally:
+        # What this process built itself (a --caller header, a description)
+        # left the call timer set: firing once the interpreter has put
+        # SIGALRM's default back on its way out, it ended the command with
+        # signal 14 (-14) after its last word.
+        from state_machines.harness.lockstep import disarm_call_timer
+
+        disarm_call_timer()
 
 
 if __name__ == "__main__":

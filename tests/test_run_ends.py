@@ -1026,6 +1026,21 @@ def test_the_import_check_hears_a_module_that_closes_every_descriptor_and_opens_
     assert all((tmp_path / f"log{i}.txt").read_text() == "" for i in range(8))
 
 
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="no interval timer")
+def test_a_command_leaves_no_call_timer_set_as_it_returns():
+    """``targets --target builtin:token`` builds the target in the command's
+    own process, as a --caller header does: the allocator calls there set
+    the call timer, which main() left running; it fired 10 s on, and where
+    that fell in the interpreter's exit, after SIGALRM's default was put
+    back, the command died of signal 14 (-14) after its last word (seen in
+    CI, on a --duration --caller run)."""
+    code = ("import contextlib, io, signal\nfrom state_machines import cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n    rc = cli.main(['targets', '--target', 'builtin:token'])\n"
+            "print(rc, signal.getitimer(signal.ITIMER_REAL))\n")
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.stdout == "0 (0.0, 0.0)\n", run.stdout + run.stderr
+
+
 def test_targets_builds_ours_in_its_own_process(monkeypatch, capsys):
     """A built-in target (like an sglang kind) runs only our code while it is
     built: targets --target describes it without a worker."""

@@ -1041,6 +1041,37 @@ def test_a_command_leaves_no_call_timer_set_as_it_returns():
     assert run.stdout == "0 (0.0, 0.0)\n", run.stdout + run.stderr
 
 
+def test_the_import_check_is_not_told_the_import_returned_by_a_copy_the_module_forked(tmp_path, monkeypatch):
+    """A module that forks at import, its first process exiting with 7 while
+    the copy carries on: the copy finished the import in the check's child
+    code and said it returned (None), and the command then imported the
+    module itself and ended silently with 7."""
+    from state_machines.targets import base
+
+    (tmp_path / "kvl_forks.py").write_text("import os, time\nif os.fork():\n    time.sleep(0.3)\n    os._exit(7)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert base.import_death("kvl_forks") == "exited with code 7"
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="no interval timer")
+def test_a_fuzz_whose_fresh_allocator_disagrees_leaves_no_call_timer_set(tmp_path):
+    """fuzz() raising before any step (the fresh allocator's census is not
+    the model's) switches off the call timer its census calls set, as it
+    does on every other way out (it was left set, for an alarm 10 s on)."""
+    (tmp_path / "kvl_short_census.py").write_text(
+        "from allocators.token import TokenAllocator\n"
+        "class Short(TokenAllocator):\n"
+        "    def get_all_free_pages(self):\n        return super().get_all_free_pages()[1:]\n"
+        "def make(size, page_size, device, need_sort):\n    return Short(size, page_size, device, need_sort)\n")
+    code = ("import signal\nfrom state_machines.config import Config\nfrom state_machines.harness import InvariantViolation\n"
+            "from state_machines.runs.runner import fuzz\n"
+            "try:\n    fuzz(Config(target='kvl_short_census:make'), max_examples=1)\n"
+            "except InvariantViolation as exc:\n    print(exc.invariant, signal.getitimer(signal.ITIMER_REAL))\n")
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,
+                         timeout=120)
+    assert run.stdout.endswith(" (0.0, 0.0)\n"), run.stdout + run.stderr
+
+
 def test_targets_builds_ours_in_its_own_process(monkeypatch, capsys):
     """A built-in target (like an sglang kind) runs only our code while it is
     built: targets --target describes it without a worker."""

@@ -232,8 +232,9 @@ def _with_deadline(seconds: float, fn, args: tuple):
     The timer is set only where it would not fire by this call's deadline,
     or would fire within half of ``seconds`` (then to ``seconds``), and is
     not switched off after the call (``fuzz`` and ``replay`` switch it off
-    as they return, ``disarm_call_timer``; a ``Lockstep`` driven directly
-    leaves it set): while calls come often it never fires, and one that
+    as they return, ``disarm_call_timer``, and the command as it ends and
+    after what it builds itself; a ``Lockstep`` driven directly leaves it
+    set): while calls come often it never fires, and one that
     fires early is set again for the rest (``_on_alarm``).  A forked child,
     which inherits no timer, forgets it (``_forget_call_timer``).  Setting it on
     every call and switching it off after (as before) took 26 µs of a
@@ -270,9 +271,11 @@ def _with_deadline(seconds: float, fn, args: tuple):
 
 def disarm_call_timer() -> None:
     """Switch off the call timer ``_with_deadline`` leaves running, where it
-    is ours and set.  ``fuzz`` and ``replay`` call it as they return, so no
-    alarm of theirs reaches code that runs after them (a handler it installs,
-    or SIGALRM's default, which ends the process).  Once another handler is
+    is ours and set.  ``fuzz`` and ``replay`` call it as they return, and
+    the command as it ends and after what it builds itself, so no alarm of
+    theirs reaches code that runs after them (a handler it installs, or
+    SIGALRM's default, which the interpreter puts back as it exits and
+    which ends the process).  Once another handler is
     installed the timer is left as it is: it may be that handler's own."""
     global _fires_at
     if _fires_at is not None and _signal.getsignal(signal.SIGALRM) is _on_alarm:

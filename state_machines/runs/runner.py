@@ -152,9 +152,13 @@ def fuzz(
     replayed once under the full limit, and kept only if it still hangs
     there; else the first hang, unshrunk, is the answer.
     """
-    build(config)
-    record = record if record is not None else RunRecord()
-    machine = machine_for(config, record)
+    try:
+        build(config)
+        record = record if record is not None else RunRecord()
+        machine = machine_for(config, record)
+    except BaseException:
+        disarm_call_timer()  # bad input, or a fresh allocator that disagrees: the calls made set it
+        raise
     if seed is not None:
         machine = hypothesis_seed(seed)(machine)
     watch = _HangWatch(record.probe, machine, config)

@@ -156,6 +156,7 @@ def import_death(module_name: str) -> str | None:
     if pid == 0:  # the child, which leaves by os._exit alone
         try:
             _die_with_parent(parent)
+            me = os.getpid()
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):  # it reads no input of the user's, and says nothing twice
                 os.dup2(null, fd)
@@ -163,7 +164,8 @@ def import_death(module_name: str) -> str | None:
                 importlib.import_module(module_name)
             except BaseException:  # noqa: BLE001 - a raise is the caller's to report, from its own import
                 pass
-            word[0] = _RETURNED
+            if os.getpid() == me:  # not a copy the module forked, which goes on here while the child ends
+                word[0] = _RETURNED
         finally:
             os._exit(0)  # not exit(): the parent's buffers and exit handlers are the parent's
     limit = _import_limit_s()

@@ -123,22 +123,20 @@ def fuzz(
 
     The configuration is built once first, so bad input raises
     ``TargetError`` here rather than inside Hypothesis.  Seven eighths of
-    the examples (``walked_examples``) are a seeded random walk over the same
-    rules (``walk``; seeded by ``seed``, or 0 under ``derandomize``), the
-    rest Hypothesis's, whose new examples run only where the walk found
-    nothing; no
-    more than ``max_examples`` examples start before a failure, the
-    saved failures replayed included, but those always replay in full
-    (``_hypothesis_capped``).  A
-    failure the walk finds is saved in the example database (when there is
-    one) and replayed first next time, in the order found, as Hypothesis
-    replays its own.  Where a saved walk failure still fails, neither the
-    walk nor Hypothesis's generation runs, but Hypothesis's saved examples
-    still replay, as they do where the walk meets a failure, and the run
-    reports the first failure of each invariant among them all, the walk's
-    first.  With ``shrink``,
-    each failure Hypothesis found is shrunk by ``minimize`` (on the run's
-    own pool shape or a smaller pool where the failure still shows), not by
+    the examples (``walked_examples``) are a seeded random walk over the
+    same rules (``walk``; seeded by ``seed``, or 0 under ``derandomize``),
+    the rest Hypothesis's, whose new examples run only where the walk found
+    nothing; no more than ``max_examples`` examples start before a failure,
+    the saved failures replayed included, but those always replay in full
+    (``_hypothesis_capped``).  A failure the walk finds is saved in the
+    example database (when there is one) and replayed first next time, in
+    the order found, as Hypothesis replays its own.  Where a saved walk
+    failure still fails, neither the walk nor Hypothesis's generation runs,
+    but Hypothesis's saved examples still replay, as they do where the walk
+    meets a failure, and the run reports the first failure of each
+    invariant among them all, the walk's first.  With ``shrink``, each
+    failure Hypothesis found is shrunk by ``minimize`` (on the run's own
+    pool shape or a smaller pool where the failure still shows), not by
     Hypothesis's shrinker, which replays whole examples through the engine
     and took 5-20 s a failure; Hypothesis still keeps the failing example
     in its database and replays it first next time.  ``stop()``, when

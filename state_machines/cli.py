@@ -583,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     # re-imports this module, and must not import the allocators before its
     # coverage starts.
     from state_machines.harness import InvariantViolation
+    from state_machines.harness.lockstep import disarm_call_timer
     from state_machines.runs.options import BadOption
     from state_machines.runs.trace import TraceError
     from state_machines.runs.watchdog import Interrupted, WorkerError, signal_name
@@ -628,8 +629,6 @@ def main(argv: list[str] | None = None) -> int:
         # left the call timer set: firing once the interpreter has put
         # SIGALRM's default back on its way out, it ended the command with
         # signal 14 (-14) after its last word.
-        from state_machines.harness.lockstep import disarm_call_timer
-
         disarm_call_timer()
 
 

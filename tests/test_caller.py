@@ -603,11 +603,9 @@ def _ends_while_built(tmp_path, *args) -> subprocess.CompletedProcess:
             cwd=tmp_path, capture_output=True, text=True, timeout=180, env=dict(_env(), PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}"),
         )
     finally:
-        if (tmp_path / "hung.pid").exists():
-            try:
-                os.kill(int((tmp_path / "hung.pid").read_text()), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        from tests.test_run_ends import kill_hung
+
+        kill_hung(tmp_path)
 
 
 ENDS_WHILE_BUILT = {

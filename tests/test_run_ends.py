@@ -684,8 +684,7 @@ def test_factory_that_never_returns_is_bad_input_and_its_worker_is_killed(pools,
         assert "worker_died" not in run.stdout and not list((pools / "traces").rglob("*.json"))
         assert gone(int((pools / "hung.pid").read_text()))
     finally:  # without the watchdog's kill, no worker outlives the test
-        if (pools / "hung.pid").exists() and not gone(pid := int((pools / "hung.pid").read_text()), 0):
-            os.kill(pid, signal.SIGKILL)
+        kill_hung(pools)
 
 
 def test_the_build_limit_runs_from_where_each_part_of_the_build_began():
@@ -832,8 +831,21 @@ def _leave_none(proc, pid: int | None) -> None:
     if proc.poll() is None:
         proc.kill()
         proc.wait()
-    if pid is not None and not gone(pid, 0):
-        os.kill(pid, signal.SIGKILL)
+    if pid is not None:
+        _kill_if_running(pid)
+
+
+def _kill_if_running(pid: int) -> None:
+    if not gone(pid, 0):
+        with contextlib.suppress(ProcessLookupError):  # it ended since
+            os.kill(pid, signal.SIGKILL)
+
+
+def kill_hung(folder: Path) -> None:
+    """Kill the process that left its pid in ``folder``/hung.pid (a factory
+    that never returns, bad_pools:hangs_at_build), where it still runs."""
+    if (path := folder / "hung.pid").exists():
+        _kill_if_running(int(path.read_text()))
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the worker through /proc")
@@ -1006,8 +1018,7 @@ def test_targets_builds_a_custom_target_in_a_watched_worker(pools, name, code, s
         ended(run, code)
         assert (run.stderr if code == 2 else run.stdout) == said
     finally:  # without the watchdog's kill, no build outlives the test
-        if (pools / "hung.pid").exists() and not gone(pid := int((pools / "hung.pid").read_text()), 0):
-            os.kill(pid, signal.SIGKILL)
+        kill_hung(pools)
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGCHLD"), reason="no SIGCHLD")

@@ -1,5 +1,6 @@
 """An allocator that raises or hangs fails the run with a trace, like any broken invariant."""
 
+import sys
 import time
 
 import attrs
@@ -122,19 +123,48 @@ def test_a_call_within_its_limit_runs_on_when_an_earlier_calls_timer_fires_insid
     _with_deadline(1.0, time.sleep, (0.9,))
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a timer aimed at one thread is Linux's")
+def test_the_call_timer_signals_the_main_thread_not_the_process():
+    """setitimer's SIGALRM went to the process, and the kernel may hand it
+    to any thread: where another took it (an execnet thread in CI), the
+    main thread asleep in a timed call was never woken and the suite hung.
+    Here the main thread blocks SIGALRM, so a signal sent to the process
+    goes to the other thread at once; one sent to the main thread waits
+    there, pending."""
+    import signal
+    import threading
+
+    from state_machines.harness.lockstep import _with_deadline, disarm_call_timer
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)  # started with SIGALRM open
+    other.start()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    try:
+        _with_deadline(0.05, lambda: None, ())  # the timer: 0.05 s from now
+        time.sleep(0.3)
+        pending = signal.SIGALRM in signal.sigpending()
+        signal.sigtimedwait({signal.SIGALRM}, 0)  # taken here, never delivered
+        disarm_call_timer()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        stop.set()
+        other.join()
+    assert pending, "the alarm went to another thread, not the main one"
+
+
 def test_no_call_timer_outlives_a_run():
     """The timer calls leave running is switched off as fuzz and replay return:
     an alarm of theirs must not reach code that runs after them."""
-    import signal
-
+    from state_machines.harness.alarm import alarm_left
     from state_machines.runs.trace import replay
 
     outcome = fuzz(Config(target="builtin:token"), max_examples=5)
     assert not outcome.failures
-    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert alarm_left() == 0.0
     trace = fuzz(_target(RaisesOnAlloc), max_examples=5).failures[0]
     assert replay(trace) is not None
-    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert alarm_left() == 0.0
 
 
 def test_a_forked_child_times_its_calls_though_the_parent_left_its_timer_set():

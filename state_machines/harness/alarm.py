@@ -1,0 +1,119 @@
+"""The call timer's clock: SIGALRM, sent to the main thread.
+
+``setitimer``'s SIGALRM is sent to the process, and the kernel may hand a
+process's signal to any of its threads.  CPython runs a Python handler in
+the main thread only, and only a signal sent to that thread cuts short a
+system call it is blocked in: where another thread took it (seen in CI, an
+execnet thread of a pytest-xdist worker), an allocator call asleep in
+``time.sleep`` was never interrupted, and the suite hung.
+
+On Linux the alarm is a POSIX timer whose signal goes to one thread
+(``timer_create`` with ``SIGEV_THREAD_ID``): the thread that sets it, which
+the harness makes sure is the main thread.  Elsewhere, or where the timer
+cannot be created, it is ``setitimer``'s, as before.  One timer per
+process; a forked child has none (fork copies no timer) and creates its
+own the first time it sets one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+import threading
+
+# From the kernel's uapi headers (asm-generic/siginfo.h, linux/time.h).
+_SIGEV_THREAD_ID = 4
+_CLOCK_MONOTONIC = 1
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
+
+
+class _Sigevent(ctypes.Structure):
+    # struct sigevent: 64 bytes on every Linux ABI; the thread id sits where
+    # the union of notification details starts.
+    _fields_ = [
+        ("sigev_value", ctypes.c_void_p), ("sigev_signo", ctypes.c_int), ("sigev_notify", ctypes.c_int),
+        ("sigev_tid", ctypes.c_int), ("_pad", ctypes.c_byte * (64 - ctypes.sizeof(ctypes.c_void_p) - 12)),
+    ]
+
+
+def _librt():
+    """libc's (or, before glibc 2.34, librt's) timer calls; None where there are none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    for name in (None, ctypes.util.find_library("rt")):
+        try:
+            lib = ctypes.CDLL(name, use_errno=True)
+            calls = lib.timer_create, lib.timer_settime, lib.timer_gettime, lib.timer_delete
+        except (OSError, AttributeError):
+            continue
+        calls[0].argtypes = [ctypes.c_int, ctypes.POINTER(_Sigevent), ctypes.POINTER(ctypes.c_void_p)]
+        calls[1].argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_Itimerspec), ctypes.POINTER(_Itimerspec)]
+        calls[2].argtypes = [ctypes.c_void_p, ctypes.POINTER(_Itimerspec)]
+        for call in calls:
+            call.restype = ctypes.c_int
+        return calls
+    return None
+
+
+_calls = _librt()
+# This process's timer, and the process it was created in (None: not yet).
+_timer: ctypes.c_void_p | None = None
+_owner: int | None = None
+
+
+def _thread_timer():
+    """This process's timer, created on first use and aimed at the calling
+    (main) thread; None where none can be created."""
+    global _timer, _owner, _calls
+    if _calls is None:
+        return None
+    if _owner == os.getpid():
+        return _timer
+    event = _Sigevent(sigev_signo=signal.SIGALRM, sigev_notify=_SIGEV_THREAD_ID, sigev_tid=threading.get_native_id())
+    timer = ctypes.c_void_p()
+    if _calls[0](_CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(timer)) != 0:
+        _calls = None  # not here (no such call, no room): setitimer from now on
+        return None
+    _timer, _owner = timer, os.getpid()
+    return _timer
+
+
+def alarm_is_private() -> bool:
+    """Whether the alarm is this module's own timer, which no other code
+    sets (else it is the process's one ``setitimer`` timer)."""
+    return _calls is not None
+
+
+def set_alarm(seconds: float) -> None:
+    """SIGALRM to this (the main) thread ``seconds`` from now, replacing any
+    alarm set before; 0 switches it off."""
+    timer = _thread_timer()
+    if timer is None:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        return
+    whole = int(seconds)
+    spec = _Itimerspec(it_value=_Timespec(whole, int((seconds - whole) * 1e9)))
+    if seconds > 0 and not spec.it_value.tv_sec and not spec.it_value.tv_nsec:
+        spec.it_value.tv_nsec = 1  # all zero would switch it off
+    _calls[1](timer, 0, ctypes.byref(spec), None)
+
+
+def alarm_left() -> float:
+    """Seconds until the alarm is due; 0.0 where none is set."""
+    if _calls is None:
+        return signal.getitimer(signal.ITIMER_REAL)[0]
+    if _owner != os.getpid():
+        return 0.0  # none set in this process yet
+    spec = _Itimerspec()
+    _calls[2](_timer, ctypes.byref(spec))
+    return spec.it_value.tv_sec + spec.it_value.tv_nsec / 1e9

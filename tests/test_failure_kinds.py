@@ -1,7 +1,10 @@
 """An allocator that raises or hangs fails the run with a trace, like any broken invariant."""
 
+import os
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import attrs
 import pytest
@@ -10,6 +13,8 @@ from allocators import TokenAllocator
 from state_machines.config import Config
 from state_machines.harness import Step
 from state_machines.runs.runner import fuzz
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 class RaisesOnAlloc(TokenAllocator):
@@ -151,6 +156,57 @@ def test_the_call_timer_signals_the_main_thread_not_the_process():
         stop.set()
         other.join()
     assert pending, "the alarm went to another thread, not the main one"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_a_call_is_timed_where_the_timer_the_process_believes_it_has_is_not_there():
+    """A forked child given the pid of a process gone that owned a timer
+    believed it had one: setting it failed (EINVAL), unseen, and the
+    child's calls ran untimed.  Here the child is told outright."""
+    import ctypes
+
+    from state_machines.harness import alarm
+    from state_machines.harness.lockstep import _with_deadline
+
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            alarm._timer, alarm._owner = ctypes.c_void_p(987654), os.getpid()
+            _with_deadline(0.2, time.sleep, (2.0,))
+        except TimeoutError:
+            code = 0
+        finally:
+            os._exit(code)  # never back into pytest from the child
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child's 2 s call under a 0.2 s limit ran untimed"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the timer is the harness's own on Linux")
+def test_a_stray_sigalrm_between_calls_does_not_leave_the_timer_set_past_a_disarm():
+    """A SIGALRM not the timer's (a kill) reaches the handler between calls,
+    which then no longer knew the timer was set, and the disarm left it."""
+    import signal
+
+    from state_machines.harness.alarm import alarm_left
+    from state_machines.harness.lockstep import _with_deadline, disarm_call_timer
+
+    _with_deadline(5.0, lambda: None, ())
+    os.kill(os.getpid(), signal.SIGALRM)
+    time.sleep(0.05)  # the handler runs here
+    disarm_call_timer()
+    assert alarm_left() == 0.0
+
+
+def test_a_timer_a_lockstep_left_set_does_not_end_the_interpreters_exit():
+    """A Lockstep driven directly leaves the call timer set; where it fired
+    in the interpreter's exit, after SIGALRM's default was put back, the
+    process died of it (-14), its work done."""
+    code = ("import time\nfrom state_machines.harness.lockstep import _with_deadline\n"
+            "class Slow:\n    def __del__(self):\n        time.sleep(0.6)\n"
+            "teardown = Slow()\n_with_deadline(0.3, lambda: None, ())\nprint('done')\n")
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert (run.returncode, run.stdout) == (0, "done\n"), run.stderr
 
 
 def test_no_call_timer_outlives_a_run():

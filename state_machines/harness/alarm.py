@@ -13,6 +13,12 @@ the harness makes sure is the main thread.  Elsewhere, or where the timer
 cannot be created, it is ``setitimer``'s, as before.  One timer per
 process; a forked child has none (fork copies no timer) and creates its
 own the first time it sets one.
+
+Being the harness's own, the timer is switched off by the harness alone:
+code that cancels the process's alarm (``signal.alarm(0)``) leaves it set.
+``fuzz`` and ``replay`` switch it off as they return, and an exit handler
+as the interpreter exits; a ``Lockstep`` driven directly leaves it set
+until ``disarm_call_timer()``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import platform
 import signal
 import sys
 import threading
@@ -47,14 +54,18 @@ class _Sigevent(ctypes.Structure):
 
 
 def _librt():
-    """libc's (or, before glibc 2.34, librt's) timer calls; None where there are none."""
+    """libc's (or, before glibc 2.34, librt's) timer calls; None where there
+    are none, or where ``_Timespec`` would not be the ABI's (x32: a 64-bit
+    ``time_t`` beside 32-bit longs)."""
     if not sys.platform.startswith("linux"):
         return None
-    for name in (None, ctypes.util.find_library("rt")):
+    if ctypes.sizeof(ctypes.c_void_p) == 4 and platform.machine() == "x86_64":
+        return None
+    for name in (None, "rt"):
         try:
-            lib = ctypes.CDLL(name, use_errno=True)
-            calls = lib.timer_create, lib.timer_settime, lib.timer_gettime, lib.timer_delete
-        except (OSError, AttributeError):
+            lib = ctypes.CDLL(name if name is None else ctypes.util.find_library(name), use_errno=True)
+            calls = lib.timer_create, lib.timer_settime, lib.timer_gettime
+        except (OSError, AttributeError, TypeError):  # TypeError: find_library found none
             continue
         calls[0].argtypes = [ctypes.c_int, ctypes.POINTER(_Sigevent), ctypes.POINTER(ctypes.c_void_p)]
         calls[1].argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_Itimerspec), ctypes.POINTER(_Itimerspec)]
@@ -69,6 +80,23 @@ _calls = _librt()
 # This process's timer, and the process it was created in (None: not yet).
 _timer: ctypes.c_void_p | None = None
 _owner: int | None = None
+
+
+def _forget() -> None:
+    """In a forked child, which has no timer (fork copies none): it creates
+    its own when it first sets one.  The pid alone would not tell: a child
+    can be given the pid of a process gone that owned one."""
+    global _timer, _owner
+    _timer = _owner = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget)
+
+
+def _own_timer():
+    """This process's timer where it has one, else None."""
+    return _timer if _calls is not None and _owner == os.getpid() else None
 
 
 def _thread_timer():
@@ -90,30 +118,46 @@ def _thread_timer():
 
 def alarm_is_private() -> bool:
     """Whether the alarm is this module's own timer, which no other code
-    sets (else it is the process's one ``setitimer`` timer)."""
+    sets or switches off (else it is the process's one ``setitimer``
+    timer, which the harness shares with any other code)."""
     return _calls is not None
 
 
 def set_alarm(seconds: float) -> None:
-    """SIGALRM to this (the main) thread ``seconds`` from now, replacing any
-    alarm set before; 0 switches it off."""
-    timer = _thread_timer()
-    if timer is None:
-        signal.setitimer(signal.ITIMER_REAL, seconds)
-        return
+    """SIGALRM to this (the main) thread ``seconds`` (> 0) from now,
+    replacing any alarm set before."""
+    global _calls
     whole = int(seconds)
-    spec = _Itimerspec(it_value=_Timespec(whole, int((seconds - whole) * 1e9)))
-    if seconds > 0 and not spec.it_value.tv_sec and not spec.it_value.tv_nsec:
-        spec.it_value.tv_nsec = 1  # all zero would switch it off
-    _calls[1](timer, 0, ctypes.byref(spec), None)
+    nanos = int((seconds - whole) * 1e9) or (0 if whole else 1)  # all zero would switch it off
+    spec = _Itimerspec(it_value=_Timespec(whole, nanos))
+    for _attempt in range(2):
+        timer = _thread_timer()
+        if timer is None:
+            break
+        if _calls[1](timer, 0, ctypes.byref(spec), None) == 0:
+            return
+        _forget()  # no such timer here after all: a new one
+    else:
+        _calls = None  # none will take: setitimer from now on, never untimed
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+
+
+def cancel_alarm() -> None:
+    """Switch the alarm off, where one can be set in this process."""
+    timer = _own_timer()
+    if timer is not None:
+        _calls[1](timer, 0, ctypes.byref(_Itimerspec()), None)
+    elif _calls is None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def alarm_left() -> float:
     """Seconds until the alarm is due; 0.0 where none is set."""
     if _calls is None:
         return signal.getitimer(signal.ITIMER_REAL)[0]
-    if _owner != os.getpid():
+    timer = _own_timer()
+    if timer is None:
         return 0.0  # none set in this process yet
     spec = _Itimerspec()
-    _calls[2](_timer, ctypes.byref(spec))
+    _calls[2](timer, ctypes.byref(spec))
     return spec.it_value.tv_sec + spec.it_value.tv_nsec / 1e9

@@ -15,6 +15,7 @@ calls ``super()``, or overrides the hooks every free goes through
 from __future__ import annotations
 
 import _signal
+import atexit
 import functools
 import os
 import signal
@@ -37,7 +38,7 @@ from reference_model import hooks as hook_checks
 from reference_model.census import Census
 from state_machines.config import Config
 from state_machines.harness import hooks
-from state_machines.harness.alarm import alarm_is_private, set_alarm
+from state_machines.harness.alarm import alarm_is_private, cancel_alarm, set_alarm
 from state_machines.harness.steps import EntryRef, ReqRef, Step, StepSpec, step
 from state_machines.targets import probe
 
@@ -273,18 +274,22 @@ def _with_deadline(seconds: float, fn, args: tuple):
 
 
 def disarm_call_timer() -> None:
-    """Switch off the call timer ``_with_deadline`` leaves running, where it
-    is ours and set.  ``fuzz`` and ``replay`` call it as they return, and
-    the command as it ends and after what it builds itself, so no alarm of
-    theirs reaches code that runs after them (a handler it installs, or
-    SIGALRM's default, which the interpreter puts back as it exits and
-    which ends the process).  Where the timer is ``setitimer``'s (not
-    Linux) and another handler has been installed since, the timer is left
-    as it is: it may be that handler's own."""
+    """Switch off the call timer ``_with_deadline`` leaves running.
+    ``fuzz`` and ``replay`` call it as they return, the command as it ends
+    and after what it builds itself, and an exit handler as the interpreter
+    exits, so no alarm of theirs reaches code that runs after them (a
+    handler it installs, or SIGALRM's default, which the interpreter puts
+    back as it exits and which ends the process).  Where the timer is
+    ``setitimer``'s (``alarm``: not Linux), which other code shares, it is
+    left as it is once another handler has been installed: it may be that
+    handler's own."""
     global _fires_at
-    if _fires_at is not None and (alarm_is_private() or _signal.getsignal(signal.SIGALRM) is _on_alarm):
-        set_alarm(0)
+    if alarm_is_private() or (_fires_at is not None and _signal.getsignal(signal.SIGALRM) is _on_alarm):
+        cancel_alarm()
     _fires_at = None
+
+
+atexit.register(disarm_call_timer)
 
 
 def _forget_call_timer() -> None:

@@ -158,6 +158,25 @@ def test_the_call_timer_signals_the_main_thread_not_the_process():
     assert pending, "the alarm went to another thread, not the main one"
 
 
+def _cut_short_in_a_child(limit: float, seconds: float, first=lambda: None) -> bool:
+    """Whether, in a forked child, after ``first()``, a timed call asleep
+    for ``seconds`` under ``limit`` is cut short (``TimeoutError``)."""
+    from state_machines.harness.lockstep import _with_deadline
+
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            first()
+            _with_deadline(limit, time.sleep, (seconds,))
+        except TimeoutError:
+            code = 0
+        finally:
+            os._exit(code)  # never back into pytest from the child
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
 def test_a_call_is_timed_where_the_timer_the_process_believes_it_has_is_not_there():
     """A forked child given the pid of a process gone that owned a timer
@@ -166,20 +185,11 @@ def test_a_call_is_timed_where_the_timer_the_process_believes_it_has_is_not_ther
     import ctypes
 
     from state_machines.harness import alarm
-    from state_machines.harness.lockstep import _with_deadline
 
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            alarm._timer, alarm._owner = ctypes.c_void_p(987654), os.getpid()
-            _with_deadline(0.2, time.sleep, (2.0,))
-        except TimeoutError:
-            code = 0
-        finally:
-            os._exit(code)  # never back into pytest from the child
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the child's 2 s call under a 0.2 s limit ran untimed"
+    def believe_a_timer_gone():
+        alarm._timer, alarm._owner = ctypes.c_void_p(987654), os.getpid()
+
+    assert _cut_short_in_a_child(0.2, 2.0, believe_a_timer_gone), "the child's 2 s call under a 0.2 s limit ran untimed"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the timer is the harness's own on Linux")
@@ -227,25 +237,14 @@ def test_a_forked_child_times_its_calls_though_the_parent_left_its_timer_set():
     """fork copies no interval timer: a child that trusted the parent's would
     let its first calls run untimed (the watched run forks its worker after
     the CLI's own timed calls)."""
-    import os
-
     from state_machines.harness.lockstep import _with_deadline, disarm_call_timer
 
     _with_deadline(1.0, lambda: None, ())  # the parent's timer: 1 s from now
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            # Same limit: the parent's timer, due before this call's deadline
-            # and more than half a limit ahead, is one the call would keep.
-            _with_deadline(1.0, time.sleep, (2.5,))
-        except TimeoutError:
-            code = 0
-        finally:
-            os._exit(code)  # never back into pytest from the child
-    _, status = os.waitpid(pid, 0)
+    # Same limit: the parent's timer, due before this call's deadline and
+    # more than half a limit ahead, is one the call would keep.
+    cut = _cut_short_in_a_child(1.0, 2.5)
     disarm_call_timer()
-    assert os.waitstatus_to_exitcode(status) == 0, "the child's 2.5 s call under a 1 s limit ran untimed"
+    assert cut, "the child's 2.5 s call under a 1 s limit ran untimed"
 
 
 def test_rows_are_written_through_the_tensor_where_its_numpy_bridge_fails(monkeypatch):

@@ -18,7 +18,7 @@ Being the harness's own, the timer is switched off by the harness alone:
 code that cancels the process's alarm (``signal.alarm(0)``) leaves it set.
 ``fuzz`` and ``replay`` switch it off as they return, and an exit handler
 as the interpreter exits; a ``Lockstep`` driven directly leaves it set
-until ``disarm_call_timer()``.
+until then, or until ``disarm_call_timer()``.
 """
 
 from __future__ import annotations

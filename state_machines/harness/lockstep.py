@@ -236,7 +236,8 @@ def _with_deadline(seconds: float, fn, args: tuple):
     not switched off after the call (``fuzz`` and ``replay`` switch it off
     as they return, ``disarm_call_timer``, and the command as it ends and
     after what it builds itself; a ``Lockstep`` driven directly leaves it
-    set): while calls come often it never fires, and one that
+    set until the interpreter exits): while calls come often it never
+    fires, and one that
     fires early is set again for the rest (``_on_alarm``).  Its signal goes
     to the main thread, not to whichever thread the kernel picks
     (``alarm``).  A forked child,

@@ -51,6 +51,17 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _call_seconds(text: str) -> float:
+    """``--call-timeout``: at most what a trace may carry, so that every
+    trace the run writes replays."""
+    from state_machines.runs.trace import MAX_CALL_TIMEOUT_S
+
+    value = _seconds(text)
+    if value > MAX_CALL_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_CALL_TIMEOUT_S} seconds (a day), got {text}")
+    return value
+
+
 def _build_timeout(parser) -> None:
     from state_machines.config import BUILD_TIMEOUT_S
 
@@ -79,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--max-examples", type=_positive, help=f"the budget: examples in all, the walk's and Hypothesis's (default {DEFAULT_MAX_EXAMPLES})")
     fuzz.add_argument("--trace-dir", default=DEFAULT_TRACE_DIR, help="where traces go (default %(default)s)")
     fuzz.add_argument("--sglang-path", help="a folder holding the sglang package (a checkout's python/)")
-    fuzz.add_argument("--call-timeout", type=_seconds, default=Config().call_timeout_s, metavar="SECONDS",
+    fuzz.add_argument("--call-timeout", type=_call_seconds, default=Config().call_timeout_s, metavar="SECONDS",
                       help="an allocator call running longer is a hang, allocator_hung (default %(default)g)")
     _build_timeout(fuzz)
     fuzz.add_argument("--cover", action="store_true",

@@ -12,6 +12,7 @@ import pytest
 from allocators import TokenAllocator
 from state_machines.config import Config
 from state_machines.harness import Step
+from state_machines.harness.alarm import alarm_is_private
 from state_machines.runs.runner import fuzz
 
 REPO = Path(__file__).resolve().parent.parent
@@ -128,7 +129,7 @@ def test_a_call_within_its_limit_runs_on_when_an_earlier_calls_timer_fires_insid
     _with_deadline(1.0, time.sleep, (0.9,))
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a timer aimed at one thread is Linux's")
+@pytest.mark.skipif(not alarm_is_private(), reason="setitimer's alarm here: no timer aimed at one thread")
 def test_the_call_timer_signals_the_main_thread_not_the_process():
     """setitimer's SIGALRM went to the process, and the kernel may hand it
     to any thread: where another took it (an execnet thread in CI), the
@@ -177,35 +178,45 @@ def _cut_short_in_a_child(limit: float, seconds: float, first=lambda: None) -> b
     return os.waitstatus_to_exitcode(status) == 0
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+@pytest.mark.skipif(not alarm_is_private(), reason="setitimer's alarm here: no timer of the harness's own")
 def test_a_call_is_timed_where_the_timer_the_process_believes_it_has_is_not_there():
     """A forked child given the pid of a process gone that owned a timer
     believed it had one: setting it failed (EINVAL), unseen, and the
-    child's calls ran untimed.  Here the child is told outright."""
-    import ctypes
-
+    child's calls ran untimed.  Here the child is told outright that the
+    parent's timer is its own."""
     from state_machines.harness import alarm
+    from state_machines.harness.lockstep import _with_deadline, disarm_call_timer
 
-    def believe_a_timer_gone():
-        alarm._timer, alarm._owner = ctypes.c_void_p(987654), os.getpid()
+    _with_deadline(1.0, lambda: None, ())  # the parent's timer, made if not yet
+    parents = alarm._timer
 
-    assert _cut_short_in_a_child(0.2, 2.0, believe_a_timer_gone), "the child's 2 s call under a 0.2 s limit ran untimed"
+    def believe_the_parents_timer_its_own():
+        alarm._timer, alarm._owner = parents, os.getpid()
+
+    cut = _cut_short_in_a_child(0.2, 2.0, believe_the_parents_timer_its_own)
+    disarm_call_timer()
+    assert cut, "the child's 2 s call under a 0.2 s limit ran untimed"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the timer is the harness's own on Linux")
-def test_a_stray_sigalrm_between_calls_does_not_leave_the_timer_set_past_a_disarm():
+@pytest.mark.parametrize("timer", ["private", "setitimer"])
+def test_a_stray_sigalrm_between_calls_does_not_leave_the_timer_set_past_a_disarm(timer, monkeypatch):
     """A SIGALRM not the timer's (a kill) reaches the handler between calls,
     which then no longer knew the timer was set, and the disarm left it."""
     import signal
 
-    from state_machines.harness.alarm import alarm_left
+    from state_machines.harness import alarm
     from state_machines.harness.lockstep import _with_deadline, disarm_call_timer
 
+    if timer == "private" and not alarm_is_private():
+        pytest.skip("setitimer's alarm here: no timer of the harness's own")
+    disarm_call_timer()
+    if timer == "setitimer":
+        monkeypatch.setattr(alarm, "_calls", None)
     _with_deadline(5.0, lambda: None, ())
     os.kill(os.getpid(), signal.SIGALRM)
     time.sleep(0.05)  # the handler runs here
     disarm_call_timer()
-    assert alarm_left() == 0.0
+    assert alarm.alarm_left() == 0.0
 
 
 def test_a_timer_a_lockstep_left_set_does_not_end_the_interpreters_exit():
@@ -213,7 +224,7 @@ def test_a_timer_a_lockstep_left_set_does_not_end_the_interpreters_exit():
     in the interpreter's exit, after SIGALRM's default was put back, the
     process died of it (-14), its work done."""
     code = ("import time\nfrom state_machines.harness.lockstep import _with_deadline\n"
-            "class Slow:\n    def __del__(self):\n        time.sleep(0.6)\n"
+            "class Slow:\n    def __del__(self, sleep=time.sleep):\n        sleep(0.6)\n"
             "teardown = Slow()\n_with_deadline(0.3, lambda: None, ())\nprint('done')\n")
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert (run.returncode, run.stdout) == (0, "done\n"), run.stderr

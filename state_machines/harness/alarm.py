@@ -26,7 +26,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-import platform
 import signal
 import sys
 import threading
@@ -55,17 +54,19 @@ class _Sigevent(ctypes.Structure):
 
 def _librt():
     """libc's (or, before glibc 2.34, librt's) timer calls; None where there
-    are none, or where ``_Timespec`` would not be the ABI's (x32: a 64-bit
-    ``time_t`` beside 32-bit longs)."""
-    if not sys.platform.startswith("linux"):
+    are none, or off 64-bit Linux, where ``_Timespec``'s longs might not be
+    the ABI's ``time_t`` (x32: 64 bits beside 32-bit longs)."""
+    if not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_void_p) != 8:
         return None
-    if ctypes.sizeof(ctypes.c_void_p) == 4 and platform.machine() == "x86_64":
-        return None
-    for name in (None, "rt"):
+    for path in (None, "rt"):
+        if path == "rt":
+            path = ctypes.util.find_library("rt")
+            if path is None:
+                break
         try:
-            lib = ctypes.CDLL(name if name is None else ctypes.util.find_library(name), use_errno=True)
+            lib = ctypes.CDLL(path, use_errno=True)  # None: the libraries this process has loaded
             calls = lib.timer_create, lib.timer_settime, lib.timer_gettime
-        except (OSError, AttributeError, TypeError):  # TypeError: find_library found none
+        except (OSError, AttributeError):
             continue
         calls[0].argtypes = [ctypes.c_int, ctypes.POINTER(_Sigevent), ctypes.POINTER(ctypes.c_void_p)]
         calls[1].argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_Itimerspec), ctypes.POINTER(_Itimerspec)]
@@ -109,10 +110,16 @@ def _thread_timer():
         return _timer
     event = _Sigevent(sigev_signo=signal.SIGALRM, sigev_notify=_SIGEV_THREAD_ID, sigev_tid=threading.get_native_id())
     timer = ctypes.c_void_p()
-    if _calls[0](_CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(timer)) != 0:
-        _calls = None  # not here (no such call, no room): setitimer from now on
-        return None
-    _timer, _owner = timer, os.getpid()
+    # SIGALRM held back until the timer is known: a handler run in between
+    # (another's alarm, inside a timed call) would make a second one.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    try:
+        if _calls[0](_CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(timer)) != 0:
+            _calls = None  # not here (no such call, no room): setitimer from now on
+            return None
+        _timer, _owner = timer, os.getpid()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return _timer
 
 
@@ -123,13 +130,19 @@ def alarm_is_private() -> bool:
     return _calls is not None
 
 
+# The longest alarm set, in seconds: a longer one is set again for the rest
+# when it fires (the harness's handler), and any spec within it is one the
+# kernel takes, so the timer is never given up for a value.
+_LONGEST = 2**31 - 1
+
+
 def set_alarm(seconds: float) -> None:
-    """SIGALRM to this (the main) thread ``seconds`` (> 0) from now,
-    replacing any alarm set before."""
+    """SIGALRM to this (the main) thread ``seconds`` (> 0) from now, or
+    ``_LONGEST`` seconds at most, replacing any alarm set before."""
     global _calls
+    seconds = min(seconds, _LONGEST) if seconds > 1e-6 else 1e-6
     whole = int(seconds)
-    nanos = int((seconds - whole) * 1e9) or (0 if whole else 1)  # all zero would switch it off
-    spec = _Itimerspec(it_value=_Timespec(whole, nanos))
+    spec = _Itimerspec(it_value=_Timespec(whole, int((seconds - whole) * 1e9)))
     for _attempt in range(2):
         timer = _thread_timer()
         if timer is None:

@@ -281,11 +281,14 @@ def disarm_call_timer() -> None:
     exits, so no alarm of theirs reaches code that runs after them (a
     handler it installs, or SIGALRM's default, which the interpreter puts
     back as it exits and which ends the process).  Where the timer is
-    ``setitimer``'s (``alarm``: not Linux), which other code shares, it is
-    left as it is once another handler has been installed: it may be that
+    ``setitimer``'s (``alarm``: off 64-bit Linux, or where no timer of the
+    harness's own could be made), which other code shares, it is left as
+    it is once another handler has been installed: it may be that
     handler's own."""
     global _fires_at
-    if alarm_is_private() or (_fires_at is not None and _signal.getsignal(signal.SIGALRM) is _on_alarm):
+    if alarm_is_private() or _signal.getsignal(signal.SIGALRM) is _on_alarm:
+        # Set or not (a stray SIGALRM between calls clears _fires_at, and
+        # left the timer set past this).
         cancel_alarm()
     _fires_at = None
 

@@ -7,7 +7,7 @@ system call it is blocked in: where another thread took it (seen in CI, an
 execnet thread of a pytest-xdist worker), an allocator call asleep in
 ``time.sleep`` was never interrupted, and the suite hung.
 
-On Linux the alarm is a POSIX timer whose signal goes to one thread
+On 64-bit Linux the alarm is a POSIX timer whose signal goes to one thread
 (``timer_create`` with ``SIGEV_THREAD_ID``): the thread that sets it, which
 the harness makes sure is the main thread.  Elsewhere, or where the timer
 cannot be created, it is ``setitimer``'s, as before.  One timer per

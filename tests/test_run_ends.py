@@ -277,8 +277,8 @@ def test_hang_sigalrm_cannot_reach_is_caught_by_the_watchdog(pools, mode):
 # which has threads, it once went to one of those, leaving the main thread
 # asleep in the hang for good (CPython runs handlers only in the main
 # thread, and only a signal sent to that thread cuts its sleep short).  On
-# Linux it now goes to the main thread (harness/alarm.py); elsewhere it is
-# still setitimer's.  kv-lockstep's workers have their watchdog for such a
+# 64-bit Linux it now goes to the main thread (harness/alarm.py); elsewhere
+# it is still setitimer's.  kv-lockstep's workers have their watchdog for such a
 # hang; this test wants the timer.
 _SHRINK_A_HANG = """\
 import json

@@ -78,7 +78,8 @@ def _librt():
 
 
 _calls = _librt()
-# This process's timer, and the process it was created in (None: not yet).
+# This process's timer, and the process it was created in (None: not yet;
+# the pid also tells a child forked where no at-fork hook runs, a C fork).
 _timer: ctypes.c_void_p | None = None
 _owner: int | None = None
 
@@ -104,10 +105,9 @@ def _thread_timer():
     """This process's timer, created on first use and aimed at the calling
     (main) thread; None where none can be created."""
     global _timer, _owner, _calls
-    if _calls is None:
-        return None
-    if _owner == os.getpid():
-        return _timer
+    timer = _own_timer()
+    if timer is not None or _calls is None:
+        return timer
     event = _Sigevent(sigev_signo=signal.SIGALRM, sigev_notify=_SIGEV_THREAD_ID, sigev_tid=threading.get_native_id())
     timer = ctypes.c_void_p()
     # SIGALRM held back until the timer is known: a handler run in between

@@ -1045,6 +1045,26 @@ def test_a_command_started_with_sigchld_ignored_still_reads_how_its_children_end
     assert said in (run.stderr if code == 2 else run.stdout)
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGCHLD"), reason="no SIGCHLD")
+def test_the_import_check_reads_its_childs_end_where_a_library_caller_ignores_sigchld(tmp_path, monkeypatch):
+    """A library caller (``runner.fuzz`` with a custom target) that ignores
+    SIGCHLD, which only the command's ``main`` puts back: the kernel reaps
+    the check's child at once, and waitpid raised ChildProcessError, a
+    traceback.  A module that imports is still left to the caller; one
+    that exits is still named, its status unread."""
+    from state_machines.targets import base
+
+    (tmp_path / "kvl_fine_ign.py").write_text("VALUE = 1\n")
+    (tmp_path / "kvl_exits_ign.py").write_text("import os\nos._exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        assert base.import_death("kvl_fine_ign") is None
+        assert base.import_death("kvl_exits_ign") == "ended before it returned (SIGCHLD is ignored here: how it ended is unknown)"
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+
+
 def test_the_import_check_hears_a_module_that_closes_every_descriptor_and_opens_its_own(tmp_path, monkeypatch):
     """A module that closes every file descriptor and opens files of its
     own imports fine (the check's word travelled in a pipe, which the module

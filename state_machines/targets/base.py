@@ -183,6 +183,8 @@ def import_death(module_name: str) -> str | None:
         return f"did not return within {limit:g} s"
     if returned:
         return None
+    if status is _UNREAD:
+        return "ended before it returned (SIGCHLD is ignored here: how it ended is unknown)"
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
         try:
@@ -195,16 +197,26 @@ def import_death(module_name: str) -> str | None:
 
 _RETURNED = ord(".")
 
+# ``_ended_within``'s word for a child that ended where its wait status
+# cannot be read: SIGCHLD ignored (a library caller's, which the command's
+# ``main`` would have put back) has the kernel reap it at once, and waitpid
+# then finds no such child.
+_UNREAD = object()
 
-def _ended_within(pid: int, limit: float) -> int | None:
-    """Child ``pid``'s wait status once it ends, reaped, or None where it is
-    still running after ``limit`` seconds.  The child itself is watched, not
-    a pipe of its, which a module can close, or hand to a process of its
-    own that outlives it."""
+
+def _ended_within(pid: int, limit: float) -> int | object | None:
+    """Child ``pid``'s wait status once it ends, reaped, ``_UNREAD`` where
+    it ended and the kernel reaped it, or None where it is still running
+    after ``limit`` seconds.  The child itself is watched, not a pipe of
+    its, which a module can close, or hand to a process of its own that
+    outlives it."""
     deadline = time.monotonic() + limit
     pause = 0.001
     while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return _UNREAD
         if done:
             return status
         left = deadline - time.monotonic()

@@ -1,11 +1,15 @@
-"""Children that die with the process that made them (Linux's
-``PR_SET_PDEATHSIG``).  A command killed outright, by SIGKILL too, would
-otherwise leave a forked worker or import check running on, orphaned."""
+"""Processes that must not run on: children that die with the process
+that made them (Linux's ``PR_SET_PDEATHSIG``), since a command killed
+outright, by SIGKILL too, would otherwise leave a forked worker or import
+check running on, orphaned; and copies of the harness that a target's own
+``os.fork`` makes, which end as the target's code returns to the harness
+(``calls_user_code``)."""
 
 from __future__ import annotations
 
 import ctypes
 import os
+import sys
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -74,3 +78,69 @@ def parent_died_first() -> bool:
     if parent is None or getattr(multiprocessing.current_process(), "_start_method", None) not in ("fork", "spawn"):
         return False
     return os.getppid() != parent.pid
+
+
+# Copies of the harness.  A target that forks inside a call (``os.fork()``
+# in ``alloc``, the child ending with ``sys.exit(0)`` or returning as the
+# parent does) made a copy of the whole harness, which took the call's
+# return, or its SystemExit, for the allocator's and ran the rest of the
+# run: it reported a failure the parent never had (``alloc(1) raised
+# SystemExit: 0``), forked anew at its own next alloc, and a short fuzz
+# left thousands of processes running.  Each function that calls a
+# target's code and leaves through ``leave_if_a_copy`` is registered here;
+# a fork inside one of them marks the child a copy (``_after_fork``), which
+# then ends as the call returns or raises into the harness, with the code
+# its own exit would have had.  Nothing is flushed: the buffers it holds
+# are the parent's too.  A fork the harness makes itself (a worker, the
+# import check) runs inside none of them.
+_CALLERS: set = set()
+
+# Whether this process is such a copy: read after every call of the
+# target's code, so a module global, not a function.
+copied = False
+
+
+def calls_user_code(fn):
+    """Register ``fn`` as one that calls a target's code and, after each
+    call, returns or raises through ``leave_if_a_copy``."""
+    _CALLERS.add(fn.__code__)
+    return fn
+
+
+def _after_fork() -> None:
+    """In a forked child: a copy where the fork ran inside a registered function."""
+    global copied
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code not in _CALLERS:
+        frame = frame.f_back
+    copied = frame is not None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def leave_if_a_copy(raised: BaseException | None = None) -> None:
+    """Where this process is a copy (``copied``), end it now, as the
+    target's code returned (0) or raised ``raised``: a ``SystemExit``'s
+    own code, 1 for anything else.  Else nothing."""
+    if not copied:
+        return
+    code = 0
+    if isinstance(raised, SystemExit):
+        code = raised.code if isinstance(raised.code, int) else 0 if raised.code is None else 1
+    elif raised is not None:
+        code = 1
+    os._exit(code & 0xFF)
+
+
+@calls_user_code
+def call_user_code(fn, /, *args, **kwargs):
+    """``fn(*args, **kwargs)``, a target's code; a copy it forked ends here (``leave_if_a_copy``)."""
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:
+        leave_if_a_copy(exc)
+        raise
+    leave_if_a_copy()
+    return result

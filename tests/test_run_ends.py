@@ -1065,6 +1065,117 @@ def test_the_import_check_reads_its_childs_end_where_a_library_caller_ignores_si
         signal.signal(signal.SIGCHLD, previous)
 
 
+# Correct allocators that fork once per process, at a call of each kind the
+# harness makes (a step's, the factory, the probe of free groups), the child
+# ending as Python code often does, with sys.exit(0), or returning as the
+# parent does (the parent then waits for it and wants it gone at once, with
+# code 0).  Once per process, so that a copy the harness failed to end
+# forks no more copies.
+FORKING_POOLS = textwrap.dedent(
+    '''
+    import os, sys
+    from allocators.token import TokenAllocator
+
+    forked = False
+
+    def log(name, pid):
+        with open(name, "a") as f:
+            f.write(f"{pid}\\n")
+
+    def fork_once(child_returns):
+        log("calls.log", os.getpid())
+        global forked
+        if forked:
+            return
+        forked = True
+        pid = os.fork()
+        if pid == 0:
+            if child_returns:
+                return
+            sys.exit(0)
+        log("children.log", pid)
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            raise RuntimeError(f"the forked child ended with wait status {status}")
+
+    class ExitsInAlloc(TokenAllocator):
+        def alloc(self, n):
+            fork_once(child_returns=False)
+            return super().alloc(n)
+
+    class ReturnsInAlloc(TokenAllocator):
+        def alloc(self, n):
+            fork_once(child_returns=True)
+            return super().alloc(n)
+
+    class ExitsInGroupProbe(TokenAllocator):
+        def free_group_begin(self):
+            fork_once(child_returns=False)
+            return super().free_group_begin()
+
+    def exits_at_build(size, page_size, device, need_sort):
+        fork_once(child_returns=False)
+        return TokenAllocator(size, page_size, device, need_sort)
+
+    def returns_at_build(size, page_size, device, need_sort):
+        fork_once(child_returns=True)
+        return TokenAllocator(size, page_size, device, need_sort)
+    '''
+)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+@pytest.mark.parametrize("name", ["ExitsInAlloc", "ReturnsInAlloc", "ExitsInGroupProbe", "exits_at_build", "returns_at_build"])
+def test_a_copy_of_the_harness_that_a_target_forks_ends_as_the_call_returns(tmp_path, name):
+    """A correct allocator that forks inside a call made a copy of the
+    whole harness: the copy took the child's sys.exit(0) for the
+    allocator's failure (``alloc(1) raised SystemExit: 0``), reported it
+    over the parent's channel, and ran the rest of the run; one that
+    forked at every alloc left thousands of processes.  The copy now ends
+    as the call returns or raises into the harness, with its own exit
+    code, and the run is clean: no child the target forked calls it again."""
+    (tmp_path / "forking_pools.py").write_text(FORKING_POOLS)
+    run = cli(tmp_path, "--target", f"forking_pools:{name}", "--max-examples", "20", "--seed", "1", timeout=120)
+    ended(run, 0)
+    assert "no failure: 20 examples" in run.stdout and run.stdout.count("kv-lockstep fuzz:") == 1, run.stdout
+    children = set((tmp_path / "children.log").read_text().split())
+    assert children and not children & set((tmp_path / "calls.log").read_text().split())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+@pytest.mark.parametrize("ends, code", [
+    (lambda: 5, 0), (lambda: sys.exit(3), 3), (lambda: sys.exit(None), 0), (lambda: sys.exit("why"), 1), (lambda: 1 / 0, 1),
+], ids=["returns", "exit-3", "exit-none", "exit-message", "raises"])
+def test_a_copy_ends_with_the_code_its_own_exit_would_have(ends, code):
+    """The copy's exit code is what its call's end would give a process:
+    0 for a return, a SystemExit's own, 1 for any other raise."""
+    from state_machines import orphans
+
+    def target():
+        return ends() if os.fork() == 0 else None
+
+    me = os.getpid()
+    with contextlib.suppress(BaseException):
+        orphans.call_user_code(target)
+    if os.getpid() != me:
+        os._exit(99)  # a copy not ended: it must not run on in pytest
+    _, status = os.wait()
+    assert os.waitstatus_to_exitcode(status) == code
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_a_fork_outside_a_call_of_the_targets_code_makes_no_copy():
+    """A fork the harness makes itself (a worker, the import check) runs
+    inside no function that calls a target's code: its child goes on."""
+    from state_machines import orphans
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(9 if orphans.copied else 4)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 4
+
+
 def test_the_import_check_hears_a_module_that_closes_every_descriptor_and_opens_its_own(tmp_path, monkeypatch):
     """A module that closes every file descriptor and opens files of its
     own imports fine (the check's word travelled in a pipe, which the module

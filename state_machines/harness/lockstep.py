@@ -36,10 +36,12 @@ except ImportError:  # torch runs without NumPy: the rows are then indexed in to
 from reference_model import CHECKS, OwnershipModel, invariants
 from reference_model import hooks as hook_checks
 from reference_model.census import Census
+from state_machines import orphans
 from state_machines.config import Config
 from state_machines.harness import hooks
 from state_machines.harness.alarm import alarm_is_private, cancel_alarm, set_alarm
 from state_machines.harness.steps import EntryRef, ReqRef, Step, StepSpec, step
+from state_machines.orphans import calls_user_code, leave_if_a_copy
 from state_machines.targets import probe
 
 # An allocator call that takes longer than this is reported as a hang.
@@ -1166,6 +1168,7 @@ class Lockstep:
         request = self.model.requests[req.rid]
         return request.row, len(request.pages) * self.page_size
 
+    @calls_user_code
     def _call(self, what: str, fn, *args):
         observer = _observer
         if observer is not None and observer.call_started is not None:
@@ -1173,7 +1176,16 @@ class Lockstep:
         t0 = time.perf_counter() if observer is not None else 0.0
         limit = self.config.call_timeout_s
         try:
-            return _with_deadline(limit, fn, args)
+            # Inline, not ``call_user_code``: every step's calls pass here.
+            try:
+                result = _with_deadline(limit, fn, args)
+            except BaseException as exc:
+                if orphans.copied:
+                    leave_if_a_copy(exc)
+                raise
+            if orphans.copied:
+                leave_if_a_copy()
+            return result
         except InvariantViolation:
             raise
         except TimeoutError:

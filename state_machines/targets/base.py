@@ -19,7 +19,7 @@ from typing import Any, Callable
 from attrs import field, frozen
 
 from state_machines.config import BUILD_TIMEOUT_S
-from state_machines.orphans import die_with_parent
+from state_machines.orphans import call_user_code, die_with_parent
 
 
 class TargetError(Exception):
@@ -93,9 +93,9 @@ def construct(factory: Callable[..., Any], **available: Any):
     try:
         params = _parameters(factory)
     except (TypeError, ValueError):
-        return factory(**available)
+        return call_user_code(factory, **available)
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return factory(**available)
+        return call_user_code(factory, **available)
     kwargs = {}
     for name, p in params.items():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
@@ -105,7 +105,7 @@ def construct(factory: Callable[..., Any], **available: Any):
         elif p.default is p.empty:
             name_of = getattr(factory, "__name__", repr(factory))
             raise TargetError(f"{name_of}() wants parameter {name!r}, which kv-lockstep cannot supply (it supplies {', '.join(available)})")
-    return factory(**kwargs)
+    return call_user_code(factory, **kwargs)
 
 
 # The limit travels in the environment, so that the command's workers

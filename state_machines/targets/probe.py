@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 
+from state_machines.orphans import call_user_code
 from state_machines.targets.base import one_line, quiet
 
 
@@ -141,7 +142,7 @@ def _groups(allocator) -> dict[str, str]:
     for step, method in GROUP_STEPS.items():
         try:
             with quiet():
-                getattr(throwaway, method)()
+                call_user_code(getattr(throwaway, method))
         except NotImplementedError as exc:
             # Both go: an end with no begin runs only the repeated end.
             return dict.fromkeys(GROUP_STEPS, f"no free groups: {method}: {one_line(exc)}")
@@ -162,7 +163,7 @@ def _probe(allocator, page_size: int, device: str, latent: bool) -> dict[str, st
             continue
         try:
             with quiet():
-                call(throwaway, page_size, device)
+                call_user_code(call, throwaway, page_size, device)
         except NotImplementedError:
             out[step] = f"{method}: not provided (NotImplementedError)"
         except Exception as exc:  # noqa: BLE001 - whatever stops it here disables the step

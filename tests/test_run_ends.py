@@ -1065,6 +1065,83 @@ def test_the_import_check_reads_its_childs_end_where_a_library_caller_ignores_si
         signal.signal(signal.SIGCHLD, previous)
 
 
+# Allocators whose alloc raises what the harness's handler once let through
+# (a class of their own derived from BaseException, GeneratorExit: a
+# traceback and no trace), could not print (a __str__ that raises: the
+# same), took for its own (TimeoutError: reported as a hang) or wrote into a
+# trace replay refused (a message of 5 MB); and ones whose alloc_decode,
+# probed once, raises SystemExit or KeyboardInterrupt (a traceback, or an
+# exit 1 with no word).
+RAISING_POOLS = textwrap.dedent(
+    '''
+    from allocators.paged import PagedAllocator
+    from allocators.token import TokenAllocator
+
+    class Base(BaseException):
+        pass
+
+    class BadStr(Exception):
+        def __str__(self):
+            raise RuntimeError("no text")
+
+    def raising(exc):
+        class Pool(TokenAllocator):
+            def alloc(self, n):
+                raise exc
+        return Pool
+
+    RaisesBase = raising(Base("of its own"))
+    RaisesGeneratorExit = raising(GeneratorExit("closed"))
+    RaisesBadStr = raising(BadStr())
+    RaisesTimeoutError = raising(TimeoutError("lock busy"))
+    RaisesHuge = raising(ValueError("z" * 5_000_000))
+
+    def probed(exc):
+        class Pool(PagedAllocator):
+            def alloc_decode(self, *args):
+                raise exc
+        return Pool
+
+    DecodeExits = probed(SystemExit(3))
+    DecodeInterrupts = probed(KeyboardInterrupt())
+    '''
+)
+
+
+@pytest.mark.parametrize("name, said", [
+    ("RaisesBase", "alloc(1) raised Base: of its own (at "),
+    ("RaisesGeneratorExit", "alloc(1) raised GeneratorExit: closed (at "),
+    ("RaisesBadStr", "alloc(1) raised BadStr: <its str() raised RuntimeError> (at "),
+    ("RaisesTimeoutError", "alloc(1) raised TimeoutError: lock busy (at "),
+    ("RaisesHuge", "alloc(1) raised ValueError: " + "z" * 2000 + "... (4,998,000 more characters) (at "),
+])
+def test_whatever_an_allocator_raises_is_allocator_raised_with_a_trace_that_replays(tmp_path, name, said):
+    """Each is the allocator's failure, ``allocator_raised``, with a trace
+    that ``replay`` reads and fails on the same way."""
+    (tmp_path / "raising_pools.py").write_text(RAISING_POOLS)
+    run = cli(tmp_path, "--target", f"raising_pools:{name}", "--max-examples", "5", "--seed", "1")
+    ended(run, 1)
+    assert "failure 1: allocator_raised" in run.stdout and said in run.stdout, run.stdout[:3000]
+    [path] = sorted((tmp_path / "traces").glob("*allocator_raised*.json"))
+    again = subprocess.run([sys.executable, "-m", "state_machines.cli", "replay", str(path), "--target", f"raising_pools:{name}"],
+                           cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+    ended(again, 1)
+    assert said in again.stdout
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("DecodeExits", "rule decode disabled for raising_pools:DecodeExits: alloc_decode: SystemExit: 3"),
+    ("DecodeInterrupts", "rule decode disabled for raising_pools:DecodeInterrupts: alloc_decode: KeyboardInterrupt at "),
+])
+def test_a_probe_that_exits_or_interrupts_disables_its_step(tmp_path, name, reason):
+    """A method that cannot run here disables its step, with the reason,
+    whatever it raises; the run goes on."""
+    (tmp_path / "raising_pools.py").write_text(RAISING_POOLS)
+    run = cli(tmp_path, "--target", f"raising_pools:{name}", "--page-size", "4", "--max-examples", "5", "--seed", "1")
+    ended(run, 0)
+    assert reason in run.stdout, run.stdout
+
+
 # Correct allocators that fork once per process, at a call of each kind the
 # harness makes (a step's, the factory, the probe of free groups), the child
 # ending as Python code often does, with sys.exit(0), or returning as the

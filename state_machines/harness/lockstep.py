@@ -43,6 +43,7 @@ from state_machines.harness.alarm import alarm_is_private, cancel_alarm, set_ala
 from state_machines.harness.steps import EntryRef, ReqRef, Step, StepSpec, step
 from state_machines.orphans import calls_user_code, leave_if_a_copy
 from state_machines.targets import probe
+from state_machines.targets.base import exception_text
 
 # An allocator call that takes longer than this is reported as a hang.
 CALL_TIMEOUT_S = 10.0
@@ -76,6 +77,22 @@ def violation_type(invariant: str) -> type[InvariantViolation]:
         name = "".join(part.title() for part in invariant.split("_")) + "Violation"
         _VIOLATION_TYPES[invariant] = type(name, (InvariantViolation,), {"invariant": invariant})
     return _VIOLATION_TYPES[invariant]
+
+
+# At most this much of an exception's text goes into a failure's detail:
+# a trace keeps a detail of 100,000 characters at most (``trace.py``), and
+# a message of 5 MB made a trace that ``replay`` refused.
+RAISED_TEXT_MAX = 2000
+
+
+def raised_text(exc: BaseException) -> str:
+    """``Name: text`` (``Name`` where the text is empty) for an exception the
+    allocator raised, the text cut to ``RAISED_TEXT_MAX`` characters; where
+    ``str()`` itself raises, says so (``exception_text``)."""
+    name, text = type(exc).__name__, exception_text(exc)
+    if len(text) > RAISED_TEXT_MAX:
+        text = f"{text[:RAISED_TEXT_MAX]}... ({len(text) - RAISED_TEXT_MAX:,} more characters)"
+    return f"{name}: {text}" if text else name
 
 
 def ids(t) -> list[int]:
@@ -207,8 +224,15 @@ _deadline: float | None = None
 _fires_at: float | None = None
 
 
+class CallTimedOut(TimeoutError):
+    """A timed call ran past its deadline (``_on_alarm``): the harness's
+    own, told apart from a ``TimeoutError`` the allocator raises, which is
+    ``allocator_raised`` (it was reported as a hang).  A ``TimeoutError``
+    still, for code that catches those."""
+
+
 def _on_alarm(signum, frame):
-    """SIGALRM: a timed call past its deadline raises ``TimeoutError``.  The
+    """SIGALRM: a timed call past its deadline raises ``CallTimedOut``.  The
     timer outlives the calls (``_with_deadline``): between calls it does
     nothing, and inside a call whose deadline is still ahead (the timer set
     for an earlier call's) it is set again for the rest."""
@@ -221,7 +245,7 @@ def _on_alarm(signum, frame):
         _fires_at = _deadline
         set_alarm(left)
         return
-    raise TimeoutError(f"no return within {CALL_TIMEOUT_S:g} s")
+    raise CallTimedOut(f"no return within {CALL_TIMEOUT_S:g} s")
 
 
 _HAS_TIMER = hasattr(signal, "setitimer")
@@ -1188,19 +1212,20 @@ class Lockstep:
             return result
         except InvariantViolation:
             raise
-        except TimeoutError:
+        except CallTimedOut:
             self._fail("allocator_hung", f"{what} hung: no return within {limit:g} s")
-        except (Exception, KeyboardInterrupt, SystemExit) as exc:
-            # The allocator's own KeyboardInterrupt or SystemExit is its failure too;
-            # only where SIGINT has Python's default handler can a real Ctrl-C land
-            # inside the call, and that stops the run.
+        except BaseException as exc:
+            # The allocator's own KeyboardInterrupt or SystemExit is its failure too,
+            # as is any class of its own derived from BaseException; only where
+            # SIGINT has Python's default handler can a real Ctrl-C land inside
+            # the call, and that stops the run.  Hypothesis's own control flow
+            # passes through.
             if isinstance(exc, KeyboardInterrupt) and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
                 raise
+            if type(exc).__module__.partition(".")[0] == "hypothesis":
+                raise
             where = traceback.extract_tb(exc.__traceback__)[-1]
-            self._fail(
-                "allocator_raised",
-                f"{what} raised {type(exc).__name__}{f': {exc}' if str(exc) else ''} (at {where.filename}:{where.lineno})",
-            )
+            self._fail("allocator_raised", f"{what} raised {raised_text(exc)} (at {where.filename}:{where.lineno})")
         finally:
             if observer is not None and observer.call_ended is not None:
                 census = fn in (census_of, read_census) or getattr(fn, "__name__", "") == "available_size"

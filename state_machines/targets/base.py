@@ -45,9 +45,18 @@ class Target:
     needs: dict = field(factory=dict)
 
 
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)``; where that raises (a user's ``__str__``), a note saying
+    so, not a second raise."""
+    try:
+        return str(exc)
+    except BaseException as inner:  # noqa: BLE001 - the user's __str__, whatever it raises
+        return f"<its str() raised {type(inner).__name__}>"
+
+
 def one_line(exc: BaseException) -> str:
     """An exception as one line of at most about 200 characters."""
-    text = " ".join(str(exc).split())
+    text = " ".join(exception_text(exc).split())
     text = text if len(text) <= 200 else text[:197] + "..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import signal
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -24,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 from state_machines.orphans import call_user_code
-from state_machines.targets.base import one_line, quiet
+from state_machines.targets.base import exception_text, one_line, quiet
 
 
 def _decode(allocator, page_size: int, device: str):
@@ -146,9 +147,21 @@ def _groups(allocator) -> dict[str, str]:
         except NotImplementedError as exc:
             # Both go: an end with no begin runs only the repeated end.
             return dict.fromkeys(GROUP_STEPS, f"no free groups: {method}: {one_line(exc)}")
-        except Exception:  # noqa: BLE001 - the run reports it (see above)
+        except BaseException as exc:  # noqa: BLE001 - the run reports it (see above)
+            _real_interrupt(exc)
             return {}
     return {}
+
+
+def _real_interrupt(exc: BaseException) -> None:
+    """Raise ``exc`` again where it may be a real Ctrl-C (SIGINT has
+    Python's default handler, as in a process of the user's own): a probe
+    must not take that for a method that cannot run.  In a worker, which
+    ignores SIGINT, the allocator's own ``KeyboardInterrupt`` is its
+    answer, as its ``SystemExit`` or any class of its own derived from
+    ``BaseException`` is (they ended the command in a traceback)."""
+    if isinstance(exc, KeyboardInterrupt) and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        raise exc
 
 
 def _probe(allocator, page_size: int, device: str, latent: bool) -> dict[str, str]:
@@ -166,14 +179,15 @@ def _probe(allocator, page_size: int, device: str, latent: bool) -> dict[str, st
                 call_user_code(call, throwaway, page_size, device)
         except NotImplementedError:
             out[step] = f"{method}: not provided (NotImplementedError)"
-        except Exception as exc:  # noqa: BLE001 - whatever stops it here disables the step
+        except BaseException as exc:  # noqa: BLE001 - whatever stops it here disables the step
+            _real_interrupt(exc)
             out[step] = f"{method}: {one_line(exc)}{_raised_at(exc)}"
     return out
 
 
 def _raised_at(exc: BaseException) -> str:
     """Where a bare exception (an ``assert`` with no message) came from."""
-    if str(exc).strip():
+    if exception_text(exc).strip():
         return ""
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:

@@ -41,6 +41,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _target_spec(text: str) -> str:
+    """``--target``: not empty (an empty one ran the default target)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: give builtin:NAME, sglang:NAME or MODULE:ATTR")
+    return text
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -76,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     fuzz = sub.add_parser("fuzz", help="run a target in lockstep with the ownership model")
-    fuzz.add_argument("--target", help=f"builtin:NAME, sglang:NAME or MODULE:ATTR (default {DEFAULT_TARGET};"
+    fuzz.add_argument("--target", type=_target_spec, help=f"builtin:NAME, sglang:NAME or MODULE:ATTR (default {DEFAULT_TARGET};"
                       " with --caller, sglang:token at page size 1, else sglang:paged)")
     fuzz.add_argument("--mutant", help="a named bug variant of a builtin target")
     fuzz.add_argument("--page-size", type=_positive, default=1, help="slots a page (default 1)")
@@ -109,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
 
     replay = sub.add_parser("replay", help="re-run a trace step by step")
     replay.add_argument("trace")
-    replay.add_argument("--target", help="run against this target instead of the trace's")
+    replay.add_argument("--target", type=_target_spec, help="run against this target instead of the trace's")
     replay.add_argument("--mutant", help="with this mutant (default: none when --target is given)")
     replay.add_argument("--sglang-path")
     _caller_options(replay, defaults=False)
@@ -117,7 +124,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--emit-pytest", metavar="FILE", help="also write a standalone pytest file that replays the trace")
 
     targets = sub.add_parser("targets", help="list targets and mutants, or what one target can run here")
-    targets.add_argument("--target", help="show this target's family, steps and disabled steps (with reasons)")
+    targets.add_argument("--target", type=_target_spec, help="show this target's family, steps and disabled steps (with reasons)")
     targets.add_argument("--mutant")
     targets.add_argument("--page-size", type=_positive, help="the page size to describe at (default 1; for a release's"
                          " kinds that take any, 4)")
@@ -155,6 +162,18 @@ def _indent(text: str, by: str = "    ") -> str:
     return "\n".join(by + line for line in text.splitlines())
 
 
+def _fits_a_trace(config: Config) -> None:
+    """Refuse a configuration that a trace cannot carry (``trace.py``'s
+    bounds: a page of 2,048 slots, a pool past 2^22 slots): every failure
+    the run wrote would be a trace ``replay`` refuses."""
+    from state_machines.runs.trace import TraceError, check_config
+
+    try:
+        check_config(config.to_dict())
+    except TraceError as exc:
+        raise UsageError(f"{exc}: beyond what a trace carries, so no failure found could be replayed") from None
+
+
 def cmd_fuzz(args) -> int:
     """The allocator runs only in worker processes, watched from here
     (``runs/watchdog.py``), so that a crash, an exit or a hang inside it is
@@ -163,8 +182,8 @@ def cmd_fuzz(args) -> int:
     from state_machines.runs.options import open_database
     from state_machines.targets import devices
 
-    target = args.target or DEFAULT_TARGET
-    if args.caller != "harness" and not args.target:
+    target = args.target if args.target is not None else DEFAULT_TARGET
+    if args.caller != "harness" and args.target is None:
         from state_machines.callers.release import default_target
 
         target = default_target(args.caller, args.page_size)
@@ -208,10 +227,11 @@ def cmd_fuzz(args) -> int:
     # allocator can tell, the worker reports the same way.
     targets.resolve(config.target, config.mutant, config.sglang_path)
     devices.require(config.device)
+    _fits_a_trace(config)
     open_database(args.db)
     # Last: the trace folder's probe makes it, which a run refused for
     # anything else should not leave behind.
-    _check_output_paths(trace_dir=args.trace_dir, stats_json=args.stats_json)
+    _check_output_paths(trace_dir=args.trace_dir, stats_json=args.stats_json, db=args.db)
     if config.caller != "harness":
         _print_caller_header(config, args.build_timeout)
     if duration_s is not None:
@@ -300,12 +320,17 @@ def _print_caller_header(config: Config, build_timeout_s: float) -> None:
         print(line)
 
 
-def _check_output_paths(trace_dir: str | None = None, stats_json: str | None = None, emit_pytest: str | None = None) -> None:
+def _check_output_paths(trace_dir: str | None = None, stats_json: str | None = None, emit_pytest: str | None = None,
+                        db: str | None = None) -> None:
     """Output paths that cannot be written are bad input, found before any
-    run: not after a failure has been shrunk."""
+    run: not after a failure has been shrunk.  So is a ``--db`` folder
+    (Hypothesis's database drops what it cannot save without a word, and a
+    run that found failures saved none for the next to replay)."""
     for value, flag in ((stats_json, "--stats-json"), (emit_pytest, "--emit-pytest")):
         if value is not None:
             _check_file(value, flag)
+    if db is not None and not db.startswith(("redis://", "rediss://")):
+        _check_folder(db, "--db")
     if trace_dir is not None:  # last: its probe makes the folder
         _check_folder(trace_dir, "--trace-dir")
 

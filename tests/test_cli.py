@@ -84,8 +84,19 @@ def _known(names) -> str:
          "cannot import target module 'no_such_module_xyz': ModuleNotFoundError: No module named 'no_such_module_xyz'"),
         (["fuzz", "--bogus"], "unrecognized arguments: --bogus (see `kv-lockstep --help`)"),
         (["replay", "missing.json"], "cannot read trace missing.json: No such file or directory"),
+        # An empty --target ran the default target.
+        (["fuzz", "--target", ""], "argument --target: is empty: give builtin:NAME, sglang:NAME or MODULE:ATTR"
+                                   " (see `kv-lockstep fuzz --help`)"),
+        # Runs whose traces replay refused: the run must refuse them first.
+        (["fuzz", "--target", "builtin:paged", "--page-size", "2048"],
+         "config.page_size is 2048, outside 1..1024: beyond what a trace carries, so no failure found could be replayed"),
+        (["fuzz", "--size", "4194305"],
+         "config.size is 4194305, outside 1..4194304: beyond what a trace carries, so no failure found could be replayed"),
+        # Hypothesis's database saves nothing there, without a word.
+        (["fuzz", "--db", "/proc/kv-lockstep-db"], "--db /proc/kv-lockstep-db: cannot write there: No such file or directory"),
     ],
-    ids=["target-form", "builtin", "mutant", "page-size", "import", "argument", "trace-missing"],
+    ids=["target-form", "builtin", "mutant", "page-size", "import", "argument", "trace-missing", "target-empty",
+         "page-size-past-a-trace", "size-past-a-trace", "db-unwritable"],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
     """Bad input gets one line on stderr, no traceback, nothing on stdout, exit code 2."""

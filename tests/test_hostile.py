@@ -524,3 +524,16 @@ def test_a_trace_may_name_what_a_step_made_as_it_likes(tmp_path, capsys):
     code, out, err = cli(["replay", write_json(tmp_path / "t.json", data)], capsys)
     assert (code, err) == (0, ""), out + err
     assert out.splitlines()[-1] == "trace passes: all 4 steps and the teardown check out"
+
+
+def test_a_trace_written_with_a_detail_past_the_bound_reads_back():
+    """A failure's detail longer than a trace carries (``MAX_TEXT``) is cut
+    as the trace is written, saying how much, so ``replay`` reads every
+    trace ``fuzz`` writes (it refused one of 5 MB)."""
+    from state_machines.config import Config
+    from state_machines.runs.trace import MAX_TEXT, Trace
+
+    trace = Trace(Config(target="builtin:token"), (), "allocator_raised", "y" * (3 * MAX_TEXT))
+    back = Trace.from_dict(json.loads(trace.to_json()))
+    assert len(back.detail) <= MAX_TEXT and back.detail.startswith("y" * (MAX_TEXT - 100))
+    assert back.detail.endswith(f"... ({2 * MAX_TEXT + 100:,} characters cut)")

@@ -401,6 +401,15 @@ def check_trace(data) -> tuple[Config, tuple[Step, ...], str | None, str | None]
     return config, steps, invariant, detail
 
 
+def _within_max_text(detail: str | None) -> str | None:
+    """``detail`` cut to ``MAX_TEXT`` characters, saying how much was cut,
+    so that a trace ``fuzz`` writes, ``replay`` reads."""
+    if detail is None or len(detail) <= MAX_TEXT:
+        return detail
+    tail = f"... ({len(detail) - MAX_TEXT + 100:,} characters cut)"
+    return detail[:MAX_TEXT - 100] + tail
+
+
 @frozen
 class Trace:
     config: Config
@@ -418,7 +427,7 @@ class Trace:
             "format": FORMAT,
             "config": self.config.to_dict(),
             "steps": [s.to_dict() for s in self.steps],
-            "failure": {"step": len(self.steps) - 1, "invariant": self.invariant, "detail": self.detail},
+            "failure": {"step": len(self.steps) - 1, "invariant": self.invariant, "detail": _within_max_text(self.detail)},
         }
 
     def to_json(self) -> str:

@@ -43,7 +43,7 @@ from state_machines.harness.alarm import alarm_is_private, cancel_alarm, set_ala
 from state_machines.harness.steps import EntryRef, ReqRef, Step, StepSpec, step
 from state_machines.orphans import calls_user_code, leave_if_a_copy
 from state_machines.targets import probe
-from state_machines.targets.base import exception_text
+from state_machines.targets.base import TargetError, exception_text
 
 # An allocator call that takes longer than this is reported as a hang.
 CALL_TIMEOUT_S = 10.0
@@ -113,20 +113,44 @@ def _census_parts(allocator) -> list:
     """What ``census_of`` reads: ``get_all_free_pages()`` where it has one
     (and it returns something), else the ``free_pages``, ``release_pages``,
     ``staged_pages`` and ``free_slots`` (a Mamba slot list) containers, each
-    a tensor or a list of tensors."""
+    a tensor, or a list, tuple or set of tensors or of page ids (a census
+    of plain ints was read as tensors: a correct allocator failed with the
+    harness's own ``AttributeError``), each list of ids made one tensor."""
     get_all = getattr(allocator, "get_all_free_pages", None)
     if callable(get_all):
         pages = get_all()
         if pages is not None:
-            return [pages]
+            return _tensors(pages)
     parts = []
-    for name in ("free_pages", "release_pages", "staged_pages", "free_slots"):
+    for name in CENSUS_ATTRIBUTES:
         part = getattr(allocator, name, None)
-        if isinstance(part, torch.Tensor):
-            parts.append(part)
-        elif isinstance(part, (list, tuple)):
-            parts += part
+        if part is not None:
+            parts += _tensors(part)
     return parts
+
+
+# The containers a census is read from where there is no get_all_free_pages().
+CENSUS_ATTRIBUTES = ("free_pages", "release_pages", "staged_pages", "free_slots")
+
+
+def has_census(allocator) -> bool:
+    """Whether ``_census_parts`` has anything to read on ``allocator``."""
+    return callable(getattr(allocator, "get_all_free_pages", None)) or any(
+        getattr(allocator, name, None) is not None for name in CENSUS_ATTRIBUTES)
+
+
+def _tensors(part) -> list:
+    """A census container as tensors: a tensor as is; in a list, tuple or
+    set, its tensors as they are and its other entries (page ids) as one
+    int64 tensor; anything else, nothing."""
+    if isinstance(part, torch.Tensor):
+        return [part]
+    if not isinstance(part, (list, tuple, set, frozenset)):
+        return []
+    tensors = [p for p in part if isinstance(p, torch.Tensor)]
+    if len(tensors) < len(part):
+        tensors.append(torch.tensor(sorted(p for p in part if not isinstance(p, torch.Tensor)), dtype=torch.int64))
+    return tensors
 
 
 def census_of(allocator) -> list[int]:
@@ -464,6 +488,12 @@ class Lockstep:
     # allocator has them; a family with more free methods names them, one
     # with its own empty-free step (the unified ones: ``free_nothing``) none.
     empty_frees = ("free", "free_segment")
+    # Whether a fresh pool lists pages 1..size // page_size, each once
+    # (``fresh_pool_lists_every_page``), as sglang's token, paged and NPU
+    # allocators start.  Read from a class's own body only: a family that
+    # subclasses this one lays its pools out otherwise (HiSparse's logical
+    # pool is twice the size asked) and checks them itself.
+    fresh_pool_is_pages_1_to_n = True
 
     @classmethod
     def create(cls, config: Config, allocator, *, defers_frees: bool, disabled: dict[str, str]) -> Lockstep:
@@ -499,7 +529,14 @@ class Lockstep:
         return "hook_steps" in type(self).__dict__
 
     def start_models(self, defers_frees: bool) -> None:
+        if not has_census(self.pools()[0].allocator):
+            # Else an empty census: a correct allocator failed available_size_agrees.
+            raise TargetError(
+                f"{self.config.target} has no census: give it get_all_free_pages(), or one of"
+                f" {', '.join(CENSUS_ATTRIBUTES)} (a tensor or a list of free page ids)")
         initial = self._call("get_all_free_pages()", census_of, self.pools()[0].allocator)
+        if "fresh_pool_is_pages_1_to_n" in type(self).__dict__:
+            self._judge(invariants.fresh_pool_lists_every_page, initial, self.config.pool_size // self.page_size)
         self.model = OwnershipModel.from_census(sorted(set(initial)), defers_frees=defers_frees)
 
     @property

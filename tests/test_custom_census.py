@@ -1,0 +1,87 @@
+"""A custom target's fresh pool and its census: the layout a fresh pool must
+have (pages 1..N free, each once: ``fresh_pool_lists_every_page``), and the
+census shapes the README names (a tensor, or a list of free page ids)."""
+
+import textwrap
+
+import pytest
+
+from reference_model import invariants
+from state_machines.harness import InvariantViolation, build
+from state_machines.targets import TargetError
+
+POOLS = textwrap.dedent(
+    '''
+    import torch
+    from allocators.token import TokenAllocator
+
+    def _shifted(by, drop=0):
+        class Pool(TokenAllocator):
+            def __init__(self, size, page_size, device, need_sort):
+                super().__init__(size, page_size, device, need_sort)
+                self.free_pages = torch.arange(1 + by, size + 1 + by - drop, dtype=torch.int64)
+        return Pool
+
+    HandsOutPadding = _shifted(-1)     # pages 0..N-1: page 0 is sglang's padding page
+    PastThePool = _shifted(1)          # pages 2..N+1
+    LeaksOne = _shifted(0, drop=1)     # pages 1..N-1: page N never free
+
+    class ListCensus(TokenAllocator):
+        """Correct; its census a plain list of page ids (get_all_free_pages)."""
+        def get_all_free_pages(self):
+            return super().get_all_free_pages().tolist()
+
+    class NoCensus(TokenAllocator):
+        """Correct, but nothing the harness can read its free pages from."""
+        def __getattribute__(self, name):
+            if name in ("get_all_free_pages", "free_pages", "release_pages", "staged_pages", "free_slots"):
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+    '''
+)
+
+
+@pytest.fixture
+def pools(tmp_path, monkeypatch):
+    (tmp_path / "census_pools.py").write_text(POOLS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+@pytest.mark.parametrize("initial, pages, said", [
+    ([1, 2, 3], 3, None),
+    ([3, 1, 2], 3, None),
+    ([0, 1, 2], 3, "fresh allocator's free list (3 entries) / pages 1..3, each once: not pages of the pool: [0]; missing: [3]"),
+    ([1, 2], 3, "fresh allocator's free list (2 entries) / pages 1..3, each once: missing: [3]"),
+    ([1, 2, 3, 3], 3, "fresh allocator's free list (4 entries) / pages 1..3, each once: listed more than once: [3]"),
+])
+def test_a_fresh_pool_lists_pages_one_to_n_each_once(initial, pages, said):
+    assert invariants.fresh_pool_lists_every_page(initial, pages) == said
+
+
+@pytest.mark.parametrize("name, said", [
+    ("HandsOutPadding", "not pages of the pool: [0]; missing: [10]"),
+    ("PastThePool", "not pages of the pool: [11]; missing: [1]"),
+    ("LeaksOne", "missing: [10]"),
+])
+def test_a_fresh_pool_laid_out_wrong_fails_before_any_step(pools, name, said):
+    """The model starts from the fresh pool's census: a pool that began with
+    the padding page, a page past its end or one page short was taken for
+    the pool itself, and fuzz came back clean."""
+    with pytest.raises(InvariantViolation) as failed:
+        build(target=f"census_pools:{name}")
+    assert failed.value.invariant == "fresh_pool_lists_every_page" and not failed.value.steps
+    assert said in failed.value.detail
+
+
+def test_a_census_of_plain_page_ids_is_read(pools):
+    """A census returned as a list of ints failed a correct allocator with
+    the harness's own AttributeError ('int' object has no attribute 'is_cpu')."""
+    state = build(target="census_pools:ListCensus")
+    state.alloc(n=3)
+    state.check()
+
+
+def test_an_allocator_with_no_census_is_bad_input(pools):
+    """Read as an empty census, it failed available_size_agrees."""
+    with pytest.raises(TargetError, match=r"census_pools:NoCensus has no census: give it get_all_free_pages\(\), or one of"):
+        build(target="census_pools:NoCensus")

@@ -94,6 +94,16 @@ CHECKS = (
 )
 
 
+def answer_is_a_count(what: str, got) -> str | None:
+    """A method that answers a count (``available_size()``, ...) returns a
+    number ``int()`` takes (an int, a 0-d tensor, a float as ever)."""
+    try:
+        int(got)
+    except Exception:  # noqa: BLE001 - whatever int() of the answer raises
+        return f"{what} returned {type(got).__name__} {repr(got)[:80]} / a number"
+    return None
+
+
 def fresh_pool_lists_every_page(initial: list[int], pages: int) -> str | None:
     """A fresh pool of ``pages`` pages lists pages 1..``pages`` free, each
     once, as sglang's allocators start (page 0 is the padding page, which

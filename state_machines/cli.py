@@ -329,10 +329,14 @@ def _check_output_paths(trace_dir: str | None = None, stats_json: str | None = N
     for value, flag in ((stats_json, "--stats-json"), (emit_pytest, "--emit-pytest")):
         if value is not None:
             _check_file(value, flag)
+    if db is not None and not db.strip():
+        raise UsageError("--db is empty: give a folder (created if missing) or redis://HOST:PORT")
     if db is not None and not db.startswith(("redis://", "rediss://")):
         _check_folder(db, "--db")
     if trace_dir is not None:  # last: its probe makes the folder
         _check_folder(trace_dir, "--trace-dir")
+        # Where each failure's first example goes at once, before shrinking.
+        _check_folder(str(Path(trace_dir) / "unshrunk"), "--trace-dir")
 
 
 def _check_folder(value: str, flag: str) -> None:
@@ -384,6 +388,14 @@ def _check_file(value: str, flag: str) -> None:
     _try_writing(path.parent, flag, value)
 
 
+def _same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name one file (``b`` existing)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either missing: not one file (a missing trace is refused as ever)
+        return False
+
+
 def _replay_config(trace, args) -> Config:
     """The configuration a replay runs: the trace's, with the command line's
     choices over it.  A trace builds built-in and ``sglang:`` targets by
@@ -429,6 +441,8 @@ def cmd_replay(args) -> int:
     from state_machines.runs.watchdog import replay_watched, signal_name
 
     _check_output_paths(emit_pytest=args.emit_pytest)
+    if args.emit_pytest and _same_file(args.emit_pytest, args.trace):
+        raise UsageError(f"--emit-pytest {shown(args.emit_pytest)} is the trace itself: writing it would overwrite the trace")
     trace = Trace.load(args.trace)  # checked throughout: nothing of it runs before this
     config = _replay_config(trace, args)
     # Bad input fails here, before any output, as in fuzz.

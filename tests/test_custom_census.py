@@ -31,6 +31,11 @@ POOLS = textwrap.dedent(
         def get_all_free_pages(self):
             return super().get_all_free_pages().tolist()
 
+    class AvailableNone(TokenAllocator):
+        """available_size() answers None: int() of it was a traceback, no trace."""
+        def available_size(self):
+            return None
+
     class NoCensus(TokenAllocator):
         """Correct, but nothing the harness can read its free pages from."""
         def __getattribute__(self, name):
@@ -85,3 +90,10 @@ def test_an_allocator_with_no_census_is_bad_input(pools):
     """Read as an empty census, it failed available_size_agrees."""
     with pytest.raises(TargetError, match=r"census_pools:NoCensus has no census: give it get_all_free_pages\(\), or one of"):
         build(target="census_pools:NoCensus")
+
+
+def test_a_count_that_is_no_number_fails_the_allocator_not_the_harness(pools):
+    with pytest.raises(InvariantViolation) as failed:
+        build(target="census_pools:AvailableNone")
+    assert failed.value.invariant == "answer_is_a_count"
+    assert failed.value.detail == "available_size() returned NoneType None / a number"

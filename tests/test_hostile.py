@@ -537,3 +537,45 @@ def test_a_trace_written_with_a_detail_past_the_bound_reads_back():
     back = Trace.from_dict(json.loads(trace.to_json()))
     assert len(back.detail) <= MAX_TEXT and back.detail.startswith("y" * (MAX_TEXT - 100))
     assert back.detail.endswith(f"... ({2 * MAX_TEXT + 100:,} characters cut)")
+
+
+def test_a_trace_dir_whose_unshrunk_folder_cannot_be_made_is_refused(tmp_path, capsys):
+    """A file named ``unshrunk`` in the trace folder: the run started, and
+    its failure was lost with a traceback (``cannot write a trace into
+    td/unshrunk: File exists``)."""
+    (tmp_path / "td").mkdir()
+    (tmp_path / "td" / "unshrunk").write_text("")
+    assert_bad_input(*cli(["fuzz", "--mutant", "alias", "--max-examples", "5", "--trace-dir", tmp_path / "td"], capsys),
+                     "td/unshrunk is a file, not a folder")
+
+
+def test_an_empty_db_is_refused(tmp_path, capsys, monkeypatch):
+    """``--db ""`` wrote Hypothesis's folders into the working folder."""
+    monkeypatch.chdir(tmp_path)
+    assert_bad_input(*cli(["fuzz", "--max-examples", "3", "--db", ""], capsys), "--db is empty")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_emitting_a_pytest_file_onto_the_trace_itself_is_refused(tmp_path, capsys):
+    path = write_json(tmp_path / "t.json", BASE)
+    before = path.read_text()
+    assert_bad_input(*cli(["replay", path, "--emit-pytest", tmp_path / "." / "t.json"], capsys),
+                     "is the trace itself: writing it would overwrite the trace")
+    assert path.read_text() == before
+
+
+@pytest.mark.parametrize("config, steps, said", [
+    # A finished request in a decode batch: the SWA family read it first (KeyError, a traceback).
+    ({"target": "builtin:swa", "page_size": 4},
+     [{"rule": "alloc", "args": {"n": 4}, "returns": "req_0"}, {"rule": "finish", "args": {"req": "req_0"}},
+      {"rule": "decode", "args": {"reqs": ["req_0"]}}],
+     "step 2 (state.decode(reqs=[req_0])) does not apply here: req_0 has finished"),
+    # make_room inside a free group, which the rules never draw: the group's queued pages were blamed on the pool.
+    ({"target": "builtin:unified-swa", "page_size": 4},
+     [{"rule": "begin", "args": {}}, {"rule": "alloc", "args": {"n": 8}, "returns": "req_0"},
+      {"rule": "finish", "args": {"req": "req_0"}}, {"rule": "make_room", "args": {"full": 0, "swa": 1}}],
+     "step 3 (state.make_room(full=0, swa=1)) does not apply here: the scheduler makes room outside a free group"),
+], ids=["decode-finished", "make-room-in-group"])
+def test_a_hand_written_step_the_rules_never_draw_is_refused(tmp_path, capsys, config, steps, said):
+    path = write_json(tmp_path / "t.json", {"format": FORMAT, "config": config, "steps": steps})
+    assert_bad_input(*cli(["replay", path], capsys), said)

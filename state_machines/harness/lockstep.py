@@ -1156,7 +1156,7 @@ class Lockstep:
         timed = _observer is not None and _observer.judged is not None
         for pool in self.pools():
             census = self._call(f"{pool.prefix}census", read_census, pool.allocator, pool.model)
-            available = int(self._call(f"{pool.prefix}available_size()", pool.allocator.available_size))
+            available = self._count(f"{pool.prefix}available_size()", pool.allocator.available_size)
             page_size, model = pool.page_size or self.page_size, pool.model
             for predicate in CHECKS:
                 if timed:
@@ -1267,6 +1267,15 @@ class Lockstep:
             if observer is not None and observer.call_ended is not None:
                 census = fn in (census_of, read_census) or getattr(fn, "__name__", "") == "available_size"
                 observer.call_ended(CENSUS if census else ALLOCATOR, time.perf_counter() - t0)
+
+    def _count(self, what: str, fn, *args) -> int:
+        """``int(fn(*args))``, an allocator's count, called as ``_call``
+        calls; an answer ``int()`` refuses (``None``, ``"many"``) fails
+        ``answer_is_a_count``, not the harness (a traceback and no trace)."""
+        got = self._call(what, fn, *args)
+        if type(got) is not int:
+            self._judge(invariants.answer_is_a_count, what, got)
+        return int(got)
 
     def _fail(self, invariant: str, detail: str):
         raise violation_type(invariant)(detail, self.steps, self.config)

@@ -122,7 +122,7 @@ class PageInterleaveLockstep(Lockstep):
         a = self.allocator
         lists = self._call("class census", lambda: [ids(torch.cat((f, r))) for f, r in zip(a.class_free_pages, a.class_release_pages)])
         self._judge(pi.free_pages_in_own_class, lists, self.shard_size)
-        available = int(self._call("available_size()", a.available_size))
+        available = self._count("available_size()", a.available_size)
         self._judge(pi.interleave_available_size_agrees, available, pi.class_free_counts(self.model, self.shard_size),
                     self.page_size, self.shard_size)
 

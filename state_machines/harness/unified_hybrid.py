@@ -302,7 +302,7 @@ class UnifiedSWALockstep(Clears, SWALockstep):
             if pool.grows == "float":
                 continue
             if not self.lazy:
-                tokens = int(self._call(f"{name} allocated_count()", sub.allocated_count))
+                tokens = self._count(f"{name} allocated_count()", sub.allocated_count)
                 self._judge(unified_compacted, pool, physical[pool.name], tokens, self.page_size,
                             name=f"{name}_compacted")
             # An END pool's span holds bound pages and holes (lazy frees not yet compacted), nothing else.
@@ -364,7 +364,7 @@ class UnifiedSWALockstep(Clears, SWALockstep):
             what = f"can_reserve({ft}, {st}, full_evictable_tokens={ef}, swa_evictable_tokens={es})"
             got = self._call(what, lambda: a.can_reserve(ft, st, full_evictable_tokens=ef, swa_evictable_tokens=es))
             self._judge(unified_admission_sound, what, got, least_reclaim(self.arena, demand, False) is not None)
-            budget = int(self._call("full_available_size()", a.full_available_size))
+            budget = self._count("full_available_size()", a.full_available_size)
             what = f"prealloc_fits(tree, {ft}, {st}, full_budget_tokens={budget})"
             got = self._call(what, lambda: a.prealloc_fits(_TreeStandIn(0, 0), ft, st, full_budget_tokens=budget))
             self._judge(unified_admission_sound, what, got, fits)
@@ -382,7 +382,7 @@ class UnifiedSWALockstep(Clears, SWALockstep):
         got = self._call(what, lambda: a.can_reserve(ft, st, full_evictable_tokens=ef, swa_evictable_tokens=es))
         self._judge(unified_admission_agrees, what, got, want is not None)
         # A budget of what is available plus evictable leaves the ask as it is.
-        budget = int(self._call("full_available_size()", a.full_available_size)) + ef
+        budget = self._count("full_available_size()", a.full_available_size) + ef
         what = f"prealloc_fits(tree, {ft}, {st}, full_budget_tokens={budget})"
         got = self._call(what, lambda: a.prealloc_fits(_TreeStandIn(ef, es), ft, st, full_budget_tokens=budget))
         self._judge(unified_admission_agrees, what, got, want is not None)
@@ -429,6 +429,15 @@ class UnifiedSWALockstep(Clears, SWALockstep):
 
         self._judge(unified_max_new_agrees, what, got, most, [fits(c) for c in range(most + 2)])
 
+    def step_not_applicable(self, rule: str, args: dict) -> str | None:
+        """Why a replayed step is one this family's rules never draw: a
+        ``make_room`` inside a free group (the scheduler makes room
+        outside one; replayed inside, the group's queued pages were blamed
+        on the allocator), else the SWA family's reasons."""
+        if rule == "make_room" and self.in_group:
+            return "the scheduler makes room outside a free group"
+        return super().step_not_applicable(rule, args)
+
     @step
     def make_room(self, full: int, swa: int) -> None:
         """The scheduler makes room for ``full`` and ``swa`` new pages
@@ -452,8 +461,8 @@ class UnifiedSWALockstep(Clears, SWALockstep):
             self._judge(unified_admission_sound, f"{what}, after evicting {tree.evicted}", bool(got), fits)
             if callable(getattr(a, "full_tokens_before_mamba_recheck", None)):
                 # Before a Mamba state is allocated: flush the full end, move the float away if short.
-                schedulable = int(self._call("mamba schedulable_available_size()",
-                                             a.mamba_allocator.schedulable_available_size))
+                schedulable = self._count("mamba schedulable_available_size()",
+                                             a.mamba_allocator.schedulable_available_size)
                 judge_mamba_donor(self, swa, schedulable)
             elif callable(getattr(a, "prepare_mamba_allocation", None)):
                 self._call(f"prepare_mamba_allocation({swa})", a.prepare_mamba_allocation, swa)
@@ -699,7 +708,7 @@ class UnifiedMambaLockstep(Clears, Lockstep):
                         name=f"{name}_page_table_bijective")
             physical[pool.name] = [v2p[v] for v in live]
             if not getattr(self.allocator, "lazy_compaction", False):
-                tokens = int(self._call(f"{name} allocated_count()", sub.allocated_count))
+                tokens = self._count(f"{name} allocated_count()", sub.allocated_count)
                 self._judge(unified_compacted, pool, physical[pool.name], tokens, 1 if name == "mamba" else self.page_size,
                             name=f"{name}_compacted")
         self._judge(unified_bands_disjoint, self.arena, physical[self.arena.low.name], physical[self.arena.high.name])
@@ -718,15 +727,15 @@ class UnifiedMambaLockstep(Clears, Lockstep):
         full_live = set(self.universe) - self.model.free_pages
         full_room = self._room(lambda k: self.model.num_free >= k and self._fits(k, 0))
         if hasattr(a, "full_available_size"):
-            available = int(self._call("available_size()", a.available_size))
-            self._judge(ru.size_balances, int(self._call("size", lambda: a.size)), available, len(full_live) * ps)
+            available = self._count("available_size()", a.available_size)
+            self._judge(ru.size_balances, self._count("size", lambda: a.size), available, len(full_live) * ps)
             self._judge(ru.capacity_view_within_room, "available_size()", available, full_room * ps)
-            full_view = int(self._call("full_available_size()", a.full_available_size))
+            full_view = self._count("full_available_size()", a.full_available_size)
             self._judge(ru.capacity_view_within_room, "full_available_size()", full_view, full_room * ps)
         slots = a.mamba_slots
         if callable(sched := getattr(slots, "schedulable_available_size", None)):
             self._judge(ru.capacity_view_within_room, "Mamba schedulable_available_size()",
-                        int(self._call("mamba schedulable_available_size()", sched)), self._mamba_room(),
+                        self._count("mamba schedulable_available_size()", sched), self._mamba_room(),
                         name="mamba_capacity_view_within_room")
         judge_reader_views(self, a, self.universe, full_live, pool=a.full_attn_allocator)
         if callable(write := getattr(a, "translate_write_loc", None)):
@@ -774,7 +783,7 @@ class UnifiedMambaLockstep(Clears, Lockstep):
         short = not from_group and n > self._mamba_room()
         what = f"mamba alloc({n})"
         sched = getattr(slots, "schedulable_available_size", None)
-        promised = int(self._call("mamba schedulable_available_size()", sched)) if callable(sched) else 0
+        promised = self._count("mamba schedulable_available_size()", sched) if callable(sched) else 0
         out = self._call(what, slots.alloc, n)
         if out is None:
             self._judge(ru.schedulable_promise_kept, what, promised, n, True, name="mamba_schedulable_promise_kept")
@@ -835,8 +844,8 @@ class UnifiedMambaLockstep(Clears, Lockstep):
         ``prepare_mamba_allocation(n)``, which applies the frees an open free
         group holds (ends and reopens it) and, where the Mamba side needs
         them, compacts the full side's holes.  Nothing changes owner."""
-        schedulable = int(self._call("mamba schedulable_available_size()",
-                                     self.allocator.mamba_slots.schedulable_available_size))
+        schedulable = self._count("mamba schedulable_available_size()",
+                                     self.allocator.mamba_slots.schedulable_available_size)
         judge_mamba_donor(self, n, schedulable)
         if self.in_group:
             # The queued frees apply now; the group stays open.

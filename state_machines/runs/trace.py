@@ -559,6 +559,9 @@ def _not_applicable(state: Lockstep, rule: str, args: dict) -> str | None:
     req, entry = args.get("req"), args.get("entry")
     if req is not None and req.rid not in model.requests:
         return f"{req!r} has finished"
+    for ref in args.get("reqs") or ():  # a batch's, before a family reads them (a finished one was a KeyError)
+        if ref.rid not in model.requests:
+            return f"{ref!r} has finished"
     request = model.requests[req.rid] if req is not None else None
     # A family's own preconditions (its steps, or what it narrows) come first.
     family_check = getattr(state, "step_not_applicable", None)

@@ -7,6 +7,7 @@ Exit codes: 0 no failure, 1 a failure (with a trace), 2 bad input,
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import sys
@@ -628,7 +629,79 @@ def cmd_devices(args) -> int:
     return 0
 
 
+# What writing the command's output raises where it cannot be written
+# (``>/dev/full``, a full disk, a closed or dead terminal); a broken pipe is
+# ``main``'s own case (141).
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EIO, errno.EBADF, errno.EFBIG, errno.EDQUOT})
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command: its exit code (the module's docstring).  Around
+    ``_main``, whose imports (torch's) take a second or two: a Ctrl-C
+    there, or an output that cannot be written (``>/dev/full``, ``>&-``),
+    ended in a traceback, the latter with exit 1, which says a failure was
+    found."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:  # its descriptor closed (>&-): what it says goes nowhere
+            setattr(sys, name, open(os.devnull, "w"))
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        # Noted, not raised, until ``_main``'s imports are done: raised
+        # inside torch's import it landed in pybind11's C++ (terminate,
+        # abort: rc -6), was swallowed by an import (the command ran to its
+        # end), or broke numpy's into an ImportError traceback.
+        signal.signal(signal.SIGINT, _interrupted_early)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        _say("kv-lockstep: interrupted")
+        return 130
+    except Exception as exc:
+        if not isinstance(exc, OSError) or exc.errno not in _OUTPUT_ERRNOS:
+            raise
+        _silence_stdout()
+        _say(f"kv-lockstep: error: cannot write the output: {exc.strerror or type(exc).__name__}")
+        return 2
+    finally:
+        _imports_done(raising=False)  # where _main ended before it (an import that raised)
+
+
+_early_interrupts: list[int] = []
+
+
+def _interrupted_early(signum, frame):
+    _early_interrupts.append(signum)
+
+
+def _imports_done(raising: bool = True) -> None:
+    """After ``_main``'s imports: SIGINT's default back, and a Ctrl-C that
+    came during them raised again (``raising``), should an import have
+    swallowed it."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_early:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    came = bool(_early_interrupts)
+    _early_interrupts.clear()
+    if came and raising:
+        raise KeyboardInterrupt
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr, where it can be written."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: what it still buffers would fail again as
+    the interpreter exits (exit status 120, and a word on stderr)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _main(argv: list[str] | None = None) -> int:
     # Imported here, not at the top: a worker that ``fuzz --cover`` starts
     # re-imports this module, and must not import the allocators before its
     # coverage starts.
@@ -639,6 +712,7 @@ def main(argv: list[str] | None = None) -> int:
     from state_machines.runs.watchdog import Interrupted, WorkerError, signal_name
     from state_machines.targets import TargetError
 
+    _imports_done()
     if getattr(signal, "SIGCHLD", None) and signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
         # Ignored by whatever started this (it carries over exec): the
         # kernel would then reap its children itself, and no worker's or

@@ -1346,3 +1346,38 @@ def test_emit_pytest_of_a_trace_whose_allocator_dies_still_reports_the_replay(po
     emitted = (pools / "test_emitted.py").read_text()
     compile(emitted, "test_emitted.py", "exec")
     assert "req_0 = state.alloc(n=1)\n" in emitted and "returned" not in emitted
+
+
+@pytest.mark.parametrize("delay", [0.5, 0.8, 1.0, 1.2, 2.0])
+def test_ctrl_c_while_the_command_starts_is_exit_130(tmp_path, delay):
+    """The command's imports (torch's) take a second or two: a Ctrl-C there
+    ended in a KeyboardInterrupt traceback (rc -2), raised inside
+    pybind11's C++ it aborted the process (rc -6), swallowed by an import
+    it ran the command to its end, or it broke numpy's import into an
+    ImportError traceback (rc 1).  (The first tenth of a second, before
+    the command's own code runs, is Python's.)"""
+    run = subprocess.Popen([sys.executable, "-m", "state_machines.cli", "fuzz", "--max-examples", "100000",
+                            "--trace-dir", str(tmp_path / "traces")],
+                           cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    run.send_signal(signal.SIGINT)
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 130, out + err
+    assert "Traceback" not in err and err.endswith("interrupted\n"), err
+
+
+@pytest.mark.parametrize("stdout, code, said", [
+    ("full", 2, "kv-lockstep: error: cannot write the output: No space left on device\n"),
+    ("closed", 0, ""),
+])
+def test_an_output_that_cannot_be_written_is_one_line_not_a_traceback(tmp_path, stdout, code, said):
+    """``>/dev/full`` ended in a traceback with exit 1 (a failure found,
+    which none was); ``>&-`` in an AttributeError traceback.  A closed
+    stdout now runs the command, its words going nowhere."""
+    with open("/dev/full", "w") as full:
+        run = subprocess.run([sys.executable, "-m", "state_machines.cli", "fuzz", "--max-examples", "5",
+                              "--trace-dir", str(tmp_path / "traces")],
+                             cwd=tmp_path, env=_env(tmp_path), stderr=subprocess.PIPE, text=True, timeout=120,
+                             stdout=full if stdout == "full" else None,
+                             preexec_fn=(lambda: os.close(1)) if stdout == "closed" else None)
+    assert (run.returncode, run.stderr) == (code, said)

@@ -1346,6 +1346,17 @@ def test_emit_pytest_of_a_trace_whose_allocator_dies_still_reports_the_replay(po
     emitted = (pools / "test_emitted.py").read_text()
     compile(emitted, "test_emitted.py", "exec")
     assert "req_0 = state.alloc(n=1)\n" in emitted and "returned" not in emitted
+    # The file fails its own test, and the session goes on: the steps ran
+    # in pytest's process, and the allocator's exit ended the session with
+    # no word (exit 3), its hang hung it.
+    (pools / "test_after.py").write_text("def test_after():\n    pass\n")
+    session = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_emitted.py", "test_after.py"],
+                             cwd=pools, env=_env(pools), capture_output=True, text=True, timeout=300)
+    assert session.returncode == 1, session.stdout + session.stderr
+    said = {"exits": "the process running the steps exited with code 3: the allocator ended it",
+            "stuck": "the steps did not end within 17 s: a hang SIGALRM could not stop"}[name]
+    assert f"{said} (the trace recorded no failure)" in session.stdout, session.stdout
+    assert "1 failed, 1 passed" in session.stdout, session.stdout
 
 
 @pytest.mark.parametrize("delay", [0.5, 0.8, 1.0, 1.2, 2.0])

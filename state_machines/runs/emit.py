@@ -16,7 +16,13 @@ string literal written by ``repr()``, never in a docstring or comment.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import re
+import select
+import signal
+import time
 from pathlib import Path
 
 from state_machines.config import Config
@@ -76,8 +82,8 @@ def pytest_source(trace: Trace, config: Config, source: str | None = None, recor
             line += "  # " + _comment(f"returned torch.tensor({got})" if got is not None else "returned None")
         if index == len(trace.steps) - 1 and invariant:
             line += "  # " + _comment(f"broke {invariant} when recorded")
-        body.append("        " + line)
-    body.append("        state.teardown()")
+        body.append("    " + line)
+    body.append("    state.teardown()")
     # A --caller trace builds the real caller: its family registers on import.
     register = "\nimport state_machines.callers  # noqa: F401  (registers the --caller family)" if config.caller != "harness" else ""
     defaults = Config().to_dict()
@@ -89,10 +95,10 @@ while the bug it caught is present; it passes once the bug is fixed.  Run it
 with pytest where kv-lockstep is installed (`pip install kv-lockstep`).
 """
 
-import pytest
 import torch  # noqa: F401  (the comments' tensor literals are valid Python)
 
-from state_machines.harness import InvariantViolation, build{register}
+from state_machines.harness import build{register}
+from state_machines.runs.emit import replay_apart
 
 # What the trace recorded, as data.
 RECORDED_FROM = {(Path(source).name if source else None)!r}
@@ -100,17 +106,17 @@ RECORDED_INVARIANT = {invariant!r}
 RECORDED_DETAIL = {trace.detail!r}
 
 
-def {name}():
-    """The recorded {len(trace.steps)} steps keep every invariant, RECORDED_INVARIANT included."""
+def _steps():
     state = build({build_args})
-    try:
 {chr(10).join(body)}
-    except InvariantViolation as exc:
-        pytest.fail(
-            f"{{exc.invariant}} at step {{len(exc.steps) - 1}}: {{exc.detail}}"
-            f" (this trace broke {{RECORDED_INVARIANT}} when recorded)",
-            pytrace=False,
-        )
+
+
+def {name}():
+    """The recorded {len(trace.steps)} steps keep every invariant, RECORDED_INVARIANT included.
+
+    They run in a child process (``replay_apart``): an allocator that
+    exits, crashes or hangs fails this test, not the whole session."""
+    replay_apart(_steps, RECORDED_INVARIANT, limit_s={_limit_s(config, len(trace.steps))!r})
 '''
     try:
         compile(text, "<emitted>", "exec")  # never write a file that is not Python
@@ -130,3 +136,84 @@ def write_pytest(trace: Trace, config: Config, path: str | Path, source: str | N
         return write_atomic(path, text)
     except OSError as exc:
         raise TraceError(f"--emit-pytest {shown(path)}: cannot write: {exc.strerror or type(exc).__name__}") from None
+
+
+def _limit_s(config: Config, steps: int) -> float:
+    """How long an emitted test waits for its steps: each call may take the
+    per-call limit (SIGALRM cuts it short in the child), so a wait past
+    twice that per step, the build and teardown included, and a margin is
+    a hang SIGALRM could not stop."""
+    return round(2 * config.call_timeout_s * (steps + 2) + 5, 1)
+
+
+def replay_apart(steps, recorded_invariant: str | None, limit_s: float) -> None:
+    """Run ``steps()`` (an emitted file's build and steps) in a forked
+    child and fail the calling test as the steps failed there: an
+    invariant broken (as the in-process test reported it), or the child
+    ended by the allocator (``os._exit``, a crash: it ended the whole
+    pytest session, silently, exit 3) or still running after ``limit_s``
+    (a hang SIGALRM cannot stop hung the session), which is killed.
+    Where there is no fork, in this process."""
+    import pytest
+
+    if not hasattr(os, "fork"):
+        try:
+            steps()
+        except InvariantViolation as exc:
+            pytest.fail(_broke(exc.invariant, len(exc.steps) - 1, exc.detail, recorded_invariant), pytrace=False)
+        return
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child, which leaves by os._exit alone
+        code = 0
+        try:
+            os.close(read)
+            try:
+                steps()
+            except InvariantViolation as exc:
+                said = json.dumps({"invariant": exc.invariant, "step": len(exc.steps) - 1, "detail": exc.detail})
+                with os.fdopen(write, "w") as out:
+                    out.write(said)
+                code = 1
+        except BaseException:  # noqa: BLE001 - a harness error: its traceback on the child's stderr
+            import traceback
+
+            traceback.print_exc()
+            code = 2
+        finally:
+            os._exit(code)
+    os.close(write)
+    said, deadline = b"", time.monotonic() + limit_s
+    with os.fdopen(read, "rb") as got:
+        while (left := deadline - time.monotonic()) > 0:
+            if select.select([got], [], [], left)[0]:
+                chunk = os.read(got.fileno(), 1 << 16)
+                if not chunk:
+                    break
+                said += chunk
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail(f"the steps did not end within {limit_s:g} s: a hang SIGALRM could not stop"
+                        f"{_recorded(recorded_invariant)}", pytrace=False)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code == 1 and said:
+        failed = json.loads(said)
+        pytest.fail(_broke(failed["invariant"], failed["step"], failed["detail"], recorded_invariant), pytrace=False)
+    if code == 2:
+        pytest.fail("the harness raised in the child (its traceback is above)", pytrace=False)
+    if code != 0:
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        with contextlib.suppress(ValueError):
+            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else how
+        pytest.fail(f"the process running the steps {how}: the allocator ended it{_recorded(recorded_invariant)}",
+                    pytrace=False)
+
+
+def _broke(invariant: str, step: int, detail: str, recorded_invariant: str | None) -> str:
+    return f"{invariant} at step {step}: {detail}{_recorded(recorded_invariant)}"
+
+
+def _recorded(invariant: str | None) -> str:
+    return f" (this trace broke {invariant} when recorded)" if invariant else " (the trace recorded no failure)"

@@ -109,3 +109,36 @@ def test_extend_is_probed_on_the_runs_own_pool_whatever_size_is_built_first():
     small = Config(target="tests.test_probe_groups:ExtendNeedsAKernel", page_size=4, size=8)
     assert "a_kernel" in (build(small).why_not("extend") or "")
     assert "a_kernel" in (build(attrs.evolve(small, size=None)).why_not("extend") or "")
+
+
+class SegmentNotProvided(PagedAllocator):
+    """A paged pool whose free_segment is a base class's NotImplementedError."""
+
+    def free_segment(self, free_index, start_pos=0) -> None:
+        raise NotImplementedError("no segments here")
+
+    free_segments = None  # the base's frees each segment with free_segment
+
+
+class SegmentsNotProvided(PagedAllocator):
+    """A paged pool whose free_segments is a base class's NotImplementedError."""
+
+    def free_segments(self, segments) -> None:
+        raise NotImplementedError("no segments here")
+
+
+@pytest.mark.parametrize("name, step, method", [
+    ("SegmentNotProvided", "free_segment", "free_segment"),
+    ("SegmentsNotProvided", "finish_segments", "free_segments"),
+])
+def test_a_segment_free_that_is_not_provided_disables_its_step(name, step, method):
+    """The README calls them optional: their NotImplementedError failed a
+    correct allocator as allocator_raised.  Segments then go back through
+    free, and a fuzz run is clean."""
+    config = Config(target=f"tests.test_probe_groups:{name}", page_size=4)
+    state = build(config)
+    assert state.disabled_rules[step] == f"{name}.{method}: not provided (NotImplementedError)"
+    assert state.has_free_segment is (step != "free_segment")
+    assert "free_segment" not in state.empty_free_methods() or step != "free_segment"
+    outcome = fuzz(config, max_examples=60, seed=1, database=None)
+    assert not outcome.failures, outcome.failures[0].detail

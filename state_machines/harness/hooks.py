@@ -21,6 +21,7 @@ import inspect
 
 import torch
 
+from state_machines.orphans import call_user_code
 from state_machines.targets.base import one_line, quiet
 
 HOOK_STEPS = ("ask", "offload", "finish_segments", "resize")
@@ -187,6 +188,7 @@ def _probe_steps(allocator, hooks: dict[str, str], asked: tuple[str, ...]) -> di
         out["ask"] = f"{name} has none of the scheduler hooks ask asks (check_decode_capacity, ...)"
     if not callable(getattr(allocator, "free_segments", None)):
         out["finish_segments"] = f"{name} has no free_segments"
+    out.update(_segment_frees_not_provided(allocator))
     out.update(_offload_disabled(allocator))
     if not callable(getattr(allocator, "resize", None)):
         out["resize"] = f"{name} has no resize"
@@ -247,3 +249,42 @@ def _offload_disabled(allocator) -> dict[str, str]:
     except Exception as exc:  # noqa: BLE001
         return {"offload": f"get_cpu_copy / load_cpu_copy: {one_line(exc)}"}
     return {}
+
+
+# Packages whose segment frees are real wherever they are defined: there a
+# NotImplementedError is a failure the run reports.
+_PROVIDE_SEGMENT_FREES = frozenset({"sglang", "allocators", "state_machines"})
+
+
+def _segment_frees_not_provided(allocator) -> dict[str, str]:
+    """The segment-free steps of a custom target whose method raises
+    ``NotImplementedError`` on an empty call, as a caller makes one
+    (``free_empty_span``: an empty view, ``start_pos``; ``free_kv_row``: no
+    segments), on a throwaway copy: the README calls them optional, and a
+    base class's ``NotImplementedError`` failed a correct allocator as
+    ``allocator_raised``.  ``free_segment`` off, the harness frees segments
+    with ``free``, as for an allocator without one (``has_free_segment``).
+    Any other raise is left to the run."""
+    if type(allocator).__module__.partition(".")[0] in _PROVIDE_SEGMENT_FREES:
+        return {}
+    name = type(allocator).__name__
+    calls = {
+        "free_segment": ("free_segment", lambda f: f(torch.zeros(0, dtype=torch.int32), start_pos=0)),
+        "finish_segments": ("free_segments", lambda f: f([])),
+    }
+    out = {}
+    for step, (method, call) in calls.items():
+        if not callable(getattr(allocator, method, None)):
+            continue
+        try:
+            throwaway = copy.deepcopy(allocator)
+        except Exception:  # noqa: BLE001 - uncopied, the step stays on and the run judges it
+            continue
+        try:
+            with quiet():
+                call_user_code(call, getattr(throwaway, method))
+        except NotImplementedError:
+            out[step] = f"{name}.{method}: not provided (NotImplementedError)"
+        except BaseException:  # noqa: BLE001 - the run reports it
+            pass
+    return out

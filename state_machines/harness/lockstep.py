@@ -520,6 +520,8 @@ class Lockstep:
                 off = hooks.disabled_steps(allocator, state.hooks_off, state.asked_hooks)
             for name, reason in off.items():
                 state.disabled_rules.setdefault(name, reason)
+            if "free_segment" in off:  # not provided: segments go back through free
+                state.has_free_segment = False
         state.check()
         state._runs = {}
         return state
@@ -868,7 +870,8 @@ class Lockstep:
 
     def empty_free_methods(self) -> list[str]:
         """The ``empty_frees`` the allocator has (``free`` always)."""
-        return [n for n in self.empty_frees if callable(getattr(self.allocator, n, None))] or ["free"]
+        return [n for n in self.empty_frees if callable(getattr(self.allocator, n, None))
+                and (n != "free_segment" or self.has_free_segment)] or ["free"]
 
     @step
     def overwrite_row(self, row: int) -> None:

@@ -683,3 +683,17 @@ def test_cover_of_a_caller_run_counts_the_cache_modules_too():
     assert set(caller) > set(plain)
     assert {"radix_cache.py", "unified_radix_cache.py", "common.py", "allocation.py",
             "unified_cache/components/swa.py"} <= added
+
+
+@pytest.mark.sglang
+def test_bad_input_on_a_caller_run_is_one_line_on_stderr(tmp_path):
+    """sglang's import of torch.utils.cpp_extension logged torch's `No CUDA
+    runtime is found` on a GPU-less host, through torch's own handler: a
+    second line on stderr before the bad-input line."""
+    run = subprocess.run(
+        [sys.executable, "-m", "state_machines.cli", "fuzz", "--caller", "radix", "--sglang-path",
+         str(release_dir("0.5.17")), "--trace-dir", "/proc/kv-lockstep-traces"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env=_env(),
+    )
+    assert (run.returncode, run.stdout) == (2, ""), run.stdout + run.stderr
+    assert run.stderr == "kv-lockstep: error: --trace-dir /proc/kv-lockstep-traces: cannot write there: No such file or directory\n"

@@ -63,16 +63,21 @@ def one_line(exc: BaseException) -> str:
 
 @contextlib.contextmanager
 def quiet():
-    """sglang warns and logs freely on a GPU-less host."""
-    root = logging.getLogger()
-    level = root.level
+    """sglang warns and logs freely on a GPU-less host.  torch's own logger
+    too, which has a handler of its own and does not pass to the root: its
+    ``No CUDA runtime is found`` (``torch.utils.cpp_extension``, imported by
+    sglang) was a second line on stderr before a bad-input line."""
+    loggers = [logging.getLogger(), logging.getLogger("torch")]
+    levels = [logger.level for logger in loggers]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        root.setLevel(max(level, logging.ERROR))
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(max(level, logging.ERROR))
         try:
             yield
         finally:
-            root.setLevel(level)
+            for logger, level in zip(loggers, levels):
+                logger.setLevel(level)
 
 
 # Each example builds its allocator anew; reading the factory's signature

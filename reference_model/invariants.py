@@ -104,14 +104,21 @@ def answer_is_a_count(what: str, got) -> str | None:
     return None
 
 
-def fresh_pool_lists_every_page(initial: list[int], pages: int) -> str | None:
+def fresh_pool_lists_every_page(initial: list[int], pages: int | None) -> str | None:
     """A fresh pool of ``pages`` pages lists pages 1..``pages`` free, as
     sglang's allocators start (page 0 is the padding page, which the caller
     writes and no request owns).  The model starts from this census: a
     pool that began with page 0, a page past its end, or a page missing
     would otherwise be taken for the pool itself.  A page listed twice is
-    ``no_page_freed_twice``'s, checked next."""
-    want, got = set(range(1, pages + 1)), set(initial)
+    ``no_page_freed_twice``'s, checked next.  ``pages`` None: the pool's
+    size is not known (a factory that takes no ``size``), and only that no
+    page below 1 is free is checked."""
+    got = set(initial)
+    if pages is None:
+        if below := {p for p in got if p < 1}:
+            return f"fresh allocator's free pages ({len(got)}) / pages from 1: not pages of the pool: {_show(below)}"
+        return None
+    want = set(range(1, pages + 1))
     if got == want:
         return None
     parts = []

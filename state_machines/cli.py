@@ -332,12 +332,12 @@ def _check_output_paths(trace_dir: str | None = None, stats_json: str | None = N
             _check_file(value, flag)
     if db is not None and not db.strip():
         raise UsageError("--db is empty: give a folder (created if missing) or redis://HOST:PORT")
-    if db is not None and not db.startswith(("redis://", "rediss://")):
-        _check_folder(db, "--db")
-    if trace_dir is not None:  # last: its probe makes the folder
+    if trace_dir is not None:  # last but --db: its probe makes the folder
         _check_folder(trace_dir, "--trace-dir")
         # Where each failure's first example goes at once, before shrinking.
         _check_folder(str(Path(trace_dir) / "unshrunk"), "--trace-dir")
+    if db is not None and not db.startswith(("redis://", "rediss://")):
+        _check_folder(db, "--db")  # made too: a run refused for its trace folder leaves none behind
 
 
 def _check_folder(value: str, flag: str) -> None:

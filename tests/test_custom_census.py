@@ -31,6 +31,14 @@ POOLS = textwrap.dedent(
         def get_all_free_pages(self):
             return super().get_all_free_pages().tolist()
 
+    def sixteen_slots():
+        """Correct; a factory that takes no size and makes its own pool of 16 slots."""
+        return TokenAllocator(16)
+
+    def sixteen_from_zero():
+        """Its own pool of 16 slots, hands out the padding page 0."""
+        return HandsOutPadding(16, 1, "cpu", False)
+
     class AvailableNone(TokenAllocator):
         """available_size() answers None: int() of it was a traceback, no trace."""
         def available_size(self):
@@ -97,3 +105,15 @@ def test_a_count_that_is_no_number_fails_the_allocator_not_the_harness(pools):
         build(target="census_pools:AvailableNone")
     assert failed.value.invariant == "answer_is_a_count"
     assert failed.value.detail == "available_size() returned NoneType None / a number"
+
+
+def test_a_factory_that_takes_no_size_is_checked_for_page_0_only(pools):
+    """A factory that sizes its own pool never saw ``size``: its pages are
+    not size // page_size, and the full layout check failed a correct one
+    (``not pages of the pool: [11, ..., 16]``).  Page 0 free is still a bug."""
+    state = build(target="census_pools:sixteen_slots")
+    state.alloc(n=3)
+    state.check()
+    with pytest.raises(InvariantViolation) as failed:
+        build(target="census_pools:sixteen_from_zero")
+    assert failed.value.detail == "fresh allocator's free pages (16) / pages from 1: not pages of the pool: [0]"

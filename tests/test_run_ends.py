@@ -7,6 +7,7 @@ failure kept as a trace."""
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -282,6 +283,7 @@ def test_hang_sigalrm_cannot_reach_is_caught_by_the_watchdog(pools, mode):
 # hang; this test wants the timer.
 _SHRINK_A_HANG = """\
 import json
+import re
 import bad_pools
 from state_machines.config import Config
 from state_machines.runs.runner import fuzz
@@ -1104,6 +1106,23 @@ RAISING_POOLS = textwrap.dedent(
 
     DecodeExits = probed(SystemExit(3))
     DecodeInterrupts = probed(KeyboardInterrupt())
+
+    class ResizeExits(TokenAllocator):
+        def resize(self, config):
+            raise SystemExit(3)
+
+    class ResizeForks(TokenAllocator):
+        """Correct; its resize forks a child that ends with sys.exit(0)."""
+        def resize(self, config):
+            import os, sys
+            pid = os.fork()
+            if pid == 0:
+                sys.exit(0)
+            os.waitpid(pid, 0)
+            return super().resize(config) if hasattr(super(), "resize") else None
+
+    def factory_raises_its_own(size, page_size, device, need_sort):
+        raise Base("no pool")
     '''
 )
 
@@ -1130,14 +1149,19 @@ def test_whatever_an_allocator_raises_is_allocator_raised_with_a_trace_that_repl
 
 
 @pytest.mark.parametrize("name, reason", [
+    ("ResizeExits", "rule resize disabled for raising_pools:ResizeExits: resize: SystemExit: 3"),
+    ("ResizeForks", "no failure: 5 examples"),
     ("DecodeExits", "rule decode disabled for raising_pools:DecodeExits: alloc_decode: SystemExit: 3"),
     ("DecodeInterrupts", "rule decode disabled for raising_pools:DecodeInterrupts: alloc_decode: KeyboardInterrupt at "),
 ])
 def test_a_probe_that_exits_or_interrupts_disables_its_step(tmp_path, name, reason):
     """A method that cannot run here disables its step, with the reason,
-    whatever it raises; the run goes on."""
+    whatever it raises (the hook probes' resize too: a traceback); the run
+    goes on.  One that forks a child ending with sys.exit(0) makes no copy
+    of the harness (a traceback: SystemExit: 0)."""
     (tmp_path / "raising_pools.py").write_text(RAISING_POOLS)
-    run = cli(tmp_path, "--target", f"raising_pools:{name}", "--page-size", "4", "--max-examples", "5", "--seed", "1")
+    page_size = "1" if name.startswith("Resize") else "4"
+    run = cli(tmp_path, "--target", f"raising_pools:{name}", "--page-size", page_size, "--max-examples", "5", "--seed", "1")
     ended(run, 0)
     assert reason in run.stdout, run.stdout
 
@@ -1353,7 +1377,7 @@ def test_emit_pytest_of_a_trace_whose_allocator_dies_still_reports_the_replay(po
     session = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_emitted.py", "test_after.py"],
                              cwd=pools, env=_env(pools), capture_output=True, text=True, timeout=300)
     assert session.returncode == 1, session.stdout + session.stderr
-    said = {"exits": "the process running the steps exited with code 3: the allocator ended it",
+    said = {"exits": "the process running the steps exited with code 3 before they ended: the allocator ended it",
             "stuck": "the steps did not end within 17 s: a hang SIGALRM could not stop"}[name]
     assert f"{said} (the trace recorded no failure)" in session.stdout, session.stdout
     assert "1 failed, 1 passed" in session.stdout, session.stdout
@@ -1392,3 +1416,31 @@ def test_an_output_that_cannot_be_written_is_one_line_not_a_traceback(tmp_path, 
                              stdout=full if stdout == "full" else None,
                              preexec_fn=(lambda: os.close(1)) if stdout == "closed" else None)
     assert (run.returncode, run.stderr) == (code, said)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+@pytest.mark.parametrize("steps, said", [
+    (lambda: None, None),
+    (lambda: os._exit(0), "the process running the steps exited with code 0 before they ended"),
+    (lambda: os._exit(2), "the process running the steps exited with code 2 before they ended"),
+    (lambda: (os.closerange(3, 4096), time.sleep(30)), "the steps did not end within 2 s"),
+], ids=["passes", "exit-0", "exit-2", "closes-its-pipe-and-hangs"])
+def test_an_emitted_file_tells_how_its_child_ended_by_what_the_child_said(steps, said):
+    """replay_apart: pass only on the child's word that the steps passed
+    (an allocator's os._exit(0) passed the test, its os._exit(2) read as a
+    harness error); the child waited for, not its pipe (one that closed it
+    and hung made the wait block for ever)."""
+    from state_machines.runs.emit import replay_apart
+
+    if said is None:
+        replay_apart(steps, "worker_died", 2)
+        return
+    with pytest.raises(pytest.fail.Exception, match=re.escape(said)):
+        replay_apart(steps, "worker_died", 2)
+
+
+def test_a_factory_that_raises_a_baseexception_of_its_own_is_bad_input(tmp_path):
+    (tmp_path / "raising_pools.py").write_text(RAISING_POOLS)
+    run = cli(tmp_path, "--target", "raising_pools:factory_raises_its_own", "--max-examples", "5")
+    ended(run, 2)
+    assert run.stderr == "kv-lockstep: error: cannot build raising_pools:factory_raises_its_own: Base: no pool\n"

@@ -95,16 +95,16 @@ class DSV4HiSparseLockstep(PrefillOnly, ReleasesDevicePeers, SWALockstep):
         a, logical = self.allocator, self.logical
         swa_free = censuses[1].distinct()
         self._judge(invariants.swa_mapping_consistent, ids(a.full_to_swa_index_mapping), self.page_size, self.model, self.swa, swa_free)
-        logical_available = int(self._call("logical available_size()", logical.available_size))
+        logical_available = self._count("logical available_size()", logical.available_size)
         self._judge(
             invariants.hybrid_available_size_agrees, logical_available,
-            int(self._call("full available_size()", logical.full_attn_allocator.available_size)),
-            int(self._call("SWA available_size()", logical.swa_attn_allocator.available_size)),
+            self._count("full available_size()", logical.full_attn_allocator.available_size),
+            self._count("SWA available_size()", logical.swa_attn_allocator.available_size),
         )
         self._judge(invariants.compressed_mapping_consistent, ids(a.full_to_hisparse_device_index_mapping), self.c4_page_size, self.model, self.device)
         self._judge(
-            invariants.compressed_available_size_agrees, int(self._call("available_size()", a.available_size)), logical_available,
-            int(self._call("C4 device available_size()", a.hisparse_attn_allocator.available_size)), self.ratio,
+            invariants.compressed_available_size_agrees, self._count("available_size()", a.available_size), logical_available,
+            self._count("C4 device available_size()", a.hisparse_attn_allocator.available_size), self.ratio,
         )
 
     # -- allocation --

@@ -88,9 +88,9 @@ class HiSparseLockstep(PrefillOnly, ReleasesDevicePeers, Lockstep):
         self._judge(invariants.hisparse_mapping_consistent, ids(self.mapping), self.page_size, self.model, self.device)
         self._judge(
             invariants.hisparse_available_size_agrees,
-            int(self._call("available_size()", a.available_size)),
-            int(self._call("logical available_size()", a.logical_attn_allocator.available_size)),
-            int(self._call("device available_size()", a.hisparse_attn_allocator.available_size)),
+            self._count("available_size()", a.available_size),
+            self._count("logical available_size()", a.logical_attn_allocator.available_size),
+            self._count("device available_size()", a.hisparse_attn_allocator.available_size),
         )
 
     # -- steps --

@@ -23,6 +23,7 @@ import torch
 
 from state_machines.orphans import call_user_code
 from state_machines.targets.base import one_line, quiet
+from state_machines.targets.probe import real_interrupt
 
 HOOK_STEPS = ("ask", "offload", "finish_segments", "resize")
 
@@ -166,8 +167,10 @@ def _probe_hooks(allocator, hooks: tuple[str, ...], page_size: int) -> dict[str,
         probe = copy.deepcopy(allocator)
         try:
             with quiet():
-                ask_call(probe, hook, page_size, page_size, torch.tensor([], dtype=torch.int64), CacheStandIn(probe))
-        except Exception as exc:  # noqa: BLE001 - whatever stops it here leaves it out
+                call_user_code(ask_call, probe, hook, page_size, page_size, torch.tensor([], dtype=torch.int64),
+                               CacheStandIn(probe))
+        except BaseException as exc:  # noqa: BLE001 - whatever stops it here leaves it out
+            real_interrupt(exc)
             out[hook] = f"{hook}: {one_line(exc)}"
     return out
 
@@ -203,8 +206,9 @@ def _probe_steps(allocator, hooks: dict[str, str], asked: tuple[str, ...]) -> di
         to = 2 if getattr(allocator, "num_pages", None) == 1 else 1
         try:
             with quiet():
-                resized.resize(resize_config(to, page_size))
-        except Exception as exc:  # noqa: BLE001
+                call_user_code(resized.resize, resize_config(to, page_size))
+        except BaseException as exc:  # noqa: BLE001 - whatever stops it here disables the step
+            real_interrupt(exc)
             out["resize"] = f"resize: {one_line(exc)}"
         else:
             pages = getattr(resized, "num_pages", None)
@@ -244,9 +248,10 @@ def _offload_disabled(allocator) -> dict[str, str]:
     one = torch.tensor([1], dtype=torch.int64)
     try:
         with quiet():
-            cpu = probe.get_cpu_copy(one, **taking(probe.get_cpu_copy, mamba_indices=None, req_pool_index=0))
-            probe.load_cpu_copy(cpu, one, **taking(probe.load_cpu_copy, mamba_indices=None, req_pool_index=0))
-    except Exception as exc:  # noqa: BLE001
+            cpu = call_user_code(probe.get_cpu_copy, one, **taking(probe.get_cpu_copy, mamba_indices=None, req_pool_index=0))
+            call_user_code(probe.load_cpu_copy, cpu, one, **taking(probe.load_cpu_copy, mamba_indices=None, req_pool_index=0))
+    except BaseException as exc:  # noqa: BLE001 - whatever stops it here disables the step
+        real_interrupt(exc)
         return {"offload": f"get_cpu_copy / load_cpu_copy: {one_line(exc)}"}
     return {}
 
@@ -285,6 +290,6 @@ def _segment_frees_not_provided(allocator) -> dict[str, str]:
                 call_user_code(call, getattr(throwaway, method))
         except NotImplementedError:
             out[step] = f"{name}.{method}: not provided (NotImplementedError)"
-        except BaseException:  # noqa: BLE001 - the run reports it
-            pass
+        except BaseException as exc:  # noqa: BLE001 - the run reports it
+            real_interrupt(exc)
     return out

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import _signal
 import atexit
+import collections
 import functools
+import inspect
 import os
 import signal
 import threading
@@ -133,6 +135,23 @@ def _census_parts(allocator) -> list:
 CENSUS_ATTRIBUTES = ("free_pages", "release_pages", "staged_pages", "free_slots")
 
 
+@functools.lru_cache(maxsize=64)
+def _factory_takes_size(config: Config) -> bool:
+    """Whether the target's factory is passed the pool's ``size``
+    (``construct`` passes what it names; one whose signature cannot be
+    read, or that takes ``**kwargs``, is passed everything).  A factory
+    that takes none sized its pool itself: its pages are not ``size //
+    page_size`` (``fresh_pool_lists_every_page``)."""
+    from state_machines import targets
+
+    factory = targets.resolve(config.target, config.mutant, config.sglang_path).factory
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return True
+    return "size" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
 def has_census(allocator) -> bool:
     """Whether ``_census_parts`` has anything to read on ``allocator``."""
     return callable(getattr(allocator, "get_all_free_pages", None)) or any(
@@ -140,16 +159,26 @@ def has_census(allocator) -> bool:
 
 
 def _tensors(part) -> list:
-    """A census container as tensors: a tensor as is; in a list, tuple or
-    set, its tensors as they are and its other entries (page ids) as one
-    int64 tensor; anything else, nothing."""
+    """A census container as tensors: a tensor, or a NumPy array, as is;
+    in a list, tuple, set or deque, its tensors and arrays as they are and
+    its other entries (page ids) as one int64 tensor; anything else,
+    nothing."""
     if isinstance(part, torch.Tensor):
         return [part]
-    if not isinstance(part, (list, tuple, set, frozenset)):
+    if hasattr(part, "__array__"):
+        return [torch.as_tensor(part)]
+    if not isinstance(part, (list, tuple, set, frozenset, collections.deque)):
         return []
-    tensors = [p for p in part if isinstance(p, torch.Tensor)]
-    if len(tensors) < len(part):
-        tensors.append(torch.tensor(sorted(p for p in part if not isinstance(p, torch.Tensor)), dtype=torch.int64))
+    tensors, pages = [], []
+    for p in part:
+        if isinstance(p, torch.Tensor):
+            tensors.append(p)
+        elif hasattr(p, "__array__"):
+            tensors.append(torch.as_tensor(p))
+        else:
+            pages.append(p)
+    if pages:
+        tensors.append(torch.tensor(sorted(pages), dtype=torch.int64))
     return tensors
 
 
@@ -538,7 +567,8 @@ class Lockstep:
                 f" {', '.join(CENSUS_ATTRIBUTES)} (a tensor or a list of free page ids)")
         initial = self._call("get_all_free_pages()", census_of, self.pools()[0].allocator)
         if "fresh_pool_is_pages_1_to_n" in type(self).__dict__:
-            self._judge(invariants.fresh_pool_lists_every_page, initial, self.config.pool_size // self.page_size)
+            pages = self.config.pool_size // self.page_size if _factory_takes_size(self.config) else None
+            self._judge(invariants.fresh_pool_lists_every_page, initial, pages)
         self.model = OwnershipModel.from_census(sorted(set(initial)), defers_frees=defers_frees)
 
     @property

@@ -27,6 +27,7 @@ from state_machines.harness.lockstep import Lockstep, Pool, ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, _pick, draws
 from state_machines.harness.steps import ReqRef, step
 from state_machines.harness.swa import EMPTY_FREES, free_swa_view, judge_swa_counts
+from state_machines.targets.probe import real_interrupt
 
 
 @define
@@ -58,8 +59,8 @@ class PureSWALockstep(Lockstep):
         if self.pool is not self.allocator:
             self._judge(
                 invariants.pool_available_size_agrees,
-                int(self._call("available_size()", self.allocator.available_size)),
-                int(self._call("swa_attn_allocator.available_size()", self.pool.available_size)),
+                self._count("available_size()", self.allocator.available_size),
+                self._count("swa_attn_allocator.available_size()", self.pool.available_size),
                 "swa_attn_allocator",
             )
 
@@ -163,7 +164,8 @@ def window_free_defers(allocator) -> bool:
         probe.free_group_begin()
         probe.free_swa(slots.clone())
         return int(probe.available_size()) == before
-    except Exception:  # noqa: BLE001 - the run itself reports what raises
+    except BaseException as exc:  # noqa: BLE001 - the run itself reports what raises
+        real_interrupt(exc)
         return True
 
 

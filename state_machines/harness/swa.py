@@ -41,7 +41,9 @@ from state_machines.harness import hooks
 from state_machines.harness.lockstep import Lockstep, Pool, census_of, ids
 from state_machines.harness.machines import EXTEND_TOKENS_PAGES, PICKS, FreeGroupMachine, _pick, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
+from state_machines.orphans import call_user_code
 from state_machines.targets.base import one_line, quiet
+from state_machines.targets.probe import real_interrupt
 
 # Why a step does not run at page size 1 (disaggregation/decode.py sends a
 # preallocation there to alloc()).
@@ -129,9 +131,9 @@ class SWALockstep(Lockstep):
             return
         self._judge(
             invariants.hybrid_available_size_agrees,
-            int(self._call("available_size()", a.available_size)),
-            int(self._call("full_available_size()", a.full_attn_allocator.available_size)),
-            int(self._call("swa_available_size()", a.swa_attn_allocator.available_size)),
+            self._count("available_size()", a.available_size),
+            self._count("full_available_size()", a.full_attn_allocator.available_size),
+            self._count("swa_available_size()", a.swa_attn_allocator.available_size),
         )
 
     # -- steps --
@@ -501,7 +503,8 @@ def free_swa_defers(allocator, swa_pool=lambda a: a.swa_attn_allocator) -> bool:
         probe.free_group_begin()
         probe.free_swa(slots.clone())
         return int(swa_pool(probe).available_size()) == before
-    except Exception:  # noqa: BLE001 - the run itself reports what raises
+    except BaseException as exc:  # noqa: BLE001 - the run itself reports what raises
+        real_interrupt(exc)
         return True
 
 
@@ -522,8 +525,10 @@ def swa_steps_disabled(allocator, page_size: int) -> dict[str, str]:
         zero, seq, none = torch.tensor([0], **i64), torch.tensor([page_size + 1], **i64), torch.tensor([-1], **i64)
         try:
             with quiet():
-                copy.deepcopy(allocator).alloc_extend_swa_tail(zero, zero, seq, seq, none, page_size + 1, swa_tail_len=1)
-        except Exception as exc:  # noqa: BLE001 - whatever stops it here disables the step
+                call_user_code(copy.deepcopy(allocator).alloc_extend_swa_tail, zero, zero, seq, seq, none, page_size + 1,
+                               swa_tail_len=1)
+        except BaseException as exc:  # noqa: BLE001 - whatever stops it here disables the step
+            real_interrupt(exc)
             out["extend_swa_tail"] = f"alloc_extend_swa_tail: {one_line(exc)}"
     return out
 

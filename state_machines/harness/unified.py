@@ -224,7 +224,7 @@ class UnifiedLockstep(Clears, Lockstep):
     def check(self) -> None:
         """The core checks on the virtual ids, then the physical side."""
         census = self._call("free_virtual_ids", virtual_census, self.allocator)
-        available = int(self._call("available_size()", self.allocator.available_size))
+        available = self._count("available_size()", self.allocator.available_size)
         for predicate in CORE_CHECKS:
             self._judge(predicate, census, available, self.page_size, self.model)
         lent = self.loans.pages()

@@ -172,13 +172,13 @@ def judge_mamba_donor(state: Lockstep, n: int, schedulable: int) -> None:
     a = state.allocator
     named = getattr(a, "mamba_full_cache_donor", None)
     donor = state._call("mamba_full_cache_donor()", named) if callable(named) else a
-    bound = int(state._call(f"full_tokens_before_mamba_recheck({n})", donor.full_tokens_before_mamba_recheck, n))
+    bound = state._count(f"full_tokens_before_mamba_recheck({n})", donor.full_tokens_before_mamba_recheck, n)
     state._judge(ru.recheck_bound_zero_iff_room, bound, schedulable, n)
     state._call(f"prepare_mamba_allocation({n})", donor.prepare_mamba_allocation, n)
     if callable(cost := getattr(a, "mamba_slot_full_token_cost", None)):
         sides = [a.full_attn_allocator] + [x for x in (getattr(a, "swa_attn_allocator", None),) if x is not None]
         token_bytes = sum(sub_pool(x).page_bytes for x in sides) // state.page_size
-        state._judge(ru.slot_cost_covers_state, int(state._call("mamba_slot_full_token_cost()", cost)),
+        state._judge(ru.slot_cost_covers_state, state._count("mamba_slot_full_token_cost()", cost),
                      sub_pool(a.mamba_allocator).page_bytes, token_bytes)
 
 

@@ -116,7 +116,7 @@ def {name}():
 
     They run in a child process (``replay_apart``): an allocator that
     exits, crashes or hangs fails this test, not the whole session."""
-    replay_apart(_steps, RECORDED_INVARIANT, limit_s={_limit_s(config, len(trace.steps))!r})
+    replay_apart(_steps, RECORDED_INVARIANT, limit_s={_limit_s(config, len(trace.steps))!r}, apart={config.device == "cpu"!r})
 '''
     try:
         compile(text, "<emitted>", "exec")  # never write a file that is not Python
@@ -146,17 +146,21 @@ def _limit_s(config: Config, steps: int) -> float:
     return round(2 * config.call_timeout_s * (steps + 2) + 5, 1)
 
 
-def replay_apart(steps, recorded_invariant: str | None, limit_s: float) -> None:
+def replay_apart(steps, recorded_invariant: str | None, limit_s: float, apart: bool = True) -> None:
     """Run ``steps()`` (an emitted file's build and steps) in a forked
     child and fail the calling test as the steps failed there: an
-    invariant broken (as the in-process test reported it), or the child
-    ended by the allocator (``os._exit``, a crash: it ended the whole
-    pytest session, silently, exit 3) or still running after ``limit_s``
-    (a hang SIGALRM cannot stop hung the session), which is killed.
-    Where there is no fork, in this process."""
+    invariant broken (as the in-process test reported it), the child
+    ended by the allocator before it said how the steps went (``os._exit``,
+    with any code, 0 included; a crash: in pytest's own process it ended
+    the whole session, silently, exit 3), or the child still running after
+    ``limit_s`` (a hang SIGALRM cannot stop hung the session): its process
+    group is killed.  The child is waited for, not its pipe, which a
+    process the steps start can hold open.  In this process where there is
+    no fork, or ``apart`` is false (a device trace: a device runtime does
+    not survive a fork)."""
     import pytest
 
-    if not hasattr(os, "fork"):
+    if not apart or not hasattr(os, "fork"):
         try:
             steps()
         except InvariantViolation as exc:
@@ -165,50 +169,68 @@ def replay_apart(steps, recorded_invariant: str | None, limit_s: float) -> None:
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child, which leaves by os._exit alone
-        code = 0
         try:
+            os.setpgid(0, 0)  # its own group: a hang is killed with whatever it started
             os.close(read)
             try:
                 steps()
+                said = {"passed": True}
             except InvariantViolation as exc:
-                said = json.dumps({"invariant": exc.invariant, "step": len(exc.steps) - 1, "detail": exc.detail})
-                with os.fdopen(write, "w") as out:
-                    out.write(said)
-                code = 1
-        except BaseException:  # noqa: BLE001 - a harness error: its traceback on the child's stderr
-            import traceback
+                said = {"invariant": exc.invariant, "step": len(exc.steps) - 1, "detail": exc.detail}
+            except BaseException:  # noqa: BLE001 - a harness error, told to the test
+                import traceback
 
-            traceback.print_exc()
-            code = 2
+                said = {"error": traceback.format_exc()}
+            with os.fdopen(write, "w") as out:
+                out.write(json.dumps(said))
         finally:
-            os._exit(code)
+            os._exit(0)
     os.close(write)
-    said, deadline = b"", time.monotonic() + limit_s
-    with os.fdopen(read, "rb") as got:
-        while (left := deadline - time.monotonic()) > 0:
-            if select.select([got], [], [], left)[0]:
-                chunk = os.read(got.fileno(), 1 << 16)
-                if not chunk:
-                    break
-                said += chunk
-        else:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail(f"the steps did not end within {limit_s:g} s: a hang SIGALRM could not stop"
-                        f"{_recorded(recorded_invariant)}", pytrace=False)
-    _, status = os.waitpid(pid, 0)
+    os.set_blocking(read, False)
+    got, status, deadline = b"", None, time.monotonic() + limit_s
+    try:
+        while status is None:
+            got += _drain(read)
+            done, waited = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = waited
+            elif time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                pytest.fail(f"the steps did not end within {limit_s:g} s: a hang SIGALRM could not stop"
+                            f"{_recorded(recorded_invariant)}", pytrace=False)
+            else:
+                select.select([read], [], [], 0.05)
+        got += _drain(read)
+    finally:
+        os.close(read)
+    said = json.loads(got) if got.startswith(b"{") and got.endswith(b"}") else {}
+    if said.get("passed"):
+        return
+    if "invariant" in said:
+        pytest.fail(_broke(said["invariant"], said["step"], said["detail"], recorded_invariant), pytrace=False)
+    if "error" in said:
+        pytest.fail(f"the harness raised in the child:\n{said['error']}", pytrace=False)
     code = os.waitstatus_to_exitcode(status)
-    if code == 1 and said:
-        failed = json.loads(said)
-        pytest.fail(_broke(failed["invariant"], failed["step"], failed["detail"], recorded_invariant), pytrace=False)
-    if code == 2:
-        pytest.fail("the harness raised in the child (its traceback is above)", pytrace=False)
-    if code != 0:
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        with contextlib.suppress(ValueError):
-            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else how
-        pytest.fail(f"the process running the steps {how}: the allocator ended it{_recorded(recorded_invariant)}",
-                    pytrace=False)
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    with contextlib.suppress(ValueError):
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else how
+    pytest.fail(f"the process running the steps {how} before they ended: the allocator ended it"
+                f"{_recorded(recorded_invariant)}", pytrace=False)
+
+
+def _drain(fd: int) -> bytes:
+    """What non-blocking ``fd`` holds now."""
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return out
+        if not chunk:
+            return out
+        out += chunk
 
 
 def _broke(invariant: str, step: int, detail: str, recorded_invariant: str | None) -> str:

@@ -27,7 +27,7 @@ ALLOCATOR_METHODS = ("alloc", "free", "free_group_begin", "free_group_end", "ava
 FAMILY_METHODS = {"mamba": ("alloc", "free", "alloc_group_begin", "alloc_group_end", "available_size")}
 # Failures of user code that are bad input: an import or a factory that
 # raises, exits or interrupts itself.
-_USER_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
+_USER_FAILURES = (BaseException,)  # its own BaseException subclasses and GeneratorExit too
 
 
 def builtin_names() -> list[str]:

@@ -148,12 +148,12 @@ def _groups(allocator) -> dict[str, str]:
             # Both go: an end with no begin runs only the repeated end.
             return dict.fromkeys(GROUP_STEPS, f"no free groups: {method}: {one_line(exc)}")
         except BaseException as exc:  # noqa: BLE001 - the run reports it (see above)
-            _real_interrupt(exc)
+            real_interrupt(exc)
             return {}
     return {}
 
 
-def _real_interrupt(exc: BaseException) -> None:
+def real_interrupt(exc: BaseException) -> None:
     """Raise ``exc`` again where it may be a real Ctrl-C (SIGINT has
     Python's default handler, as in a process of the user's own): a probe
     must not take that for a method that cannot run.  In a worker, which
@@ -180,7 +180,7 @@ def _probe(allocator, page_size: int, device: str, latent: bool) -> dict[str, st
         except NotImplementedError:
             out[step] = f"{method}: not provided (NotImplementedError)"
         except BaseException as exc:  # noqa: BLE001 - whatever stops it here disables the step
-            _real_interrupt(exc)
+            real_interrupt(exc)
             out[step] = f"{method}: {one_line(exc)}{_raised_at(exc)}"
     return out
 

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import attrs
@@ -644,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("stdout", "stderr"):
         if getattr(sys, name) is None:  # its descriptor closed (>&-): what it says goes nowhere
             setattr(sys, name, open(os.devnull, "w"))
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         # Noted, not raised, until ``_main``'s imports are done: raised
         # inside torch's import it landed in pybind11's C++ (terminate,
         # abort: rc -6), was swallowed by an import (the command ran to its

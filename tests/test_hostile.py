@@ -579,3 +579,16 @@ def test_emitting_a_pytest_file_onto_the_trace_itself_is_refused(tmp_path, capsy
 def test_a_hand_written_step_the_rules_never_draw_is_refused(tmp_path, capsys, config, steps, said):
     path = write_json(tmp_path / "t.json", {"format": FORMAT, "config": config, "steps": steps})
     assert_bad_input(*cli(["replay", path], capsys), said)
+
+
+def test_main_called_from_a_thread_runs(capsys):
+    """main() holds SIGINT back while it imports, through signal.signal,
+    which raises ValueError outside the main thread: a library calling it
+    from a thread of its own got that traceback."""
+    import threading
+
+    got = []
+    thread = threading.Thread(target=lambda: got.append(main(["targets", "--target", "builtin:token"])))
+    thread.start()
+    thread.join(timeout=120)
+    assert got == [0], capsys.readouterr()

@@ -32,12 +32,20 @@ def free_sets_agree(census: Census | list[int], available: int, page_size: int, 
     if census.lists_free_of(model):
         return None
     got, want = census.distinct(), model.free_pages
+    differ = _differences(got, want, "free in allocator, held in model", "free in model, missing from allocator",
+                          lambda extra: _describe(extra, model))
+    return f"allocator free set ({len(got)}) / model free set ({len(want)}): {differ}"
+
+
+def _differences(got: set, want: set, extra_is: str, missing_is: str, show_extra=None) -> str:
+    """``got``'s pages ``want`` lacks and ``want``'s ``got`` lacks, each
+    named, ``; ``-joined (``show_extra`` shows the first kind)."""
     parts = []
     if extra := got - want:
-        parts.append(f"free in allocator, held in model: {_describe(extra, model)}")
+        parts.append(f"{extra_is}: {(show_extra or _show)(extra)}")
     if missing := want - got:
-        parts.append(f"free in model, missing from allocator: {_show(missing)}")
-    return f"allocator free set ({len(got)}) / model free set ({len(want)}): " + "; ".join(parts)
+        parts.append(f"{missing_is}: {_show(missing)}")
+    return "; ".join(parts)
 
 
 def _describe(pages, model: OwnershipModel) -> str:
@@ -121,12 +129,8 @@ def fresh_pool_lists_every_page(initial: list[int], pages: int | None) -> str | 
     want = set(range(1, pages + 1))
     if got == want:
         return None
-    parts = []
-    if extra := got - want:
-        parts.append(f"not pages of the pool: {_show(extra)}")
-    if missing := want - got:
-        parts.append(f"missing: {_show(missing)}")
-    return f"fresh allocator's free pages ({len(got)}) / pages 1..{pages}: " + "; ".join(parts)
+    return f"fresh allocator's free pages ({len(got)}) / pages 1..{pages}: " + _differences(
+        got, want, "not pages of the pool", "missing")
 
 
 def no_slot_handed_out_twice(pages: list[int], model: OwnershipModel) -> str | None:

@@ -23,7 +23,7 @@ import torch
 
 from state_machines.orphans import call_user_code
 from state_machines.targets.base import one_line, quiet
-from state_machines.targets.probe import real_interrupt
+from state_machines.targets.probe import OWN_PACKAGES, real_interrupt
 
 HOOK_STEPS = ("ask", "offload", "finish_segments", "resize")
 
@@ -256,11 +256,6 @@ def _offload_disabled(allocator) -> dict[str, str]:
     return {}
 
 
-# Packages whose segment frees are real wherever they are defined: there a
-# NotImplementedError is a failure the run reports.
-_PROVIDE_SEGMENT_FREES = frozenset({"sglang", "allocators", "state_machines"})
-
-
 def _segment_frees_not_provided(allocator) -> dict[str, str]:
     """The segment-free steps of a custom target whose method raises
     ``NotImplementedError`` on an empty call, as a caller makes one
@@ -270,7 +265,7 @@ def _segment_frees_not_provided(allocator) -> dict[str, str]:
     ``allocator_raised``.  ``free_segment`` off, the harness frees segments
     with ``free``, as for an allocator without one (``has_free_segment``).
     Any other raise is left to the run."""
-    if type(allocator).__module__.partition(".")[0] in _PROVIDE_SEGMENT_FREES:
+    if type(allocator).__module__.partition(".")[0] in OWN_PACKAGES:
         return {}
     name = type(allocator).__name__
     calls = {

@@ -18,7 +18,6 @@ import _signal
 import atexit
 import collections
 import functools
-import inspect
 import os
 import signal
 import threading
@@ -45,7 +44,7 @@ from state_machines.harness.alarm import alarm_is_private, cancel_alarm, set_ala
 from state_machines.harness.steps import EntryRef, ReqRef, Step, StepSpec, step
 from state_machines.orphans import calls_user_code, leave_if_a_copy
 from state_machines.targets import probe
-from state_machines.targets.base import TargetError, exception_text
+from state_machines.targets.base import TargetError, exception_text, is_passed
 
 # An allocator call that takes longer than this is reported as a hang.
 CALL_TIMEOUT_S = 10.0
@@ -138,18 +137,11 @@ CENSUS_ATTRIBUTES = ("free_pages", "release_pages", "staged_pages", "free_slots"
 @functools.lru_cache(maxsize=64)
 def _factory_takes_size(config: Config) -> bool:
     """Whether the target's factory is passed the pool's ``size``
-    (``construct`` passes what it names; one whose signature cannot be
-    read, or that takes ``**kwargs``, is passed everything).  A factory
-    that takes none sized its pool itself: its pages are not ``size //
-    page_size`` (``fresh_pool_lists_every_page``)."""
+    (``is_passed``).  A factory that takes none sized its pool itself: its
+    pages are not ``size // page_size`` (``fresh_pool_lists_every_page``)."""
     from state_machines import targets
 
-    factory = targets.resolve(config.target, config.mutant, config.sglang_path).factory
-    try:
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return True
-    return "size" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return is_passed(targets.resolve(config.target, config.mutant, config.sglang_path).factory, "size")
 
 
 def has_census(allocator) -> bool:
@@ -1290,8 +1282,7 @@ class Lockstep:
             # SIGINT has Python's default handler can a real Ctrl-C land inside
             # the call, and that stops the run.  Hypothesis's own control flow
             # passes through.
-            if isinstance(exc, KeyboardInterrupt) and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-                raise
+            probe.real_interrupt(exc)
             if type(exc).__module__.partition(".")[0] == "hypothesis":
                 raise
             where = traceback.extract_tb(exc.__traceback__)[-1]

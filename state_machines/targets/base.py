@@ -98,6 +98,17 @@ def _parameters(factory: Callable[..., Any]):
         return inspect.signature(factory).parameters
 
 
+def is_passed(factory: Callable[..., Any], name: str) -> bool:
+    """Whether ``construct`` passes ``factory`` the parameter ``name``: it
+    names it, takes ``**kwargs``, or has a signature that cannot be read
+    (then everything is passed)."""
+    try:
+        params = _parameters(factory)
+    except (TypeError, ValueError):
+        return True
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
 def construct(factory: Callable[..., Any], **available: Any):
     """Call ``factory`` with the parameters it names among ``available``, by
     keyword: a factory ``f(size, page_size, device, need_sort)`` and a class

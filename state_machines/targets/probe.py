@@ -117,9 +117,10 @@ def _own_or(allocator, own):
 
 # The free-group steps, and the method each calls.
 GROUP_STEPS = {"begin": "free_group_begin", "end": "free_group_end"}
-# Packages whose allocators always have free groups: a NotImplementedError
-# there (a base class's, one of our stand-ins') is a failure, not a capability.
-_HAVE_GROUPS = frozenset({"sglang", "allocators", "state_machines"})
+# Packages whose allocators provide what they define (free groups, segment
+# frees): a NotImplementedError there (a base class's, one of our stand-ins')
+# is a failure, not a capability.
+OWN_PACKAGES = frozenset({"sglang", "allocators", "state_machines"})
 
 
 def _groups(allocator) -> dict[str, str]:
@@ -132,7 +133,7 @@ def _groups(allocator) -> dict[str, str]:
     target may say so: sglang's allocators and this project's have free
     groups (sglang's scheduler calls them), so there a raise is a failure
     the run reports, never a step turned off."""
-    if type(allocator).__module__.partition(".")[0] in _HAVE_GROUPS:
+    if type(allocator).__module__.partition(".")[0] in OWN_PACKAGES:
         return {}
     if not all(callable(getattr(allocator, m, None)) for m in GROUP_STEPS.values()):
         return {}
@@ -156,7 +157,8 @@ def _groups(allocator) -> dict[str, str]:
 def real_interrupt(exc: BaseException) -> None:
     """Raise ``exc`` again where it may be a real Ctrl-C (SIGINT has
     Python's default handler, as in a process of the user's own): a probe
-    must not take that for a method that cannot run.  In a worker, which
+    must not take that for a method that cannot run, nor a call
+    (``Lockstep._call``) for the allocator's failure.  In a worker, which
     ignores SIGINT, the allocator's own ``KeyboardInterrupt`` is its
     answer, as its ``SystemExit`` or any class of its own derived from
     ``BaseException`` is (they ended the command in a traceback)."""

@@ -88,7 +88,7 @@ def test_each_timed_run_probes_its_pool_shapes_as_a_fresh_process_would(monkeypa
     from state_machines.harness import family
 
     probed = []
-    monkeypatch.setattr(family, "builds_fresh", lambda config: probed.append(config) or True)
+    monkeypatch.setattr(family, "may_draw", lambda config: probed.append(config) or True)
     config = Config(mutant="alloc-off-by-one")
     machine_for(config).shapes()  # an earlier job of the same configuration, in the same process
     before = len(probed)

@@ -7,7 +7,9 @@ import textwrap
 import pytest
 
 from reference_model import invariants
+from state_machines.config import Config
 from state_machines.harness import InvariantViolation, build
+from state_machines.runs.runner import fuzz
 from state_machines.targets import TargetError
 
 POOLS = textwrap.dedent(
@@ -23,6 +25,12 @@ POOLS = textwrap.dedent(
         return Pool
 
     HandsOutPadding = _shifted(-1)     # pages 0..N-1: page 0 is sglang's padding page
+    class LeaksWhenBig(TokenAllocator):
+        """Correct below 24 slots; from 24 on, its fresh pool never lists the last page."""
+        def __init__(self, size, page_size, device, need_sort):
+            super().__init__(size, page_size, device, need_sort)
+            if size >= 24:
+                self.free_pages = self.free_pages[:-1].clone()
     PastThePool = _shifted(1)          # pages 2..N+1
     LeaksOne = _shifted(0, drop=1)     # pages 1..N-1: page N never free
 
@@ -117,3 +125,16 @@ def test_a_factory_that_takes_no_size_is_checked_for_page_0_only(pools):
     with pytest.raises(InvariantViolation) as failed:
         build(target="census_pools:sixteen_from_zero")
     assert failed.value.detail == "fresh allocator's free pages (16) / pages from 1: not pages of the pool: [0]"
+
+
+def test_a_pool_laid_out_wrong_only_at_a_drawn_size_is_found(pools):
+    """A run that pins no size draws pools of 4, 24 and 64 pages; a size
+    whose fresh pool failed was left out of the draws, and the run came
+    back clean (300 examples, no word).  The example that draws it fails,
+    shrunk to building that pool, in the run's own rows."""
+    outcome = fuzz(Config(target="census_pools:LeaksWhenBig"), max_examples=300, seed=0, database=None)
+    [trace] = outcome.failures
+    assert (trace.invariant, trace.steps, trace.config.size, trace.config.rows) == (
+        "fresh_pool_lists_every_page", (), 24, Config().rows)
+    assert trace.detail == "fresh allocator's free pages (23) / pages 1..24: missing: [24]"
+    assert outcome.record.first_failure_s is not None

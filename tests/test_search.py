@@ -192,7 +192,7 @@ def test_the_first_walk_example_runs_on_the_runs_own_pool_and_probes_no_other_sh
     probed = []
     # A cache of its own: shapes another test probed would hide a probe here.
     monkeypatch.setattr(family, "_shapes", functools.cache(family._shapes.__wrapped__))
-    monkeypatch.setattr(family, "builds_fresh", lambda config: probed.append(config) or True)
+    monkeypatch.setattr(family, "may_draw", lambda config: probed.append(config) or True)
     monkeypatch.setattr(family, "_sorts", lambda config: probed.append(config) or True)
     assert _shapes_built(lambda m: walk(m, random.Random(0), 1, steps=3)) == {(None, False, 4)}
     assert probed == []
@@ -582,7 +582,7 @@ def test_a_configurations_pool_shapes_are_probed_once_a_process(monkeypatch):
     """A second run of one configuration probes no shape again: its shapes are kept."""
     probed = []
     monkeypatch.setattr(family, "_shapes", functools.cache(family._shapes.__wrapped__))
-    monkeypatch.setattr(family, "builds_fresh", lambda config: probed.append(config) or True)
+    monkeypatch.setattr(family, "may_draw", lambda config: probed.append(config) or True)
     first = machine_for(Config()).shapes()
     count = len(probed)
     assert count and machine_for(Config()).shapes() == first and len(probed) == count

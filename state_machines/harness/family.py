@@ -20,7 +20,7 @@ from state_machines import targets
 from state_machines.config import Config
 from state_machines.harness import dsv4_hisparse, hisparse, mamba, page_interleave, pure_swa, swa, unified, unified_hybrid
 from state_machines.harness.hooks import HOOK_STEPS
-from state_machines.harness.lockstep import Lockstep, building
+from state_machines.harness.lockstep import InvariantViolation, Lockstep, building
 from state_machines.harness.machines import (
     OWN_SHAPE,
     DecodeRules,
@@ -169,7 +169,7 @@ def _shapes(config: Config) -> PoolShapes:
     kept for the process: they depend on the configuration and the
     target's code only, and probing builds the target in every shape
     (about a millisecond), once a run rather than once a seed."""
-    return PoolShapes(pool_sizes(config, builds_fresh), pool_sorts(config, _sorts), pool_rows(config, builds_fresh))
+    return PoolShapes(pool_sizes(config, may_draw), pool_sorts(config, _sorts), pool_rows(config, may_draw))
 
 
 def forget_machines() -> None:
@@ -195,10 +195,28 @@ def _sorts(config: Config) -> bool:
 
 def builds_fresh(config: Config) -> bool:
     """Whether ``config`` builds and its fresh pool checks out: a pool
-    size a target refuses is left out of the sizes an example draws, and
-    of the smaller pools ``minimize`` tries."""
+    a target refuses, or whose fresh census already fails, is left out of
+    the smaller pools ``minimize`` tries (its failure of building would
+    pass for the bug's)."""
+    return _fresh(config) == "builds"
+
+
+def may_draw(config: Config) -> bool:
+    """Whether an example may draw ``config``'s pool shape: the target
+    builds it, or its fresh pool fails an invariant there, a failure the
+    example that draws it reports (left out, a pool laid out wrong at 24
+    or 64 pages only passed a run that never pinned ``--size``).  A shape
+    the target refuses is left out."""
+    return _fresh(config) != "refused"
+
+
+def _fresh(config: Config) -> str:
+    """``config`` built: "builds", "fails" (an invariant on the fresh pool)
+    or "refused" (anything else the target or the harness raised)."""
     try:
         build(config)
-    except Exception:  # noqa: BLE001 - any refusal leaves the size out
-        return False
-    return True
+    except InvariantViolation:
+        return "fails"
+    except Exception:  # noqa: BLE001 - any refusal leaves the shape out
+        return "refused"
+    return "builds"

@@ -462,7 +462,14 @@ class PoolShapeRule:
 
     def shape(self, size: int = 0, need_sort: int = 0, rows: int = 0) -> None:
         """Build the example's state in the shape of these indices (``shaped``)."""
-        self.state = self.build(self.shaped(self.config, size, need_sort, rows))
+        try:
+            self.state = self.build(self.shaped(self.config, size, need_sort, rows))
+        except InvariantViolation:
+            # The fresh pool fails in this shape (``family.may_draw`` keeps
+            # such shapes): the example's failure, before any step.
+            self.failed = True
+            self.record.saw_failure()
+            raise
 
 
 class DecodeRules:

@@ -48,7 +48,8 @@ def shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> 
     each smaller size, smallest first: those an example could draw, and the
     halves of the smallest pool, down to ``MIN_SHRINK_PAGES`` pages, each
     that builds and checks out fresh; then keeping the trace's own
-    need_sort and rows, at the run's size and the smaller ones.  A halved
+    need_sort and rows, at the run's size and the smaller ones; last, the
+    run's own need_sort and rows at the trace's size.  A halved
     pool no example draws is still one ``--size`` pins, and a smaller pool
     fills in fewer steps.  A run whose size is pinned (``sizes`` holds only
     its own, ``None``) is not halved: the user chose that pool."""
@@ -63,7 +64,11 @@ def shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> 
         if builds_fresh(attrs.evolve(own, size=half)):
             smaller.add(half)
     smaller = sorted(smaller)
-    found = [c for base in (own, drawn) for c in (base, *(attrs.evolve(base, size=s) for s in smaller))]
+    # The run's own need_sort and rows at the trace's size too, where that
+    # is larger than the run's pool: a failure that needs a bigger pool
+    # (the fresh census of 64 pages, say) keeps the shape it was drawn in.
+    found = [*(c for base in (own, drawn) for c in (base, *(attrs.evolve(base, size=s) for s in smaller))),
+             attrs.evolve(own, size=trace.config.size)]
     return tuple(dict.fromkeys(found))
 
 

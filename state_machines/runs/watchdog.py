@@ -645,10 +645,13 @@ def _plain_report(out, err, config, got, interrupted, signals, trace_dir) -> int
             print(f"no failure: {rec['examples']} examples, {rec['steps']} steps in {rec['elapsed_s']:.1f} s", file=out)
             return 0
         if failures:
+            # A failure no step counted (None: found outside the machine's steps) still reports.
+            when = (f"first failure after {rec['first_failure_s']:.2f} s"
+                    f" ({rec['examples_to_failure']} example{'' if rec['examples_to_failure'] == 1 else 's'}); "
+                    if rec["first_failure_s"] is not None else "")
             print(
-                f"{'LATENT FINDING' if config.latent else 'FAILED'}: first failure after {rec['first_failure_s']:.2f} s"
-                f" ({rec['examples_to_failure']} example{'' if rec['examples_to_failure'] == 1 else 's'});"
-                f" {len(failures)} distinct failure(s), shrunk in {rec['elapsed_s']:.1f} s total",
+                f"{'LATENT FINDING' if config.latent else 'FAILED'}: {when}"
+                f"{len(failures)} distinct failure(s), shrunk in {rec['elapsed_s']:.1f} s total",
                 file=out,
             )
             for number, (trace, path) in enumerate(failures, 1):

@@ -697,3 +697,52 @@ def test_bad_input_on_a_caller_run_is_one_line_on_stderr(tmp_path):
     )
     assert (run.returncode, run.stdout) == (2, ""), run.stdout + run.stderr
     assert run.stderr == "kv-lockstep: error: --trace-dir /proc/kv-lockstep-traces: cannot write there: No such file or directory\n"
+
+
+LOOKUPS = textwrap.dedent(
+    '''
+    from allocators.token import TokenAllocator
+
+    class OwnLookupFails(TokenAllocator):
+        """Has the method 0.5.23 looks up; its own body reads what it lacks."""
+        def evict_to_free_tokens(self, tree_cache, num_tokens):
+            return self.eviction_budget
+    '''
+)
+
+LACKING = "has no evict_to_free_tokens, which sglang 0.5.23 looks up on it (sglang/srt/mem_cache/common.py:287)"
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("command", [["fuzz", "--max-examples", "20"], ["fuzz", "--duration", "60", "--jobs", "1"], ["replay"]])
+def test_a_custom_target_lacking_what_the_release_looks_up_is_bad_input(tmp_path, command):
+    """0.5.23's alloc_for_extend asks the allocator's evict_to_free_tokens,
+    which sglang's base class has: a MODULE:ATTR target that does not
+    subclass it failed every run as *reachable* sglang_raised, on the
+    release's account.  One line naming the attribute and the release's
+    line, exit 2, in each command; a lookup the target's own code makes
+    stays its failure."""
+    from state_machines.config import Config
+    from state_machines.runs.trace import Step, Trace, write
+
+    (tmp_path / "kvl_lookups.py").write_text(LOOKUPS)
+    target = "allocators.token:TokenAllocator"
+    args = ["--caller", "radix", "--target", target, "--sglang-path", str(release_dir("0.5.23")),
+            "--trace-dir", str(tmp_path / "traces"), "--db", str(tmp_path / "db")]
+    if command == ["replay"]:
+        config = Config(target=target, caller="radix", sglang_path=str(release_dir("0.5.23")))
+        steps = (Step("arrive", {"prompt": 1, "out": 1}, "req_0"), Step("prefill", {}))
+        command = ["replay", str(write(Trace(config, steps, "sglang_raised"), tmp_path / "in"))]
+        args = args[:6]
+    env = dict(_env(), PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}")
+    run = subprocess.run([sys.executable, "-m", "state_machines.cli", *command, *args],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr == f"kv-lockstep: error: {target} (TokenAllocator) {LACKING}: give it one, or subclass the release's class that has it\n"
+    assert not list((tmp_path / "traces").glob("*.json"))
+    if command[0] == "fuzz" and "--duration" not in command:
+        own = subprocess.run([sys.executable, "-m", "state_machines.cli", *command, *args[:3], "kvl_lookups:OwnLookupFails",
+                              *args[4:]], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+        assert own.returncode == 1, own.stdout + own.stderr
+        assert "failure 1: sglang_raised" in own.stdout
+        assert "'OwnLookupFails' object has no attribute 'eviction_budget'" in own.stdout

@@ -21,6 +21,7 @@ when only a forced placement shows it.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import attrs
@@ -557,9 +558,43 @@ class CallerLockstep:
 
     def _fail(self, invariant: str, detail: str):
         if invariant == "allocator_raised":
+            lacking = self._lacking(sys.exc_info()[1])
+            if lacking is not None:
+                raise TargetError(lacking)
             invariant = "sglang_raised"  # the cache or a helper raised, not only the allocator
         label = "" if self.replaying else self._reachability() + "\n"
         raise violation_type(invariant)(label + detail, self.steps, self.config)
+
+    def _lacking(self, exc: BaseException | None) -> str | None:
+        """Where the release looked up a method or attribute that a class of
+        the user's (a ``MODULE:ATTR`` target, its sub-allocators, a
+        ``--caller MODULE:ATTR`` cache) does not have, the one line that says
+        so: bad input, not a failure of the release's (0.5.23's
+        ``alloc_for_extend`` calls the allocator's ``evict_to_free_tokens``,
+        which sglang's base class has: every custom target that did not
+        subclass it was *reachable* ``sglang_raised``).  None for anything
+        else, such as a lookup in the user's own code, which is theirs to fix
+        in the run's failure."""
+        name = getattr(exc, "name", None) if isinstance(exc, AttributeError) else None
+        tb = exc.__traceback__ if name else None
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        if tb is None or not str(tb.tb_frame.f_globals.get("__name__", "")).startswith("sglang."):
+            return None
+        obj, theirs = getattr(exc, "obj", None), []
+        if not self.config.target.startswith("sglang:"):
+            a = self.allocator
+            theirs += [(a, self.config.target), *((getattr(a, n, None), f"{self.config.target}'s {n}")
+                                                   for n in ("full_attn_allocator", "swa_attn_allocator"))]
+        if ":" in self.config.caller:
+            theirs.append((self.cache, f"--caller {self.config.caller}"))
+        who = next((label for o, label in theirs if o is not None and o is obj), None)
+        if who is None:
+            return None
+        file = tb.tb_frame.f_code.co_filename
+        at = file[file.rfind("/sglang/srt/") + 1:] if "/sglang/srt/" in file else file
+        return (f"{who} ({type(obj).__name__}) has no {name}, which sglang {self.release.modules.version} looks up"
+                f" on it ({at}:{tb.tb_lineno}): give it one, or subclass the release's class that has it")
 
     def _reachability(self) -> str:
         """*reachable* when the release's own placement is this run's, or the

@@ -49,6 +49,7 @@ def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messag
     from state_machines.harness import RunRecord
     from state_machines.runs.runner import fuzz
     from state_machines.runs.trace import Trace, write
+    from state_machines.targets import TargetError
 
     config = Config.from_dict(config_dict)
     if config.caller != "harness":  # a fresh worker registers the caller family itself
@@ -94,6 +95,8 @@ def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messag
                     break
     except KeyboardInterrupt:
         pass
+    except TargetError as exc:  # met in a step: a custom class lacks what the release calls on it
+        messages.put(("bad_input", index, str(exc)))
     except BaseException as exc:  # a harness bug: report it rather than vanish
         messages.put(("error", index, f"{type(exc).__name__}: {exc}"))
     try:

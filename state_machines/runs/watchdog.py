@@ -495,8 +495,13 @@ def _plain_child(config_dict, max_examples, seed, db_spec, trace_dir, messages, 
         ))
     except KeyboardInterrupt:
         messages.put(("interrupted", 0))
-    except BaseException:  # a harness bug: report it rather than vanish
-        messages.put(("error", 0, traceback.format_exc()))
+    except BaseException as exc:
+        from state_machines.targets import TargetError
+
+        if isinstance(exc, TargetError):  # met in a step: a custom class lacks what the release calls on it
+            messages.put(("bad_input", 0, str(exc)))
+        else:  # a harness bug: report it rather than vanish
+            messages.put(("error", 0, traceback.format_exc()))
     finally:
         if cover is not None:
             messages.put(("cover", 0, cover.stop()))

@@ -520,6 +520,8 @@ def _describe(config: Config) -> list[str]:
     lines.append(f"  steps: {', '.join(name for name in steps if state.runs(name))}")
     lines += [f"  disabled: {name}: {why}" for name in steps if (why := state.why_not(name)) is not None]
     lines += [f"  not checked: {name}: {why}" for name, why in sorted(getattr(state, "skipped_checks", {}).items())]
+    # An optional free that is a NotImplementedError stub: the harness frees as if it had none.
+    lines += [f"  not provided: {why}; the harness frees without it" for why in getattr(state, "not_provided", {}).values()]
     # What a target is built over where sglang's class needs pools it cannot have here.
     lines += [f"  stand-in: {what}" for what in getattr(state, "stand_ins", ())]
     return lines

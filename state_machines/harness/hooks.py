@@ -191,7 +191,11 @@ def _probe_steps(allocator, hooks: dict[str, str], asked: tuple[str, ...]) -> di
         out["ask"] = f"{name} has none of the scheduler hooks ask asks (check_decode_capacity, ...)"
     if not callable(getattr(allocator, "free_segments", None)):
         out["finish_segments"] = f"{name} has no free_segments"
-    out.update(_segment_frees_not_provided(allocator))
+    # Segments not provided: finish_segments off; free_segment's step off,
+    # its segments going back through free (``has_free_segment``).
+    unprovided = frees_not_provided(allocator)
+    out.update({step: unprovided[m] for step, m in (("free_segment", "free_segment"), ("finish_segments", "free_segments"))
+                if m in unprovided})
     out.update(_offload_disabled(allocator))
     if not callable(getattr(allocator, "resize", None)):
         out["resize"] = f"{name} has no resize"
@@ -256,35 +260,52 @@ def _offload_disabled(allocator) -> dict[str, str]:
     return {}
 
 
-def _segment_frees_not_provided(allocator) -> dict[str, str]:
-    """The segment-free steps of a custom target whose method raises
-    ``NotImplementedError`` on an empty call, as a caller makes one
-    (``free_empty_span``: an empty view, ``start_pos``; ``free_kv_row``: no
-    segments), on a throwaway copy: the README calls them optional, and a
-    base class's ``NotImplementedError`` failed a correct allocator as
-    ``allocator_raised``.  ``free_segment`` off, the harness frees segments
-    with ``free``, as for an allocator without one (``has_free_segment``).
-    Any other raise is left to the run."""
+# The optional frees a harness falls back from (``free_segment`` to
+# ``free``, ``free_full_segments`` to ``free_full_segment`` to ``free_full``
+# to ``free``, ``free_swa_segment`` to ``free_swa``; ``free_segments`` has
+# its own step), each with the empty call a caller makes (``free_empty_span``:
+# an empty view, ``start_pos``; ``free_kv_row``: no segments).
+OPTIONAL_FREES = {
+    "free_segment": lambda f: f(torch.zeros(0, dtype=torch.int32), start_pos=0),
+    "free_segments": lambda f: f([]),
+    "free_full": lambda f: f(torch.zeros(0, dtype=torch.int32)),
+    "free_full_segment": lambda f: f(torch.zeros(0, dtype=torch.int32), start_pos=0),
+    "free_full_segments": lambda f: f([]),
+    "free_swa_segment": lambda f: f(torch.zeros(0, dtype=torch.int32), start_pos=0),
+}
+
+
+def frees_not_provided(allocator) -> dict[str, str]:
+    """The optional frees (``OPTIONAL_FREES``) of a custom target that raise
+    ``NotImplementedError`` on an empty call, with the reason: the harness
+    uses the method it falls back to, as for an allocator without one
+    (``Lockstep.provides``).  Probed once per class and shape, on a
+    throwaway copy: the README calls them optional, and a base class's
+    ``NotImplementedError`` failed a correct allocator as
+    ``allocator_raised``.  Any other raise is left to the run."""
     if type(allocator).__module__.partition(".")[0] in OWN_PACKAGES:
         return {}
+    key = ("frees", type(allocator), getattr(allocator, "page_size", 1), getattr(allocator, "need_sort", None))
+    if key not in _PROBED:
+        _PROBED[key] = _probe_frees(allocator)
+    return _PROBED[key]
+
+
+def _probe_frees(allocator) -> dict[str, str]:
     name = type(allocator).__name__
-    calls = {
-        "free_segment": ("free_segment", lambda f: f(torch.zeros(0, dtype=torch.int32), start_pos=0)),
-        "finish_segments": ("free_segments", lambda f: f([])),
-    }
     out = {}
-    for step, (method, call) in calls.items():
+    for method, call in OPTIONAL_FREES.items():
         if not callable(getattr(allocator, method, None)):
             continue
         try:
             throwaway = copy.deepcopy(allocator)
-        except Exception:  # noqa: BLE001 - uncopied, the step stays on and the run judges it
+        except Exception:  # noqa: BLE001 - uncopied, the method stays on and the run judges it
             continue
         try:
             with quiet():
                 call_user_code(call, getattr(throwaway, method))
         except NotImplementedError:
-            out[step] = f"{name}.{method}: not provided (NotImplementedError)"
+            out[method] = f"{name}.{method}: not provided (NotImplementedError)"
         except BaseException as exc:  # noqa: BLE001 - the run reports it
             real_interrupt(exc)
     return out

@@ -477,6 +477,9 @@ class Lockstep:
     steps: list[Step] = field(factory=list)
     in_group: bool = False
     has_free_segment: bool = True
+    # The optional frees the target raises NotImplementedError from, with
+    # the reason (``hooks.frees_not_provided``): ``provides`` says no.
+    not_provided: dict[str, str] = field(factory=dict)
     # Steps the target cannot run here, with the reason (targets.probe).
     disabled_rules: dict[str, str] = field(factory=dict)
     # How deep inside step calls we are: a family's override calls super().
@@ -528,9 +531,11 @@ class Lockstep:
                 (config.rows, config.row_pages * config.page_size), dtype=getattr(torch, config.row_dtype), device=config.device
             ),
             row_holder=[None] * config.rows,
-            has_free_segment=callable(getattr(allocator, "free_segment", None)),
             disabled_rules=dict(disabled),
         )
+        with building("the probe of its optional frees (called once on a copy)"):
+            state.not_provided = hooks.frees_not_provided(allocator)
+        state.has_free_segment = state.provides("free_segment")
         state.start_models(defers_frees)
         if state.models_hooks():
             # The target's own code, outside any allocator call, as the probe
@@ -541,11 +546,14 @@ class Lockstep:
                 off = hooks.disabled_steps(allocator, state.hooks_off, state.asked_hooks)
             for name, reason in off.items():
                 state.disabled_rules.setdefault(name, reason)
-            if "free_segment" in off:  # not provided: segments go back through free
-                state.has_free_segment = False
         state.check()
         state._runs = {}
         return state
+
+    def provides(self, method: str) -> bool:
+        """Whether the allocator has ``method`` and provides it (not a
+        ``NotImplementedError`` stub: ``not_provided``)."""
+        return callable(getattr(self.allocator, method, None)) and method not in self.not_provided
 
     def models_hooks(self) -> bool:
         """Whether this harness's own class body names the hook steps."""
@@ -892,8 +900,7 @@ class Lockstep:
 
     def empty_free_methods(self) -> list[str]:
         """The ``empty_frees`` the allocator has (``free`` always)."""
-        return [n for n in self.empty_frees if callable(getattr(self.allocator, n, None))
-                and (n != "free_segment" or self.has_free_segment)] or ["free"]
+        return [n for n in self.empty_frees if self.provides(n)] or ["free"]
 
     @step
     def overwrite_row(self, row: int) -> None:

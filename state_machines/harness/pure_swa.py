@@ -85,7 +85,7 @@ class PureSWALockstep(Lockstep):
         ``free()``, each a view of its row."""
         slid = self.slid.pop(req.rid, 0)
         request = self.model.requests[req.rid]
-        names = [n for n in ("free_full_segment", "free_full") if callable(getattr(self.allocator, n, None))]
+        names = [n for n in ("free_full_segment", "free_full") if self.provides(n)]
         if slid and names:
             row, end = request.row, len(request.prefix) * self.page_size
             start = end - slid * self.page_size
@@ -122,7 +122,7 @@ class PureSWALockstep(Lockstep):
         of the model's prefix) goes to ``free_full_segments``, which must
         release nothing, the rest to ``free_segments``."""
         slid = self.slid.pop(self.row_holder[row], 0)
-        if slid and callable(getattr(self.allocator, "free_full_segments", None)):
+        if slid and self.provides("free_full_segments"):
             self._free_segments("free_full_segments", row, start - slid * self.page_size, start, 0)
         self._free_segments("free_segments", row, start, end, cut)
 

@@ -256,7 +256,7 @@ class SWALockstep(Lockstep):
         the rest through ``free_segments``; their live SWA peers go too."""
         dead = min(start + self._slid(pages) * self.page_size, end)
         if dead > start:
-            if callable(getattr(self.allocator, "free_full_segments", None)):
+            if self.provides("free_full_segments"):
                 self._free_segments("free_full_segments", row, start, dead, 0)
             else:
                 name, fn = self._free_full_fn(True)
@@ -460,11 +460,10 @@ class SWALockstep(Lockstep):
         return count
 
     def _method(self, *names: str):
-        """The first of ``names`` the allocator has: (name, bound method)."""
+        """The first of ``names`` the allocator provides: (name, bound method)."""
         for name in names:
-            fn = getattr(self.allocator, name, None)
-            if callable(fn):
-                return name, fn
+            if self.provides(name):
+                return name, getattr(self.allocator, name)
         raise AttributeError(f"{type(self.allocator).__name__} has none of {', '.join(names)}")
 
     def _free_fn(self, segment: bool = False):
@@ -591,7 +590,7 @@ def free_swa_view(state: Lockstep, row: int, start: int, end: int, segment: bool
     """The window slides past ``row[start:end]``: ``free_swa_segment`` of a
     view of it where asked and the allocator has one, else ``free_swa``."""
     view = state.rows[row, start:end]
-    if segment and callable(getattr(state.allocator, "free_swa_segment", None)):
+    if segment and state.provides("free_swa_segment"):
         state._call(f"free_swa_segment(req_to_token[{row}, {start}:{end}], start_pos={start})",
                     lambda: state.allocator.free_swa_segment(view, start_pos=start))
     else:

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -82,6 +83,35 @@ def test_timed_run_ends_clean_with_progress_and_coverage(tmp_path):
     named = [re.fullmatch(r"  NEVER REACHED: (.+) \(this run proves nothing about them\)", line)
              for line in lines if "NEVER REACHED" in line]
     assert [sorted(m.group(1).split(", ")) for m in named] == ([unreached] if unreached else []), run.stdout
+
+
+SLOW_START = textwrap.dedent(
+    """
+    import os, time
+    from allocators.token import TokenAllocator
+
+    _STARTED = set()
+
+    def make(size, page_size, device, need_sort):
+        \"\"\"Correct; its first build in each process takes 3 s (a release's import, a device coming up).\"\"\"
+        if os.getpid() not in _STARTED:
+            _STARTED.add(os.getpid())
+            time.sleep(3)
+        return TokenAllocator(size, page_size, device, need_sort)
+    """
+)
+
+
+def test_the_duration_counts_fuzzing_not_a_workers_start(tmp_path):
+    """A worker that takes 3 s to build its target: --duration 1 ended
+    before it was ready, with 0 examples and exit 0, a pass that checked
+    nothing (an sglang caller's workers take ~10 s to start on 2 cores)."""
+    (tmp_path / "kvl_slow.py").write_text(SLOW_START)
+    stats = tmp_path / "stats.json"
+    run = cli("fuzz", "--target", "kvl_slow:make", "--duration", "1", "-j", "1", "--stats-json", str(stats),
+              "--trace-dir", str(tmp_path / "traces"), cwd=tmp_path, env=dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert json.loads(stats.read_text())["examples"] > 0, run.stdout
 
 
 def test_an_order_applies_once_an_example_draws_the_shape_it_needs():

@@ -186,7 +186,11 @@ def run(
         flush=True,
     )
     started = time.monotonic()
-    deadline = started + duration_s
+    # The clock runs from the first worker's "ready": a worker's start-up
+    # (the release's import, ~10 s for sglang on 2 cores) is not fuzzing,
+    # and a `--duration 5` that ended before any worker was ready ran 0
+    # examples and passed.  Until then, the build limit bounds the wait.
+    deadline, fuzzing_since = started + build_timeout_s + duration_s, None
     snaps: dict[int, dict] = {}
     found: list[tuple[int, str, str]] = []
     # Examples the finding worker had run when it first failed (1: replayed from the database).
@@ -214,12 +218,15 @@ def run(
             beacon.request_abort()
 
     def handle(message):
+        nonlocal deadline, fuzzing_since
         kind, index = message[0], message[1]
         if kind == "stats":
             snaps[index] = message[2]
         elif kind == "ready":
             if "ready" not in setup:
                 setup["ready"] = True
+                fuzzing_since = time.monotonic()
+                deadline = fuzzing_since + duration_s
                 for rule, reason in sorted(message[2].items()):
                     print(("\n" if tty else "") + f"rule {rule} disabled for {config.target}: {reason}", file=out)
         elif kind in ("bad_input", "before_any_step"):
@@ -311,8 +318,8 @@ def run(
                 break
             if now - last_print >= (1.0 if tty else PLAIN_PROGRESS_EVERY_S):
                 last_print = now
-                line = _progress_line(now - started, duration_s, merge(snaps.values()), len(found) + len(verdicts),
-                                      jobs - len(ended))
+                line = _progress_line(now - (fuzzing_since or now), duration_s, merge(snaps.values()),
+                                      len(found) + len(verdicts), jobs - len(ended))
                 print(("\r" + line) if tty else line, end="" if tty else "\n", file=out, flush=True)
     except KeyboardInterrupt:
         interrupted = True

@@ -1175,6 +1175,7 @@ def test_a_probe_that_exits_or_interrupts_disables_its_step(tmp_path, name, reas
 FORKING_POOLS = textwrap.dedent(
     '''
     import os, sys
+    from allocators.swa import PureSWAAllocator, SWAAllocator
     from allocators.token import TokenAllocator
 
     forked = False
@@ -1214,6 +1215,16 @@ FORKING_POOLS = textwrap.dedent(
             fork_once(child_returns=False)
             return super().free_group_begin()
 
+    class ExitsInSWAProbe(SWAAllocator):  # free_swa: first called by the probe of its group
+        def free_swa(self, free_index):
+            fork_once(child_returns=False)
+            return super().free_swa(free_index)
+
+    class ReturnsInPureSWAProbe(PureSWAAllocator):
+        def free_swa(self, free_index):
+            fork_once(child_returns=True)
+            return super().free_swa(free_index)
+
     def exits_at_build(size, page_size, device, need_sort):
         fork_once(child_returns=False)
         return TokenAllocator(size, page_size, device, need_sort)
@@ -1226,7 +1237,8 @@ FORKING_POOLS = textwrap.dedent(
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
-@pytest.mark.parametrize("name", ["ExitsInAlloc", "ReturnsInAlloc", "ExitsInGroupProbe", "exits_at_build", "returns_at_build"])
+@pytest.mark.parametrize("name", ["ExitsInAlloc", "ReturnsInAlloc", "ExitsInGroupProbe", "ExitsInSWAProbe",
+                                  "ReturnsInPureSWAProbe", "exits_at_build", "returns_at_build"])
 def test_a_copy_of_the_harness_that_a_target_forks_ends_as_the_call_returns(tmp_path, name):
     """A correct allocator that forks inside a call made a copy of the
     whole harness: the copy took the child's sys.exit(0) for the

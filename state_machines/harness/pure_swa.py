@@ -13,8 +13,6 @@ nothing.  A request whose window slid is not inserted into the cache
 
 from __future__ import annotations
 
-import copy
-
 from attrs import define, field
 
 from reference_model import hooks as hook_checks
@@ -26,8 +24,7 @@ from state_machines.harness.drawing import rematch_among
 from state_machines.harness.lockstep import Lockstep, Pool, ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, _pick, draws
 from state_machines.harness.steps import ReqRef, step
-from state_machines.harness.swa import EMPTY_FREES, free_swa_view, judge_swa_counts
-from state_machines.targets.probe import real_interrupt
+from state_machines.harness.swa import EMPTY_FREES, free_swa_defers, free_swa_view, judge_swa_counts
 
 
 @define
@@ -152,21 +149,10 @@ class PureSWALockstep(Lockstep):
 
 def window_free_defers(allocator) -> bool:
     """Whether ``free_swa()`` inside an open free group queues (True) or
-    releases at once (False, sglang 0.5.17), probed on a throwaway copy.
-    Both are sound: an immediate release reads the caller's view at once.
-    A probe that cannot run reads as queuing, the stricter model."""
-    try:
-        probe = copy.deepcopy(allocator)
-        slots = probe.alloc(1)
-        if slots is None:
-            return True
-        before = int(probe.available_size())
-        probe.free_group_begin()
-        probe.free_swa(slots.clone())
-        return int(probe.available_size()) == before
-    except BaseException as exc:  # noqa: BLE001 - the run itself reports what raises
-        real_interrupt(exc)
-        return True
+    releases at once (False, sglang 0.5.17), probed on a throwaway copy
+    (``free_swa_defers`` over the one pool).  Both are sound: an immediate
+    release reads the caller's view at once."""
+    return free_swa_defers(allocator, swa_pool=lambda a: a, one_page=lambda a: a.alloc(1))
 
 
 class PureSWAMachine(FreeGroupMachine):

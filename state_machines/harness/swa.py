@@ -486,25 +486,33 @@ def _one_page(allocator):
     return allocator.alloc_extend(zero, zero, page, page, none, ps)
 
 
-def free_swa_defers(allocator, swa_pool=lambda a: a.swa_attn_allocator) -> bool:
+def free_swa_defers(allocator, swa_pool=lambda a: a.swa_attn_allocator, one_page=_one_page) -> bool:
     """Whether ``free_swa()`` inside an open free group queues the SWA
     release (True) or releases the slots at once (False), probed on a
     throwaway copy.  Both keep ownership sound: an immediate release frees
     exactly the slid slots and clears their mapping.  A probe that cannot
     run reads as queuing, the stricter model.  ``swa_pool`` reads the
-    SWA pool off the allocator (a wrapper keeps it one level down)."""
+    SWA pool off the allocator (a wrapper keeps it one level down; a pure
+    SWA pool is its own), ``one_page`` allocates a page's slots on it.
+    The target's code runs as a call of the harness's (``call_user_code``):
+    a child it forks there ends as the probe returns, not as a copy of the
+    harness."""
     try:
-        probe = copy.deepcopy(allocator)
-        slots = _one_page(probe)
-        if slots is None:
-            return True
-        before = int(swa_pool(probe).available_size())
-        probe.free_group_begin()
-        probe.free_swa(slots.clone())
-        return int(swa_pool(probe).available_size()) == before
+        return call_user_code(_queues_free_swa, allocator, swa_pool, one_page)
     except BaseException as exc:  # noqa: BLE001 - the run itself reports what raises
         real_interrupt(exc)
         return True
+
+
+def _queues_free_swa(allocator, swa_pool, one_page) -> bool:
+    probe = copy.deepcopy(allocator)
+    slots = one_page(probe)
+    if slots is None:
+        return True
+    before = int(swa_pool(probe).available_size())
+    probe.free_group_begin()
+    probe.free_swa(slots.clone())
+    return int(swa_pool(probe).available_size()) == before
 
 
 def swa_steps_disabled(allocator, page_size: int) -> dict[str, str]:

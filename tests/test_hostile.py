@@ -592,3 +592,41 @@ def test_main_called_from_a_thread_runs(capsys):
     thread.start()
     thread.join(timeout=120)
     assert got == [0], capsys.readouterr()
+
+
+def test_a_failure_whose_trace_cannot_be_written_is_still_reported(tmp_path, monkeypatch, capsys):
+    """A disk that fills during the run (seen on a 16 KiB tmpfs): the first
+    unshrunk trace was written, the next write raised, and the run ended in
+    a harness error's traceback over a report naming a trace that was never
+    written.  Each failure is reported, exit 1, its steps printed, saying
+    why there is no file; no traceback."""
+    import errno
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(trace_mod, "write_atomic", full)  # the workers are forked: they write through it too
+    code, out, err = cli(["fuzz", "--mutant", "alias", "--seed", "0", "--max-examples", "200",
+                          "--trace-dir", tmp_path / "traces"], capsys)
+    assert (code, err) == (1, ""), out + err
+    assert "Traceback" not in out and "harness error" not in out, out
+    assert re.search(r"trace: \(not written: cannot write a trace into \S+: No space left on device\)$", out, re.M), out
+    assert "replay: none: no trace file was written" in out
+    assert "state.end()  # fails: " in out, out
+
+
+def test_a_long_runs_summary_reports_a_shrunk_failure_whose_trace_was_not_written():
+    """The long run's workers (forkserver's: a monkeypatch does not reach
+    them) write through the same ``write_or_why``; the summary read each
+    shrunk trace back from its file, an OSError where none was written."""
+    import io
+
+    from state_machines.runs import longrun
+    from state_machines.runs.coverage import merge
+
+    trace = Trace(Config(mutant="alias"), (Step("alloc", {"n": 1}, "req_0"),), "free_sets_agree", "both sides")
+    path = f"{trace_mod.NOT_WRITTEN}cannot write a trace into t: No space left on device)"
+    out = io.StringIO()
+    longrun._summary(out, Config(mutant="alias"), 1, 1.0, merge([]), [], [(trace.to_json(), path)], [], False)
+    assert f"shrunk to 1 steps; trace: {path}\n  replay: none: no trace file was written" in out.getvalue()
+    assert "req_0 = state.alloc(n=1)  # fails: free_sets_agree" in out.getvalue()

@@ -48,7 +48,7 @@ def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messag
     worker_signals()
     from state_machines.harness import RunRecord
     from state_machines.runs.runner import fuzz
-    from state_machines.runs.trace import Trace, write
+    from state_machines.runs.trace import Trace, write_or_why
     from state_machines.targets import TargetError
 
     config = Config.from_dict(config_dict)
@@ -59,7 +59,7 @@ def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messag
         # Keep the unshrunk trace at once, so Ctrl-C during shrinking loses nothing.
         trace = Trace.from_violation(exc)
         path = Path(trace_dir) / "unshrunk"
-        written = write(trace, path)
+        written = write_or_why(trace, path)
         messages.put(("found", index, exc.invariant, str(written), coverage.examples))
 
     def should_stop(shrinking: bool) -> bool:
@@ -90,7 +90,7 @@ def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messag
                     stop=beacon.abort_requested,
                 )
                 if outcome.failures:
-                    paths = [str(write(trace, trace_dir)) for trace in outcome.failures]
+                    paths = [write_or_why(trace, trace_dir) for trace in outcome.failures]
                     messages.put(("failures", index, [t.to_json() for t in outcome.failures], paths))
                     break
     except KeyboardInterrupt:
@@ -143,7 +143,7 @@ def run(
     ``build_timeout_s`` (default ``watchdog.BUILD_TIMEOUT_S``), is killed
     and ends the run as bad input.
     """
-    from state_machines.runs.trace import replay_command, write
+    from state_machines.runs.trace import replay_command, write_or_why, written
     from state_machines.runs.watchdog import (
         BUILD_TIMEOUT_S,
         POLL_S,
@@ -241,7 +241,8 @@ def run(
                   f" unshrunk trace: {message[3]}", file=out, flush=True)
         elif kind == "failures":
             # Workers sharing a database may shrink the same bug to the same trace file.
-            known = {path for _, path in failures}
+            # (A trace not written names no file: each such failure is kept.)
+            known = {path for _, path in failures if written(path)}
             failures.extend((t, p) for t, p in zip(message[2], message[3]) if p not in known)
             # One shrunk failure is the answer; others still shrinking keep their unshrunk traces.
             stop()
@@ -258,7 +259,7 @@ def run(
             handle(message)
 
     def verdict(trace, line):
-        path = write(trace, Path(trace_dir) / "unshrunk")
+        path = write_or_why(trace, Path(trace_dir) / "unshrunk")
         verdicts.append((trace, path))
         print(("\n" if tty else "") + f"{line}; unshrunk trace: {path}", file=out, flush=True)
         stop()
@@ -348,7 +349,7 @@ def run(
             return 2
         if "before_any_step" in setup:
             trace = setup["before_any_step"]
-            path = write(trace, trace_dir)
+            path = write_or_why(trace, trace_dir)
             print(f"FAILED before any step: {trace.invariant}", file=out)
             print(f"    {trace.detail}", file=out)
             print(f"  trace: {path}", file=out)
@@ -387,7 +388,7 @@ def _summary(out, config, jobs, elapsed, total, found, failures, errors, interru
     for text in errors:
         print(f"harness error in {text}", file=out)
     for trace_json, path in failures:
-        trace = Trace.load(path)
+        trace = Trace.from_dict(json.loads(trace_json))  # what the worker sent: the file may not be written
         print(f"\nFAILED: {trace.invariant}", file=out)
         print(f"    {trace.detail}", file=out)
         print("\n".join("    " + line for line in trace.program().splitlines()), file=out)

@@ -489,6 +489,8 @@ def replay_command(path, config: Config) -> str:
     of ``config``: replay imports no code and puts no folder on ``sys.path``
     that a trace names, so a custom target or cache class and an
     ``--sglang-path`` are passed again, as the run was given them."""
+    if not written(path):
+        return "none: no trace file was written"
     words = ["kv-lockstep", "replay", str(path)]
     if config.target.partition(":")[0] not in ("builtin", "sglang"):
         words += ["--target", config.target]
@@ -768,3 +770,24 @@ def write(trace: Trace, trace_dir: str | Path) -> Path:
         return write_atomic(directory / file_name(trace), trace.to_json() + "\n")
     except OSError as exc:
         raise TraceError(f"cannot write a trace into {shown(directory)}: {exc.strerror or type(exc).__name__}") from None
+
+
+# What ``write_or_why`` gives for a trace it could not write.
+NOT_WRITTEN = "(not written: "
+
+
+def write_or_why(trace: Trace, trace_dir: str | Path) -> str:
+    """``write``'s path, as text; where the trace cannot be written (a disk
+    that filled during the run, a folder removed since it began), why, in
+    parentheses.  A run reports a failure all the same, its steps printed,
+    with no file to replay (a full disk was a harness error's traceback
+    over a report naming a trace that did not exist)."""
+    try:
+        return str(write(trace, trace_dir))
+    except TraceError as exc:
+        return f"{NOT_WRITTEN}{exc})"
+
+
+def written(path) -> bool:
+    """Whether ``path`` (from ``write_or_why``) names a written trace."""
+    return not str(path).startswith(NOT_WRITTEN)

@@ -455,9 +455,9 @@ class FirstSight:
         if exc.invariant in self.seen:
             return
         self.seen.add(exc.invariant)
-        from state_machines.runs.trace import Trace, write
+        from state_machines.runs.trace import Trace, write_or_why
 
-        path = write(Trace.from_violation(exc), self.trace_dir)
+        path = write_or_why(Trace.from_violation(exc), self.trace_dir)
         self.on_found(exc.invariant, str(path), machine.record.examples)
 
 
@@ -472,7 +472,7 @@ def _plain_child(config_dict, max_examples, seed, db_spec, trace_dir, messages, 
         from state_machines.harness import RunRecord
         from state_machines.runs.options import open_database
         from state_machines.runs.runner import fuzz
-        from state_machines.runs.trace import write
+        from state_machines.runs.trace import write_or_why
 
         config = Config.from_dict(config_dict)
         if config.caller != "harness":  # a fresh worker (--cover's) registers the caller family itself
@@ -489,7 +489,7 @@ def _plain_child(config_dict, max_examples, seed, db_spec, trace_dir, messages, 
         rec = outcome.record
         messages.put((
             "outcome", 0,
-            [(t, str(write(t, trace_dir))) for t in outcome.failures],
+            [(t, write_or_why(t, trace_dir)) for t in outcome.failures],
             {"examples": rec.examples, "steps": rec.steps, "first_failure_s": rec.first_failure_s,
              "examples_to_failure": rec.examples_to_failure, "elapsed_s": outcome.elapsed_s},
         ))
@@ -627,21 +627,21 @@ def latent_tag(config) -> str:
 
 
 def _plain_report(out, err, config, got, interrupted, signals, trace_dir) -> int:
-    from state_machines.runs.trace import replay_command, write
+    from state_machines.runs.trace import replay_command, write_or_why
 
     if got["bad_input"] is not None:
         print(f"kv-lockstep: error: {got['bad_input']}", file=err)
         return 2
     if got["before"] is not None:
         trace = got["before"]
-        path = write(trace, trace_dir)
+        path = write_or_why(trace, trace_dir)
         print(f"FAILED before any step: {trace.invariant}", file=out)
         print(_indent(trace.detail or ""), file=out)
         print(f"  trace: {path}", file=out)
         print(f"  replay: {replay_command(path, trace.config)}", file=out)
         return 1
     verdict = got["verdict"]
-    verdict_path = write(verdict, Path(trace_dir) / "unshrunk") if verdict is not None else None
+    verdict_path = write_or_why(verdict, Path(trace_dir) / "unshrunk") if verdict is not None else None
     failures = []
     if got["outcome"] is not None:
         pairs, rec = got["outcome"]

@@ -331,6 +331,11 @@ def _check_output_paths(trace_dir: str | None = None, stats_json: str | None = N
     for value, flag in ((stats_json, "--stats-json"), (emit_pytest, "--emit-pytest")):
         if value is not None:
             _check_file(value, flag)
+    if emit_pytest is not None:
+        from state_machines.runs.emit import not_replaceable
+
+        if why := not_replaceable(emit_pytest):
+            raise UsageError(why)
     if db is not None and not db.strip():
         raise UsageError("--db is empty: give a folder (created if missing) or redis://HOST:PORT")
     if trace_dir is not None:  # last but --db: its probe makes the folder

@@ -10,6 +10,7 @@ import copy
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import textwrap
@@ -630,3 +631,31 @@ def test_a_long_runs_summary_reports_a_shrunk_failure_whose_trace_was_not_writte
     longrun._summary(out, Config(mutant="alias"), 1, 1.0, merge([]), [], [(trace.to_json(), path)], [], False)
     assert f"shrunk to 1 steps; trace: {path}\n  replay: none: no trace file was written" in out.getvalue()
     assert "req_0 = state.alloc(n=1)  # fails: free_sets_agree" in out.getvalue()
+
+
+def test_emitting_onto_what_is_not_a_plain_file_is_refused(tmp_path, capsys):
+    """The file is written through a temporary and a rename, which would put
+    a plain file where a FIFO, a device or a link was (/dev/null, as root):
+    a path that exists must be a plain file.  A link to a plain file is
+    written through, and the link kept."""
+    path = write_json(tmp_path / "t.json", BASE)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    others = [(fifo, "FIFO")]
+    if os.geteuid() == 0:  # a device like /dev/null, made here rather than risk the real one
+        os.mknod(tmp_path / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        others.append((tmp_path / "null", "device"))
+    for other, kind in others:
+        assert_bad_input(*cli(["replay", path, "--emit-pytest", other], capsys), f"is a {kind}, not a plain file")
+        assert not stat.S_ISREG(os.lstat(other).st_mode)
+    real = tmp_path / "test_real.py"
+    real.write_text("")
+    link = tmp_path / "test_link.py"
+    link.symlink_to(real)
+    code, out, err = cli(["replay", path, "--emit-pytest", link], capsys)
+    assert (code, err) == (0, ""), err
+    assert link.is_symlink() and "def test_" in real.read_text()
+    dangling = tmp_path / "test_dangling.py"
+    dangling.symlink_to(tmp_path / "missing" / "x.py")
+    assert_bad_input(*cli(["replay", path, "--emit-pytest", dangling], capsys), "does not exist")
+    assert dangling.is_symlink()

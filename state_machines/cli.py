@@ -61,13 +61,17 @@ def _seconds(text: str) -> float:
 
 
 def _call_seconds(text: str) -> float:
-    """``--call-timeout``: at most what a trace may carry, so that every
-    trace the run writes replays."""
-    from state_machines.runs.trace import MAX_CALL_TIMEOUT_S
+    """``--call-timeout``: what a trace may carry, so that every trace the
+    run writes replays: a day at most, and a tenth of a second at least
+    (below it a correct call is taken for a hang)."""
+    from state_machines.runs.trace import MAX_CALL_TIMEOUT_S, MIN_CALL_TIMEOUT_S
 
     value = _seconds(text)
     if value > MAX_CALL_TIMEOUT_S:
         raise argparse.ArgumentTypeError(f"must be at most {MAX_CALL_TIMEOUT_S} seconds (a day), got {text}")
+    if value < MIN_CALL_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_CALL_TIMEOUT_S} seconds (below it a correct call is"
+                                         f" taken for a hang), got {text}")
     return value
 
 

@@ -659,3 +659,12 @@ def test_emitting_onto_what_is_not_a_plain_file_is_refused(tmp_path, capsys):
     dangling.symlink_to(tmp_path / "missing" / "x.py")
     assert_bad_input(*cli(["replay", path, "--emit-pytest", dangling], capsys), "does not exist")
     assert dangling.is_symlink()
+
+
+@pytest.mark.parametrize("seconds", [1e-9, 0.05])
+def test_a_trace_whose_call_limit_no_allocator_can_meet_is_refused(tmp_path, capsys, seconds):
+    """A limit of 1e-9 s failed a correct allocator as allocator_hung on its
+    first call: below a tenth of a second a correct call on a loaded machine
+    is taken for a hang."""
+    path = write_json(tmp_path / "t.json", {**BASE, "config": {**BASE["config"], "call_timeout_s": seconds}})
+    assert_bad_input(*cli(["replay", path], capsys), "config.call_timeout_s is")

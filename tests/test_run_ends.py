@@ -459,11 +459,12 @@ def test_allocator_wrong_from_its_first_census(pools, mode):
     assert trace.steps == ()
 
 
-@pytest.mark.parametrize("seconds", ["0", "1e19"])
+@pytest.mark.parametrize("seconds", ["0", "1e-9", "0.05", "1e19"])
 def test_bad_call_timeout_is_exit_2(tmp_path, seconds):
-    """0, or more than a trace may carry (a day): a run with 1e19 failed the
-    correct allocator with OverflowError from the timer, and the trace it
-    wrote did not replay."""
+    """0, under a tenth of a second, or more than a trace may carry (a day): a
+    run with 1e19 failed the correct allocator with OverflowError from the
+    timer, and the trace it wrote did not replay; one with 1e-9 failed it as
+    allocator_hung on its first call, and a trace carrying it replayed so."""
     run = cli(tmp_path, "--call-timeout", seconds)
     ended(run, 2)
     assert run.stderr.count("\n") == 1 and "--call-timeout" in run.stderr

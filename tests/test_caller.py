@@ -746,3 +746,35 @@ def test_a_custom_target_lacking_what_the_release_looks_up_is_bad_input(tmp_path
         assert own.returncode == 1, own.stdout + own.stderr
         assert "failure 1: sglang_raised" in own.stdout
         assert "'OwnLookupFails' object has no attribute 'eviction_budget'" in own.stdout
+
+
+SUBCLASSES = textwrap.dedent(
+    '''
+    from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
+
+    class MyPaged(PagedTokenToKVPoolAllocator):
+        """The release's class, subclassed and nothing changed."""
+    '''
+)
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("version", ["0.5.18", "0.5.23"])
+def test_a_subclass_of_the_releases_paged_allocator_gets_its_cpu_stand_ins(tmp_path, version):
+    """The CPU stand-ins for the Triton paths are built from helpers in the
+    release's module (alloc_extend_naive, get_num_new_pages); they were
+    looked up in the subclass's own module, so a subclass of sglang's paged
+    allocator that changes nothing was refused on 0.5.18 ('the release has
+    no alloc_extend_naive / get_num_new_pages'), where sglang's own class
+    runs."""
+    (tmp_path / "kvl_subclasses.py").write_text(SUBCLASSES)
+    env = dict(_env(), PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}")
+    runs = {}
+    for target in ("kvl_subclasses:MyPaged", "sglang:paged"):
+        runs[target] = subprocess.run(
+            [sys.executable, "-m", "state_machines.cli", "fuzz", "--caller", "radix", "--page-size", "4", "--target", target,
+             "--sglang-path", str(release_dir(version)), "--max-examples", "10", "--seed", "0", "--db", str(tmp_path / "db"),
+             "--trace-dir", str(tmp_path / "traces")], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    mine, theirs = runs["kvl_subclasses:MyPaged"], runs["sglang:paged"]
+    assert mine.returncode != 2 and theirs.returncode != 2, mine.stderr + theirs.stderr
+    assert mine.stderr.replace("MyPaged", "PagedTokenToKVPoolAllocator") == theirs.stderr

@@ -78,6 +78,17 @@ def _alloc_decode_on_cpu(new_pages):
     return alloc_decode
 
 
+def _defining_module(obj, *names: str) -> types.ModuleType | None:
+    """The module of the nearest class in ``obj``'s MRO whose module has one
+    of ``names``: the release's, for a user's subclass of its class (its own
+    module has none of the release's helpers)."""
+    for cls in type(obj).__mro__:
+        module = sys.modules.get(cls.__module__)
+        if module is not None and any(hasattr(module, name) for name in names):
+            return module
+    return sys.modules.get(type(obj).__module__)
+
+
 def cpu_kernels(allocator, page_size: int, *, at_page_size_one: bool = False) -> list[str]:
     """Give a paged allocator whose ``alloc_extend`` / ``alloc_decode`` cannot
     run here (Triton, no CPU path) a CPU stand-in with the same contract, on
@@ -85,7 +96,7 @@ def cpu_kernels(allocator, page_size: int, *, at_page_size_one: bool = False) ->
     only with ``at_page_size_one`` (a pool whose caller extends it there)."""
     if (page_size == 1 and not at_page_size_one) or not callable(getattr(allocator, "alloc_extend", None)):
         return []
-    module = sys.modules[type(allocator).__module__]
+    module = _defining_module(allocator, "alloc_extend_naive", "get_num_new_pages")
     naive, new_pages = getattr(module, "alloc_extend_naive", None), getattr(module, "get_num_new_pages", None)
     replaced = []
     for name, probe in (("alloc_extend", _probe_extend), ("alloc_decode", _probe_decode)):
@@ -151,7 +162,7 @@ def unified_cpu_kernels(sub_pool, page_size: int) -> list[str]:
     decode and extend to ``alloc()`` there)."""
     if page_size == 1 or not callable(getattr(sub_pool, "alloc_extend", None)):
         return []
-    module = sys.modules[type(sub_pool).__module__]
+    module = _defining_module(sub_pool, "alloc_extend_kernel", "alloc_decode_kernel")
     paged = sys.modules.get(module.__name__.rsplit(".", 1)[0] + ".paged")
     naive = getattr(paged, "alloc_extend_naive", None)
     if naive is None or not all(hasattr(module, k) for k in ("alloc_extend_kernel", "alloc_decode_kernel")):

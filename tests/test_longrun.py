@@ -44,12 +44,66 @@ def test_durations_read_like_a_person_writes_them():
     (["-j", "2"], "go with --duration"),
     (["--duration", "5s", "--db", "redis://127.0.0.1:1"], "redis"),
     (["--duration", "2s", "--max-examples", "20"], "--duration and --max-examples are two budgets: give one"),
+    (["--duration", "2s", "-j", "100000"], "-j 100000: at most"),
 ])
 def test_bad_long_run_options_are_one_line_and_exit_2(args, message, tmp_path):
     """A bad duration, -j without --duration, or an unusable Redis URL: one line, exit 2."""
     run = cli("fuzz", *args, cwd=tmp_path)
     assert run.returncode == 2, run.stdout + run.stderr
     assert run.stderr.count("\n") == 1 and message in run.stderr and "Traceback" not in run.stderr
+
+
+def _open_files(soft: int, hard: int):
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_workers_past_the_open_file_limit_are_one_line_and_exit_2(tmp_path):
+    """Each worker holds open files in the command (its pipe, its process):
+    under `ulimit -n 40`, -j 8 was a traceback (OSError: Too many open
+    files, from a worker's start) or an EOFError from the server workers
+    fork from.  Where the hard limit allows, the soft one is raised and
+    the run goes ahead."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    run = cli("fuzz", "--duration", "1", "-j", "8", "--db", "none", cwd=tmp_path, preexec_fn=_open_files(40, 40))
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr.startswith("kv-lockstep: error: -j 8 needs about ") and run.stderr.count("\n") == 1, run.stderr
+    assert "(ulimit -n)" in run.stderr and "kv-lockstep fuzz:" not in run.stdout
+    if hard == resource.RLIM_INFINITY or hard >= 256:
+        run = cli("fuzz", "--duration", "1", "-j", "8", "--db", "none", cwd=tmp_path, preexec_fn=_open_files(40, hard))
+        assert (run.returncode, run.stderr) == (0, ""), run.stdout + run.stderr
+        assert "8 worker(s)" in run.stdout
+
+
+def test_a_worker_that_cannot_start_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    """A fork refused part-way through the workers' starts (EAGAIN: the
+    process limit; ENOMEM) ends the workers already started and the run,
+    one line, exit 2; it was a traceback with the started workers left to
+    the interpreter's exit."""
+    import io
+
+    from state_machines.runs import longrun, watchdog
+
+    started = []
+    real = watchdog.start_blocked
+
+    def start(process):
+        if len(started) == 2:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        real(process)
+        started.append(process)
+
+    monkeypatch.setattr(watchdog, "start_blocked", start)
+    out, err = io.StringIO(), io.StringIO()
+    code = longrun.run(Config(target="builtin:token"), duration_s=30, jobs=4, db_spec=None, seed=0,
+                       trace_dir=str(tmp_path / "traces"), stats_json=None, out=out, err=err)
+    assert code == 2, out.getvalue() + err.getvalue()
+    assert err.getvalue() == ("kv-lockstep: error: -j 4: worker 2 could not start (Resource temporarily unavailable):"
+                              " give fewer workers\n")
+    assert len(started) == 2 and not any(p.is_alive() for p in started)
 
 
 def test_timed_run_ends_clean_with_progress_and_coverage(tmp_path):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from state_machines.config import Config
 from state_machines.runs.coverage import INTERLEAVINGS, Coverage, merge, never_reached, shares, summary_table
-from state_machines.runs.options import BadOption, open_database, parse_duration, worker_context
+from state_machines.runs.options import BadOption, check_jobs, open_database, parse_duration, worker_context
 
 __all__ = ["BadOption", "default_jobs", "open_database", "parse_duration", "run"]
 
@@ -163,6 +163,7 @@ def run(
     out, err = out or sys.stdout, err or sys.stderr
     build_timeout_s = BUILD_TIMEOUT_S if build_timeout_s is None else build_timeout_s
     open_database(db_spec)  # bad --db fails here, before workers start
+    check_jobs(jobs, default_jobs())
     tty = out.isatty()
     ctx = worker_context()
     Path(trace_dir).mkdir(parents=True, exist_ok=True)
@@ -294,7 +295,7 @@ def run(
 
     def pump(until: float):
         nonlocal last_watch
-        while len(ended) < len(started_workers) and time.monotonic() < until:
+        while any(i not in ended for i in range(len(started_workers))) and time.monotonic() < until:
             for message in receive(channels, POLL_S):
                 handle(message)
             if time.monotonic() - last_watch >= POLL_S:
@@ -306,7 +307,13 @@ def run(
     started_workers = []
     try:
         for i, w in enumerate(workers):
-            start_blocked(w)
+            try:
+                start_blocked(w)
+            except (OSError, EOFError) as exc:  # a fork refused (EAGAIN, ENOMEM), the server gone
+                why = getattr(exc, "strerror", None) or type(exc).__name__
+                handle(("bad_input", i, f"-j {jobs}: worker {i} could not start ({why}): give fewer workers"))
+                ended.update(range(i, jobs))
+                break
             channels[i].started()
             started_workers.append(w)
         while len(ended) < jobs:

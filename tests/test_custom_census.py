@@ -52,6 +52,24 @@ POOLS = textwrap.dedent(
         def available_size(self):
             return None
 
+    class GeneratorCensus(TokenAllocator):
+        """Correct; get_all_free_pages() a fresh generator of page ids each call."""
+        def get_all_free_pages(self):
+            return (int(p) for p in super().get_all_free_pages())
+
+    class ViewCensus(TokenAllocator):
+        """Correct; its census the keys of a dict (a view, no list)."""
+        def get_all_free_pages(self):
+            return dict.fromkeys(super().get_all_free_pages().tolist()).keys()
+
+    class IteratorAttribute(TokenAllocator):
+        """Keeps its free pages as an iterator: reading it would empty it."""
+        def get_all_free_pages(self):
+            return None
+        def __init__(self, size, page_size, device, need_sort):
+            super().__init__(size, page_size, device, need_sort)
+            self.free_pages = iter(self.free_pages.tolist())
+
     class NoCensus(TokenAllocator):
         """Correct, but nothing the harness can read its free pages from."""
         def __getattribute__(self, name):
@@ -100,6 +118,23 @@ def test_a_census_of_plain_page_ids_is_read(pools):
     state = build(target="census_pools:ListCensus")
     state.alloc(n=3)
     state.check()
+
+
+@pytest.mark.parametrize("name", ["GeneratorCensus", "ViewCensus"])
+def test_a_census_of_any_iterable_is_read_once(pools, name):
+    """A generator or a dict view was read as no census at all: a correct
+    allocator failed fresh_pool_lists_every_page ('missing: [1, ..., 10]')."""
+    state = build(target=f"census_pools:{name}")
+    state.alloc(n=3)
+    state.check()
+    assert fuzz(Config(target=f"census_pools:{name}"), max_examples=30, seed=0, database=None).failures == ()
+
+
+def test_a_census_kept_as_an_iterator_is_bad_input(pools):
+    """Reading it would empty the allocator's own free list: then every
+    later check would blame the allocator for what the harness did."""
+    with pytest.raises(TargetError, match=r"IteratorAttribute\.free_pages is an iterator: reading it would empty it"):
+        build(target="census_pools:IteratorAttribute")
 
 
 def test_an_allocator_with_no_census_is_bad_input(pools):

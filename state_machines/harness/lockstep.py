@@ -17,6 +17,7 @@ from __future__ import annotations
 import _signal
 import atexit
 import collections
+import collections.abc
 import functools
 import os
 import signal
@@ -121,13 +122,21 @@ def _census_parts(allocator) -> list:
     if callable(get_all):
         pages = get_all()
         if pages is not None:
-            return _tensors(pages)
+            return _tensors(pages)  # a fresh answer: a generator is read once, here
     parts = []
     for name in CENSUS_ATTRIBUTES:
         part = getattr(allocator, name, None)
         if part is not None:
+            if isinstance(part, collections.abc.Iterator):
+                raise CensusUnreadable(f"{type(allocator).__name__}.{name} is an iterator: reading it would empty it; keep"
+                                  " the free pages in a tensor, a list, a tuple or a set")
             parts += _tensors(part)
     return parts
+
+
+class CensusUnreadable(TargetError):
+    """The harness cannot read a census without changing the allocator:
+    bad input, raised from inside the census's call, which passes it on."""
 
 
 # The containers a census is read from where there is no get_all_free_pages().
@@ -152,14 +161,14 @@ def has_census(allocator) -> bool:
 
 def _tensors(part) -> list:
     """A census container as tensors: a tensor, or a NumPy array, as is;
-    in a list, tuple, set or deque, its tensors and arrays as they are and
-    its other entries (page ids) as one int64 tensor; anything else,
-    nothing."""
+    in any other iterable (a list, a set, a generator, a dict's keys: read
+    once), its tensors and arrays as they are and its other entries (page
+    ids) as one int64 tensor; a string, a mapping or a scalar, nothing."""
     if isinstance(part, torch.Tensor):
         return [part]
     if hasattr(part, "__array__"):
         return [torch.as_tensor(part)]
-    if not isinstance(part, (list, tuple, set, frozenset, collections.deque)):
+    if isinstance(part, (str, bytes, collections.abc.Mapping)) or not isinstance(part, collections.abc.Iterable):
         return []
     tensors, pages = [], []
     for p in part:
@@ -1279,7 +1288,7 @@ class Lockstep:
             if orphans.copied:
                 leave_if_a_copy()
             return result
-        except InvariantViolation:
+        except (InvariantViolation, CensusUnreadable):
             raise
         except CallTimedOut:
             self._fail("allocator_hung", f"{what} hung: no return within {limit:g} s")

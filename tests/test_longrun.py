@@ -122,7 +122,14 @@ def test_timed_run_ends_clean_with_progress_and_coverage(tmp_path):
     data = json.loads(stats.read_text())
     assert data["jobs"] == 2 and data["failures"] == [] and data["examples"] > 0
     assert {"alloc", "begin", "end", "free", "rematch"} <= set(data["rules"])
-    assert all({"ran", "blocked"} == set(c) for c in data["rules"].values())
+    assert all({"ran", "blocked", "disabled"} == set(c) for c in data["rules"].values())
+    # A rule the probe disabled says so and why, in both: not "blocked 100%" of the checks.
+    said = dict(re.findall(r"^rule (\w+) disabled for builtin:paged: (.+)$", run.stdout, re.M))
+    assert "offload" in said, run.stdout
+    assert {rule for rule, c in data["rules"].items() if c["disabled"]} == set(said)
+    for rule, why in said.items():
+        assert data["rules"][rule] == {"ran": 0, "blocked": 0, "disabled": why}
+        assert re.search(rf"^  {rule} +disabled  \({re.escape(why)}\)$", run.stdout, re.M), run.stdout
     # Examples draw need_sort on too (builtin:paged takes it): the merge order applies.
     config = Config(target="builtin:paged", page_size=4)
     applicable = [i.name for i in INTERLEAVINGS if i.applies_to(attrs.evolve(config, need_sort=True))]

@@ -286,9 +286,10 @@ def merge(snapshots) -> dict:
     return total
 
 
-def shares(total: dict) -> tuple[int, int, int, int]:
-    """(rules seen, rules, interleavings seen, interleavings applicable)."""
-    rules = total["rules"]
+def shares(total: dict, disabled=()) -> tuple[int, int, int, int]:
+    """(rules seen, rules, interleavings seen, interleavings applicable);
+    a rule in ``disabled`` is none of the rules."""
+    rules = {rule: c for rule, c in total["rules"].items() if rule not in disabled}
     inter = total["interleavings"]
     return (
         sum(1 for c in rules.values() if c["ran"]),
@@ -302,13 +303,17 @@ def never_reached(total: dict) -> list[str]:
     return [name for name, count in total["interleavings"].items() if not count]
 
 
-def summary_table(total: dict, config: Config) -> str:
-    """The coverage part of the end-of-run summary, as aligned text."""
+def summary_table(total: dict, config: Config, disabled: dict[str, str] | None = None) -> str:
+    """The coverage part of the end-of-run summary, as aligned text; a rule
+    in ``disabled`` (rule: why) says so, not that it was blocked."""
     lines = []
     steps = max(total["steps"], 1)
     checks = max(total["checks"], 1)
     lines.append(f"  {'rule':<16}{'ran':>10}{'share':>8}{'blocked':>10}{'of checks':>11}")
     for rule, c in sorted(total["rules"].items()):
+        if rule in (disabled or {}):
+            lines.append(f"  {rule:<16}{'disabled':>10}  ({disabled[rule]})")
+            continue
         lines.append(
             f"  {rule:<16}{c['ran']:>10,}{100 * c['ran'] / steps:>7.1f}%{c['blocked']:>10,}{100 * c['blocked'] / checks:>10.1f}%"
         )

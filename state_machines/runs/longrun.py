@@ -109,10 +109,10 @@ def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messag
 # -- the parent --
 
 
-def _progress_line(elapsed, duration, total, failures, workers_alive) -> str:
+def _progress_line(elapsed, duration, total, failures, workers_alive, disabled=()) -> str:
     if not total["steps"]:
         return f"[{elapsed:5.0f}s/{duration:.0f}s] starting {workers_alive} worker(s)"
-    rules_seen, rules, inter_seen, inter = shares(total)
+    rules_seen, rules, inter_seen, inter = shares(total, disabled)
     rate = total["steps"] / elapsed if elapsed > 0 else 0.0
     return (
         f"[{elapsed:5.0f}s/{duration:.0f}s] {total['examples']:,} examples, {rate:,.0f} steps/s,"
@@ -226,6 +226,7 @@ def run(
         elif kind == "ready":
             if "ready" not in setup:
                 setup["ready"] = True
+                setup["disabled"] = dict(message[2])
                 fuzzing_since = time.monotonic()
                 deadline = fuzzing_since + duration_s
                 for rule, reason in sorted(message[2].items()):
@@ -327,7 +328,7 @@ def run(
             if now - last_print >= (1.0 if tty else PLAIN_PROGRESS_EVERY_S):
                 last_print = now
                 line = _progress_line(now - (fuzzing_since or now), duration_s, merge(snaps.values()),
-                                      len(found) + len(verdicts), jobs - len(ended))
+                                      len(found) + len(verdicts), jobs - len(ended), setup.get("disabled", ()))
                 print(("\r" + line) if tty else line, end="" if tty else "\n", file=out, flush=True)
     except KeyboardInterrupt:
         interrupted = True
@@ -364,10 +365,12 @@ def run(
             return 1
         elapsed = time.monotonic() - started
         total = merge(snaps.values())
-        _summary(out, config, jobs, elapsed, total, found, failures, errors, interrupted, verdicts, signals.got)
+        disabled = setup.get("disabled", {})
+        _summary(out, config, jobs, elapsed, total, found, failures, errors, interrupted, verdicts, signals.got,
+                 disabled)
         if stats_json:
             _write_stats(stats_json, config, jobs, duration_s, elapsed, total, found, failures, interrupted,
-                         min(first_examples, default=None), verdicts)
+                         min(first_examples, default=None), verdicts, disabled)
         if interrupted:
             return signals.exit_code()
         return 1 if (found or failures or errors or verdicts) else 0
@@ -376,7 +379,7 @@ def run(
 
 
 def _summary(out, config, jobs, elapsed, total, found, failures, errors, interrupted, verdicts=(),
-             signum=None) -> None:
+             signum=None, disabled=None) -> None:
     from state_machines.runs.trace import Trace, replay_command
     from state_machines.runs.watchdog import signal_name
 
@@ -391,7 +394,7 @@ def _summary(out, config, jobs, elapsed, total, found, failures, errors, interru
         f" {(len(failures) or len({f[1] for f in found})) + len(verdicts)} failure(s)",
         file=out,
     )
-    print(summary_table(total, config), file=out)
+    print(summary_table(total, config, disabled), file=out)
     for text in errors:
         print(f"harness error in {text}", file=out)
     for trace_json, path in failures:
@@ -415,7 +418,8 @@ def _summary(out, config, jobs, elapsed, total, found, failures, errors, interru
 
 
 def _write_stats(path, config, jobs, duration_s, elapsed, total, found, failures, interrupted, first,
-                 verdicts=()) -> None:
+                 verdicts=(), disabled=None) -> None:
+    disabled = disabled or {}
     data = {
         "config": config.to_dict(),
         "jobs": jobs,
@@ -425,7 +429,9 @@ def _write_stats(path, config, jobs, duration_s, elapsed, total, found, failures
         "examples": total["examples"],
         "steps": total["steps"],
         "precondition_checks": total["checks"],
-        "rules": total["rules"],
+        # A rule the probe disabled never ran: its failed preconditions are not a blockage.
+        "rules": {rule: {"ran": 0, "blocked": 0, "disabled": disabled[rule]} if rule in disabled
+                  else {**counts, "disabled": None} for rule, counts in total["rules"].items()},
         "interleavings": {
             i.name: {"count": total["interleavings"].get(i.name), "summary": i.summary,
                      "applicable": i.name in total["interleavings"]}

@@ -119,6 +119,12 @@ def test_timed_run_ends_clean_with_progress_and_coverage(tmp_path):
     assert any(re.fullmatch(r"\[ *\d+s/3s\] .+", line) for line in lines), run.stdout
     assert any(re.fullmatch(r"summary: builtin:paged page_size=4, 2 worker\(s\), [\d.]+ s, time is up", line)
                for line in lines), run.stdout
+    # The rate is of the fuzzing, which the workers' start does not count in.
+    counted = [re.fullmatch(r"  [\d,]+ examples, [\d,]+ steps in ([\d.]+) s of fuzzing \([\d,]+/s\), 0 failure\(s\)", line)
+               for line in lines]
+    fuzzing_s = [float(m.group(1)) for m in counted if m]
+    elapsed_s = [float(m.group(1)) for m in (re.search(r"worker\(s\), ([\d.]+) s, time is up", line) for line in lines) if m]
+    assert len(fuzzing_s) == 1 and 2.9 <= fuzzing_s[0] <= elapsed_s[0], run.stdout
     data = json.loads(stats.read_text())
     assert data["jobs"] == 2 and data["failures"] == [] and data["examples"] > 0
     assert {"alloc", "begin", "end", "free", "rematch"} <= set(data["rules"])

@@ -210,6 +210,8 @@ def run(
     flags = {"stop": False}
 
     def stop():
+        if not flags["stop"]:
+            flags["stopped_at"] = time.monotonic()
         flags["stop"] = True
         for beacon in beacons:
             beacon.request_stop()
@@ -366,8 +368,10 @@ def run(
         elapsed = time.monotonic() - started
         total = merge(snaps.values())
         disabled = setup.get("disabled", {})
+        # The rate is of the fuzzing: not the workers' start, nor the shrinking after a stop.
+        fuzzing_s = flags.get("stopped_at", time.monotonic()) - fuzzing_since if fuzzing_since else 0.0
         _summary(out, config, jobs, elapsed, total, found, failures, errors, interrupted, verdicts, signals.got,
-                 disabled)
+                 disabled, fuzzing_s)
         if stats_json:
             _write_stats(stats_json, config, jobs, duration_s, elapsed, total, found, failures, interrupted,
                          min(first_examples, default=None), verdicts, disabled)
@@ -379,7 +383,7 @@ def run(
 
 
 def _summary(out, config, jobs, elapsed, total, found, failures, errors, interrupted, verdicts=(),
-             signum=None, disabled=None) -> None:
+             signum=None, disabled=None, fuzzing_s=None) -> None:
     from state_machines.runs.trace import Trace, replay_command
     from state_machines.runs.watchdog import signal_name
 
@@ -387,10 +391,13 @@ def _summary(out, config, jobs, elapsed, total, found, failures, errors, interru
         why = f"interrupted ({signal_name(signum or signal.SIGINT)})"
     else:
         why = "stopped at a failure" if (found or failures or verdicts) else "time is up"
-    rate = total["steps"] / elapsed if elapsed else 0.0
+    fuzzing_s = elapsed if fuzzing_s is None else fuzzing_s
+    # Under a second, the parent's polling (a worker's ready and its first
+    # failure read together) is most of what it measures: no rate.
+    rate = f" in {fuzzing_s:.1f} s of fuzzing ({total['steps'] / fuzzing_s:,.0f}/s)" if fuzzing_s >= 1 else ""
     print(f"\nsummary: {config.label()}, {jobs} worker(s), {elapsed:.1f} s, {why}", file=out)
     print(
-        f"  {total['examples']:,} examples, {total['steps']:,} steps ({rate:,.0f}/s),"
+        f"  {total['examples']:,} examples, {total['steps']:,} steps{rate},"
         f" {(len(failures) or len({f[1] for f in found})) + len(verdicts)} failure(s)",
         file=out,
     )

@@ -435,9 +435,11 @@ def _replay_config(trace, args) -> Config:
         config = attrs.evolve(config, sglang_path=args.sglang_path)
     elif config.sglang_path is not None:
         if kind == "sglang" or config.caller != "harness":
+            # Another target helps only where the release is the target's, not the caller's.
+            other = " (or --target to run another target)" if not args.target and config.caller == "harness" else ""
             raise UsageError(
                 f"trace {shown(args.trace)} was recorded with --sglang-path {config.sglang_path!r}, and replay puts no folder"
-                f" a trace names on sys.path: pass --sglang-path DIR to replay it (or --target to run another target)"
+                f" a trace names on sys.path: pass --sglang-path DIR to replay it{other}"
             )
         config = attrs.evolve(config, sglang_path=None)  # only sglang: targets read it
     return config

@@ -296,7 +296,11 @@ def test_sglang_path_in_a_trace_is_not_put_on_sys_path(tmp_path, capsys):
     path = write_json(tmp_path / "t.json", sg)
     code, out, err = cli(["replay", path], capsys)
     assert_bad_input(code, out, err, f"was recorded with --sglang-path '{evil}'")
-    assert "pass --sglang-path DIR to replay it" in err
+    assert err.endswith("pass --sglang-path DIR to replay it (or --target to run another target)\n")
+    # Given another sglang target, or under a caller, only the release's folder helps: no hint of --target.
+    code, out, err = cli(["replay", path, "--target", "sglang:paged"], capsys)
+    assert_bad_input(code, out, err, f"was recorded with --sglang-path '{evil}'")
+    assert err.endswith("pass --sglang-path DIR to replay it\n"), err
     code, out, err = cli(["replay", path, "--emit-pytest", tmp_path / "test_e.py"], capsys)
     assert_bad_input(code, out, err, "pass --sglang-path DIR")
     assert not marker.exists() and str(evil) not in sys.path

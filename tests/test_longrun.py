@@ -53,6 +53,19 @@ def test_bad_long_run_options_are_one_line_and_exit_2(args, message, tmp_path):
     assert run.stderr.count("\n") == 1 and message in run.stderr and "Traceback" not in run.stderr
 
 
+def test_the_progress_line_says_starting_only_while_workers_start():
+    """A failure replayed from the database is found before any worker's
+    figures arrive: the line after its 'found' said 'starting 2 worker(s)';
+    after a refused start, 'starting 0 worker(s)'."""
+    from state_machines.runs.coverage import merge
+    from state_machines.runs.longrun import _progress_line
+
+    none = merge([])
+    assert _progress_line(0, 5, none, 0, 2) == "[    0s/5s] starting 2 worker(s)"
+    assert _progress_line(0, 5, none, 1, 2) == "[    0s/5s] 1 failure(s), 2 worker(s)"
+    assert _progress_line(0, 5, none, 0, 0) == "[    0s/5s] 0 failure(s), 0 worker(s)"
+
+
 def _open_files(soft: int, hard: int):
     import resource
 

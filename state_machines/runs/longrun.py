@@ -110,7 +110,9 @@ def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messag
 
 
 def _progress_line(elapsed, duration, total, failures, workers_alive, disabled=()) -> str:
-    if not total["steps"]:
+    if not total["steps"]:  # no worker's figures yet: it starts, or failed at once (a saved failure replayed)
+        if failures or not workers_alive:
+            return f"[{elapsed:5.0f}s/{duration:.0f}s] {failures} failure(s), {workers_alive} worker(s)"
         return f"[{elapsed:5.0f}s/{duration:.0f}s] starting {workers_alive} worker(s)"
     rules_seen, rules, inter_seen, inter = shares(total, disabled)
     rate = total["steps"] / elapsed if elapsed > 0 else 0.0

@@ -754,6 +754,11 @@ SUBCLASSES = textwrap.dedent(
 
     class MyPaged(PagedTokenToKVPoolAllocator):
         """The release's class, subclassed and nothing changed."""
+
+    class MyExtend(PagedTokenToKVPoolAllocator):
+        """Its own alloc_extend, which runs the release's (Triton before 0.5.21)."""
+        def alloc_extend(self, *args, **kwargs):
+            return super().alloc_extend(*args, **kwargs)
     '''
 )
 
@@ -778,3 +783,12 @@ def test_a_subclass_of_the_releases_paged_allocator_gets_its_cpu_stand_ins(tmp_p
     mine, theirs = runs["kvl_subclasses:MyPaged"], runs["sglang:paged"]
     assert mine.returncode != 2 and theirs.returncode != 2, mine.stderr + theirs.stderr
     assert mine.stderr.replace("MyPaged", "PagedTokenToKVPoolAllocator") == theirs.stderr
+    if version == "0.5.18":  # no CPU path: a method the subclass writes itself is not swapped for the release's
+        own = subprocess.run(
+            [sys.executable, "-m", "state_machines.cli", "fuzz", "--caller", "radix", "--page-size", "4", "--target",
+             "kvl_subclasses:MyExtend", "--sglang-path", str(release_dir(version)), "--max-examples", "10"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+        assert own.returncode == 2, own.stdout + own.stderr
+        assert own.stderr.startswith("kv-lockstep: error: MyExtend.alloc_extend (kvl_subclasses) cannot run on CPU ("), own.stderr
+        assert own.stderr.endswith("it is not the release's, so no stand-in is built from the release's"
+                                   " (it would leave yours untested)\n"), own.stderr

@@ -78,26 +78,29 @@ def _alloc_decode_on_cpu(new_pages):
     return alloc_decode
 
 
-def _defining_module(obj, *names: str) -> types.ModuleType | None:
-    """The module of the nearest class in ``obj``'s MRO whose module has one
-    of ``names``: the release's, for a user's subclass of its class (its own
+def _owner(obj, name: str) -> type | None:
+    """The class in ``obj``'s MRO whose own body defines ``name``."""
+    return next((cls for cls in type(obj).__mro__ if name in vars(cls)), None)
+
+
+def _owners_module(obj, name: str) -> types.ModuleType | None:
+    """The module of the class that defines ``obj``'s method ``name``: the
+    release's for a user's subclass that keeps the release's method (its own
     module has none of the release's helpers)."""
-    for cls in type(obj).__mro__:
-        module = sys.modules.get(cls.__module__)
-        if module is not None and any(hasattr(module, name) for name in names):
-            return module
-    return sys.modules.get(type(obj).__module__)
+    owner = _owner(obj, name)
+    return sys.modules.get((owner or type(obj)).__module__)
 
 
 def cpu_kernels(allocator, page_size: int, *, at_page_size_one: bool = False) -> list[str]:
     """Give a paged allocator whose ``alloc_extend`` / ``alloc_decode`` cannot
     run here (Triton, no CPU path) a CPU stand-in with the same contract, on
     this instance only; returns what it replaced, with why.  At page size 1
-    only with ``at_page_size_one`` (a pool whose caller extends it there)."""
+    only with ``at_page_size_one`` (a pool whose caller extends it there).
+    The stand-in is built from the helpers of the module whose class defines
+    the method: a method a user's subclass writes itself is refused, not
+    replaced by the release's logic (which would leave it untested)."""
     if (page_size == 1 and not at_page_size_one) or not callable(getattr(allocator, "alloc_extend", None)):
         return []
-    module = _defining_module(allocator, "alloc_extend_naive", "get_num_new_pages")
-    naive, new_pages = getattr(module, "alloc_extend_naive", None), getattr(module, "get_num_new_pages", None)
     replaced = []
     for name, probe in (("alloc_extend", _probe_extend), ("alloc_decode", _probe_decode)):
         try:
@@ -106,7 +109,13 @@ def cpu_kernels(allocator, page_size: int, *, at_page_size_one: bool = False) ->
             continue
         except Exception as exc:  # noqa: BLE001 - whatever stops it here needs the stand-in
             why = one_line(exc)
+        module = _owners_module(allocator, name)
+        naive, new_pages = getattr(module, "alloc_extend_naive", None), getattr(module, "get_num_new_pages", None)
         if new_pages is None or (name == "alloc_extend" and naive is None):
+            owner = _owner(allocator, name) or type(allocator)
+            if not owner.__module__.startswith("sglang."):
+                raise TargetError(f"{owner.__name__}.{name} ({owner.__module__}) cannot run on CPU ({why}); it is not the"
+                                  " release's, so no stand-in is built from the release's (it would leave yours untested)")
             raise TargetError(f"{type(allocator).__name__}.{name} cannot run on CPU ({why}) and the release has no"
                               " alloc_extend_naive / get_num_new_pages to build a stand-in from")
         stand_in = _alloc_extend_on_cpu(naive, new_pages) if name == "alloc_extend" else _alloc_decode_on_cpu(new_pages)
@@ -162,7 +171,7 @@ def unified_cpu_kernels(sub_pool, page_size: int) -> list[str]:
     decode and extend to ``alloc()`` there)."""
     if page_size == 1 or not callable(getattr(sub_pool, "alloc_extend", None)):
         return []
-    module = _defining_module(sub_pool, "alloc_extend_kernel", "alloc_decode_kernel")
+    module = _owners_module(sub_pool, "alloc_extend")
     paged = sys.modules.get(module.__name__.rsplit(".", 1)[0] + ".paged")
     naive = getattr(paged, "alloc_extend_naive", None)
     if naive is None or not all(hasattr(module, k) for k in ("alloc_extend_kernel", "alloc_decode_kernel")):

@@ -57,8 +57,10 @@ def open_database(spec: str | None):
 # as worker_died.
 JOBS_PER_CORE = 32
 # Files the command holds open per worker (its pipe's end, its process's
-# sentinel, its beacon; 9 + 5 per worker seen), and a margin for the rest.
-FILES_PER_WORKER, FILES_MARGIN = 6, 32
+# sentinel, its beacon: 9 + 5 per worker seen), and a margin for the fork
+# server and the pipes a start opens for a moment (under `ulimit -n 40`,
+# -j 3 ran and -j 8 did not; under 56, -j 8 ran).
+FILES_PER_WORKER, FILES_MARGIN = 5, 8
 
 
 def check_jobs(jobs: int, cores: int) -> None:
@@ -85,8 +87,8 @@ def check_jobs(jobs: int, cores: int) -> None:
             return
         except (OSError, ValueError):
             pass
-    raise BadOption(f"-j {jobs} needs about {need} open files, and this process may open {soft} (ulimit -n):"
-                    " give fewer workers, or raise the limit")
+    fewer = "give fewer workers, or raise the limit" if jobs > 1 else "raise the limit"
+    raise BadOption(f"-j {jobs} needs about {need} open files, and this process may open {soft} (ulimit -n): {fewer}")
 
 
 def worker_context():

@@ -64,7 +64,7 @@ def _call_seconds(text: str) -> float:
     """``--call-timeout``: what a trace may carry, so that every trace the
     run writes replays: a day at most, and a tenth of a second at least
     (below it a correct call is taken for a hang)."""
-    from state_machines.runs.trace import MAX_CALL_TIMEOUT_S, MIN_CALL_TIMEOUT_S
+    from state_machines.config import MAX_CALL_TIMEOUT_S, MIN_CALL_TIMEOUT_S
 
     value = _seconds(text)
     if value > MAX_CALL_TIMEOUT_S:

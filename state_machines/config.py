@@ -14,6 +14,19 @@ from attrs import asdict, field, fields, frozen
 # can take well over a call's 10 s.
 BUILD_TIMEOUT_S = 120.0
 
+# The per-call limit's bounds: a day at most (what a trace may carry), and a
+# tenth of a second at least: below it a correct call (a first torch op, a
+# loaded machine) is taken for a hang (1e-9 failed builtin:token as
+# allocator_hung on its first call).
+MAX_CALL_TIMEOUT_S = 24 * 3600
+MIN_CALL_TIMEOUT_S = 0.1
+
+
+def _call_limit(config, attribute, value) -> None:
+    if type(value) not in (int, float) or not MIN_CALL_TIMEOUT_S <= value <= MAX_CALL_TIMEOUT_S:
+        raise ValueError(f"call_timeout_s is {value!r}, not a number of seconds in"
+                         f" [{MIN_CALL_TIMEOUT_S}, {MAX_CALL_TIMEOUT_S}]")
+
 
 @frozen
 class Config:
@@ -32,7 +45,7 @@ class Config:
     sglang_path: str | None = field(default=None)
     # An allocator call that takes longer than this is reported as a hang
     # (`allocator_hung`); `kv-lockstep fuzz --call-timeout`.
-    call_timeout_s: float = 10.0
+    call_timeout_s: float = field(default=10.0, validator=_call_limit)
     # req_to_token's dtype: int32 as sglang's ReqToTokenPool keeps it; "int64"
     # for `kv-lockstep fuzz --row-dtype int64`.
     row_dtype: str = "int32"

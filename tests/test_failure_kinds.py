@@ -273,3 +273,12 @@ def test_rows_are_written_through_the_tensor_where_its_numpy_bridge_fails(monkey
     state.alloc(4)
     assert state._rows_host() is None
     assert (state.rows[0, :4] > 0).all()
+
+
+@pytest.mark.parametrize("seconds", [1e-9, 0.05, 1e19, float("nan")])
+def test_a_call_limit_no_allocator_can_meet_is_refused_by_the_library_too(seconds):
+    """fuzz(Config(call_timeout_s=1e-9)) failed builtin:token as
+    allocator_hung on its first call: the floor the command line and a
+    trace keep holds for a library caller's Config as well."""
+    with pytest.raises(ValueError, match="call_timeout_s is .*, not a number of seconds in \\[0.1, 86400\\]"):
+        Config(call_timeout_s=seconds)

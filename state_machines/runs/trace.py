@@ -19,7 +19,7 @@ from pathlib import Path
 
 from attrs import fields, frozen
 
-from state_machines.config import Config
+from state_machines.config import MAX_CALL_TIMEOUT_S, MIN_CALL_TIMEOUT_S, Config
 from state_machines.harness import STEPS, EntryRef, InvariantViolation, Lockstep, ReqRef, Step, build
 from state_machines.harness import steps as seam
 from state_machines.harness.lockstep import disarm_call_timer
@@ -35,10 +35,6 @@ MAX_SLOTS = 1 << 22  # pool slots, and req_to_token's rows * row slots
 MAX_ROWS = 256
 MAX_ROW_PAGES = 4096
 MAX_TEXT = 100_000  # characters of failure.detail
-MAX_CALL_TIMEOUT_S = 24 * 3600
-# Below it a correct call (a first torch op, a loaded machine) is taken for a
-# hang: 1e-9 failed builtin:token as allocator_hung on its first call.
-MIN_CALL_TIMEOUT_S = 0.1
 
 _REF = re.compile(r"(req|cache)_(0|[1-9][0-9]{0,8})", re.ASCII)
 _INVARIANT = re.compile(r"[a-z_]{1,64}", re.ASCII)

@@ -332,14 +332,15 @@ def _check_output_paths(trace_dir: str | None = None, stats_json: str | None = N
     run: not after a failure has been shrunk.  So is a ``--db`` folder
     (Hypothesis's database drops what it cannot save without a word, and a
     run that found failures saved none for the next to replay)."""
+    from state_machines.runs.trace import not_replaceable
+
     for value, flag in ((stats_json, "--stats-json"), (emit_pytest, "--emit-pytest")):
         if value is not None:
             _check_file(value, flag)
-    if emit_pytest is not None:
-        from state_machines.runs.emit import not_replaceable
-
-        if why := not_replaceable(emit_pytest):
-            raise UsageError(why)
+            if why := not_replaceable(value, flag):
+                raise UsageError(why)
+            if os.path.islink(value):  # written through it, into the folder it leads to
+                _check_file(os.path.realpath(value), flag)
     if db is not None and not db.strip():
         raise UsageError("--db is empty: give a folder (created if missing) or redis://HOST:PORT")
     if trace_dir is not None:  # last but --db: its probe makes the folder

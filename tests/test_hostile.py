@@ -663,6 +663,43 @@ def test_emitting_onto_what_is_not_a_plain_file_is_refused(tmp_path, capsys):
     dangling.symlink_to(tmp_path / "missing" / "x.py")
     assert_bad_input(*cli(["replay", path, "--emit-pytest", dangling], capsys), "does not exist")
     assert dangling.is_symlink()
+    # --stats-json alike: a FIFO hung the run's end for ever (opened to write, no reader).
+    code, out, err = cli(["fuzz", "--duration", "1", "--stats-json", fifo], capsys)
+    assert_bad_input(code, out, err, "--stats-json")
+    assert "is a FIFO, not a plain file" in err and "kv-lockstep fuzz:" not in out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_link_is_checked_where_it_leads(tmp_path, capsys):
+    """The file goes where the link leads, so that folder is the one checked:
+    a link into /proc passed the check, and the replay ran before the write
+    failed."""
+    link = tmp_path / "test_into_proc.py"
+    link.symlink_to("/proc/kv_lockstep_t.py")
+    code, out, err = cli(["replay", write_json(tmp_path / "t.json", BASE), "--emit-pytest", link], capsys)
+    assert_bad_input(code, out, err, "--emit-pytest /proc/kv_lockstep_t.py")
+    assert "kv-lockstep replay:" not in out
+
+
+def test_a_long_run_whose_stats_cannot_be_written_keeps_its_verdict(tmp_path, monkeypatch):
+    """A disk that filled during the run: the failure found is still exit 1,
+    with one line for the stats (it was exit 2, 'cannot write the output',
+    and a stats file of 0 bytes)."""
+    import errno
+    import io
+
+    from state_machines.runs import longrun
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(longrun, "_write_stats", full)
+    out, err = io.StringIO(), io.StringIO()
+    code = longrun.run(Config(mutant="flag-drift"), duration_s=20, jobs=1, db_spec=None, seed=0,
+                       trace_dir=str(tmp_path / "traces"), stats_json=str(tmp_path / "s.json"), out=out, err=err)
+    assert code == 1, out.getvalue() + err.getvalue()
+    assert "FAILED: " in out.getvalue()
+    assert err.getvalue() == f"kv-lockstep: --stats-json {tmp_path / 's.json'} not written: No space left on device\n"
 
 
 @pytest.mark.parametrize("seconds", [1e-9, 0.05])

@@ -22,13 +22,21 @@ import os
 import re
 import select
 import signal
-import stat
 import time
 from pathlib import Path
 
 from state_machines.config import Config
 from state_machines.harness import InvariantViolation, build
-from state_machines.runs.trace import Trace, TraceError, check_config, run_steps, shown, step_source, write_atomic
+from state_machines.runs.trace import (
+    Trace,
+    TraceError,
+    check_config,
+    not_replaceable,
+    run_steps,
+    shown,
+    step_source,
+    write_atomic,
+)
 
 
 def _recorded_allocs(trace: Trace, config: Config) -> dict[int, list[int] | None]:
@@ -126,36 +134,12 @@ def {name}():
     return text
 
 
-_KINDS = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "device"), (stat.S_ISBLK, "device"), (stat.S_ISSOCK, "socket"),
-          (stat.S_ISDIR, "folder"))
-
-
-def not_replaceable(path: str | Path) -> str | None:
-    """Why the file cannot go at ``path``, or None.  It is written through a
-    temporary and a rename, which would put a plain file where a FIFO or a
-    device was (``/dev/null``, as root): what is there must be a plain file.
-    A link is followed, and must lead to one or to nothing in a folder."""
-    real = Path(os.path.realpath(path))
-    try:
-        mode = os.stat(real).st_mode
-    except FileNotFoundError:
-        if not real.parent.is_dir():
-            return f"--emit-pytest {shown(path)}: folder {shown(real.parent)} does not exist"
-        return None
-    except OSError as exc:
-        return f"--emit-pytest {shown(path)}: {exc.strerror or type(exc).__name__}"
-    for test, kind in _KINDS:
-        if test(mode):
-            return f"--emit-pytest {shown(path)} is a {kind}, not a plain file"
-    return None
-
-
 def write_pytest(trace: Trace, config: Config, path: str | Path, source: str | None = None, recorded: bool = True) -> Path:
     """Write the pytest file atomically, through a link to where it leads;
     its folder must exist.  Returns the path given.  ``recorded``: as
     ``pytest_source``'s."""
     text = pytest_source(trace, config, source, recorded)
-    if why := not_replaceable(path):
+    if why := not_replaceable(path, "--emit-pytest"):
         raise TraceError(why)
     given, path = Path(path), Path(os.path.realpath(path))
     try:

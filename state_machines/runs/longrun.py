@@ -145,7 +145,7 @@ def run(
     ``build_timeout_s`` (default ``watchdog.BUILD_TIMEOUT_S``), is killed
     and ends the run as bad input.
     """
-    from state_machines.runs.trace import replay_command, write_or_why, written
+    from state_machines.runs.trace import replay_command, shown, write_or_why, written
     from state_machines.runs.watchdog import (
         BUILD_TIMEOUT_S,
         POLL_S,
@@ -374,12 +374,16 @@ def run(
         fuzzing_s = flags.get("stopped_at", time.monotonic()) - fuzzing_since if fuzzing_since else 0.0
         _summary(out, config, jobs, elapsed, total, found, failures, errors, interrupted, verdicts, signals.got,
                  disabled, fuzzing_s)
+        code = signals.exit_code() if interrupted else 1 if (found or failures or errors or verdicts) else 0
         if stats_json:
-            _write_stats(stats_json, config, jobs, duration_s, elapsed, total, found, failures, interrupted,
-                         min(first_examples, default=None), verdicts, disabled)
-        if interrupted:
-            return signals.exit_code()
-        return 1 if (found or failures or errors or verdicts) else 0
+            try:
+                _write_stats(stats_json, config, jobs, duration_s, elapsed, total, found, failures, interrupted,
+                             min(first_examples, default=None), verdicts, disabled)
+            except OSError as exc:  # a disk that filled during the run: the verdict above stands
+                print(f"kv-lockstep: --stats-json {shown(stats_json)} not written: {exc.strerror or type(exc).__name__}",
+                      file=err)
+                return code or 2
+        return code
     finally:
         signals.restore()
 
@@ -454,8 +458,10 @@ def _write_stats(path, config, jobs, duration_s, elapsed, total, found, failures
         or [{"invariant": inv, "trace": p, "shrunk": False} for _, inv, p in found],
     }
     data["failures"] += [{"invariant": t.invariant, "trace": str(p), "shrunk": False} for t, p in verdicts]
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    from state_machines.runs.trace import write_atomic
+
+    # Atomic, through a link to where it leads: a reader never sees half a file.
+    write_atomic(os.path.realpath(path), json.dumps(data, indent=1) + "\n")
 
 
 def default_jobs() -> int:

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shlex
+import stat
 import tempfile
 from pathlib import Path
 
@@ -736,6 +737,32 @@ def file_name(trace: Trace) -> str:
         sort_keys=True,
     )
     return f"{stem}-{invariant}-{hashlib.sha256(key.encode()).hexdigest()[:8]}.json"
+
+
+_KINDS = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "device"), (stat.S_ISBLK, "device"), (stat.S_ISSOCK, "socket"),
+          (stat.S_ISDIR, "folder"))
+
+
+def not_replaceable(path: str | Path, flag: str) -> str | None:
+    """Why ``write_atomic`` may not write ``path`` (given as ``flag``), or
+    None.  It writes through a temporary and a rename, which would put a
+    plain file where a FIFO or a device was (``/dev/null``, as root), and
+    opening a FIFO blocks until someone reads it: what is there must be a
+    plain file.  A link is followed, and must lead to one or to nothing in
+    a folder."""
+    real = Path(os.path.realpath(path))
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        if not real.parent.is_dir():
+            return f"{flag} {shown(path)}: folder {shown(real.parent)} does not exist"
+        return None
+    except OSError as exc:
+        return f"{flag} {shown(path)}: {exc.strerror or type(exc).__name__}"
+    for test, kind in _KINDS:
+        if test(mode):
+            return f"{flag} {shown(path)} is a {kind}, not a plain file"
+    return None
 
 
 def write_atomic(path: str | Path, text: str) -> Path:

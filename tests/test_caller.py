@@ -748,6 +748,35 @@ def test_a_custom_target_lacking_what_the_release_looks_up_is_bad_input(tmp_path
         assert "'OwnLookupFails' object has no attribute 'eviction_budget'" in own.stdout
 
 
+DROPS_STATE = textwrap.dedent(
+    '''
+    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+
+    class DropsState(TokenToKVPoolAllocator):
+        """Its free drops the free list, which the release's own alloc then reads."""
+        def free(self, free_index):
+            del self.free_pages
+    '''
+)
+
+
+@pytest.mark.sglang
+def test_an_inherited_method_reading_state_the_allocator_dropped_is_its_failure(tmp_path):
+    """The release's alloc, inherited, read free_pages that the subclass's
+    free deleted: that is the allocator's bug, with a trace, not bad input
+    ('has no free_pages, which sglang 0.5.23 looks up on it ...: subclass
+    the release's class', to a class that does)."""
+    (tmp_path / "kvl_drops.py").write_text(DROPS_STATE)
+    env = dict(_env(), PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}")
+    run = subprocess.run(
+        [sys.executable, "-m", "state_machines.cli", "fuzz", "--caller", "radix", "--target", "kvl_drops:DropsState",
+         "--sglang-path", str(release_dir("0.5.23")), "--max-examples", "50", "--seed", "0", "--db", str(tmp_path / "db"),
+         "--trace-dir", str(tmp_path / "traces")], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "'DropsState' object has no attribute 'free_pages'" in run.stdout
+    assert list((tmp_path / "traces").glob("*.json"))
+
+
 SUBCLASSES = textwrap.dedent(
     '''
     from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator

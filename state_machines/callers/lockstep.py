@@ -131,6 +131,7 @@ class CallerLockstep:
     _start_step = Lockstep._start_step
     _finish_step = Lockstep._finish_step
     _call = Lockstep._call
+    _count = Lockstep._count
     _judge = Lockstep._judge
 
     def why_not(self, step: str) -> str | None:
@@ -220,12 +221,23 @@ class CallerLockstep:
         return [ReqRef(r) for r in rids]
 
     def budget(self) -> int:
-        """Tokens an allocation may take: free plus evictable."""
-        return int(self.allocator.available_size()) + tree_sizes(self.cache)[0]
+        """Tokens an allocation may take: free plus evictable.  In a step:
+        the allocator's count is called as every call is, so what it raises
+        is the run's failure with its trace."""
+        return self._count("available_size()", self.allocator.available_size) + tree_sizes(self.cache)[0]
+
+    def guard_budget(self) -> int:
+        """``budget`` for a guard, or a draw between steps, which must not
+        fail: 0 where the count raises or is no number (the next step's
+        calls report that, with a trace; it was a harness error)."""
+        try:
+            return int(self.allocator.available_size()) + tree_sizes(self.cache)[0]
+        except Exception:  # noqa: BLE001 - the allocator's own state: a step reports it
+            return 0
 
     def can_decode(self) -> bool:
         # Each request may need a new page (the helpers evict that much first).
-        return bool(self.running) and len(self.running) * self.page_size <= self.budget()
+        return bool(self.running) and len(self.running) * self.page_size <= self.guard_budget()
 
     def abortable(self) -> list[ReqRef]:
         # Running and not yet aborted: leaving the waiting queue frees nothing.
@@ -327,7 +339,7 @@ class CallerLockstep:
             return "no request is waiting and none is in chunked prefill"
         if self.chunked is None and self.pool.available_size() == 0:
             return "no request row is free"
-        if (pages + 1) * self.page_size > self.budget():
+        if (pages + 1) * self.page_size > self.guard_budget():
             return f"free + evictable memory does not cover {pages} pages and one more"
         return None
 
@@ -574,7 +586,8 @@ class CallerLockstep:
         which sglang's base class has: every custom target that did not
         subclass it was *reachable* ``sglang_raised``).  None for anything
         else, such as a lookup in the user's own code, which is theirs to fix
-        in the run's failure."""
+        in the run's failure, or the object's own inherited method reading its
+        own state."""
         name = getattr(exc, "name", None) if isinstance(exc, AttributeError) else None
         tb = exc.__traceback__ if name else None
         while tb is not None and tb.tb_next is not None:
@@ -589,7 +602,9 @@ class CallerLockstep:
         if ":" in self.config.caller:
             theirs.append((self.cache, f"--caller {self.config.caller}"))
         who = next((label for o, label in theirs if o is not None and o is obj), None)
-        if who is None:
+        if who is None or tb.tb_frame.f_locals.get("self") is obj:
+            # The object's own method (one it inherits from the release) read
+            # what it lacks now: its own state, gone; the allocator's failure.
             return None
         file = tb.tb_frame.f_code.co_filename
         at = file[file.rfind("/sglang/srt/") + 1:] if "/sglang/srt/" in file else file

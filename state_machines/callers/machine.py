@@ -55,7 +55,7 @@ class CallerMachine(RuleBasedStateMachine):
     @draws(guard=lambda s: s.runs("chunked_prefill") and s._why_not_chunk(1) is None, pages=(1, 3))
     def chunked_prefill(self, pages):
         # A chunk budget that memory covers (a page more than the chunk, as prefill asks).
-        self._do("chunked_prefill", min(pages, self.state.budget() // self.state.page_size - 1))
+        self._do("chunked_prefill", min(pages, self.state.guard_budget() // self.state.page_size - 1))
 
     @draws(guard=lambda s: s.chunked is None and s.waiting and s.pool.available_size() > 0)
     def prefill(self):

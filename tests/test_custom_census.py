@@ -31,6 +31,12 @@ POOLS = textwrap.dedent(
             super().__init__(size, page_size, device, need_sort)
             if size >= 24:
                 self.free_pages = self.free_pages[:-1].clone()
+    class LeaksWhenSorted(TokenAllocator):
+        """Correct with need_sort off; with it on, its fresh pool never lists the last page."""
+        def __init__(self, size, page_size, device, need_sort):
+            super().__init__(size, page_size, device, need_sort)
+            if need_sort:
+                self.free_pages = self.free_pages[:-1].clone()
     PastThePool = _shifted(1)          # pages 2..N+1
     LeaksOne = _shifted(0, drop=1)     # pages 1..N-1: page N never free
 
@@ -173,3 +179,14 @@ def test_a_pool_laid_out_wrong_only_at_a_drawn_size_is_found(pools):
         "fresh_pool_lists_every_page", (), 24, Config().rows)
     assert trace.detail == "fresh allocator's free pages (23) / pages 1..24: missing: [24]"
     assert outcome.record.first_failure_s is not None
+
+
+def test_a_pool_laid_out_wrong_only_with_need_sort_is_found(pools):
+    """A run that leaves need_sort off draws it on too, where the allocator
+    keeps it; one whose fresh pool failed with it on drew it never, and the
+    run came back clean (300 examples), where --need-sort failed at once."""
+    outcome = fuzz(Config(target="census_pools:LeaksWhenSorted"), max_examples=300, seed=0, database=None)
+    [trace] = outcome.failures
+    assert (trace.invariant, trace.steps, trace.config.need_sort) == ("fresh_pool_lists_every_page", (), True)
+    n = trace.config.pool_size
+    assert trace.detail == f"fresh allocator's free pages ({n - 1}) / pages 1..{n}: missing: [{n}]"

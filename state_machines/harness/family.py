@@ -185,10 +185,14 @@ def _any(config: Config) -> bool:
 
 
 def _sorts(config: Config) -> bool:
-    """Whether ``config`` (need_sort on) builds, checks out and its
-    allocator keeps need_sort (a class that ignores it draws no setting)."""
+    """Whether an example may draw ``config`` (need_sort on): it builds and
+    its allocator keeps need_sort (a class that ignores it draws no
+    setting), or its fresh pool fails an invariant there, which the example
+    that draws it reports (as ``may_draw``'s sizes)."""
     try:
         return getattr(build(config).allocator, "need_sort", False) is True
+    except InvariantViolation:
+        return True
     except Exception:  # noqa: BLE001 - a refusal draws no need_sort
         return False
 

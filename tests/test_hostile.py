@@ -709,3 +709,24 @@ def test_a_trace_whose_call_limit_no_allocator_can_meet_is_refused(tmp_path, cap
     is taken for a hang."""
     path = write_json(tmp_path / "t.json", {**BASE, "config": {**BASE["config"], "call_timeout_s": seconds}})
     assert_bad_input(*cli(["replay", path], capsys), "config.call_timeout_s is")
+
+
+def test_a_trace_not_written_is_null_in_json_with_why(tmp_path):
+    """--stats-json, the gate's and the matrix's rows: "trace" is a path or
+    null, and why it was not written is its own field (the text of why sat
+    in "trace", which tools read as a path)."""
+    from state_machines.runs import longrun
+    from state_machines.runs.coverage import merge
+
+    why = f"{trace_mod.NOT_WRITTEN}cannot write a trace into t: No space left on device)"
+    assert trace_mod.trace_fields(why) == {"trace": None, "trace_error": "cannot write a trace into t: No space left on device"}
+    assert trace_mod.trace_fields("t/a.json") == {"trace": "t/a.json", "trace_error": None}
+    assert trace_mod.trace_fields(None) == {"trace": None, "trace_error": None}
+    trace = Trace(Config(mutant="alias"), (Step("alloc", {"n": 1}, "req_0"),), "free_sets_agree", "both sides")
+    stats = tmp_path / "s.json"
+    longrun._write_stats(stats, Config(mutant="alias"), 1, 5.0, 1.0, merge([]), [], [(trace.to_json(), why)], False, 1,
+                         [(trace, "t/b.json")])
+    assert json.loads(stats.read_text())["failures"] == [
+        {"invariant": "free_sets_agree", "trace": None, "trace_error": "cannot write a trace into t: No space left on device",
+         "shrunk": True},
+        {"invariant": "free_sets_agree", "trace": "t/b.json", "trace_error": None, "shrunk": False}]

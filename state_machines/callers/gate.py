@@ -38,7 +38,7 @@ def run_release(release_dir: str, runs, max_examples: int, seed: int, shrink: bo
     """Fuzz each run (``caller:groups:page_size``) of one release, in this process."""
     import state_machines.callers  # noqa: F401 - registers the caller family
     from state_machines.runs.runner import fuzz
-    from state_machines.runs.trace import write_or_why
+    from state_machines.runs.trace import trace_fields, write_or_why
 
     rows = []
     for run in runs:
@@ -59,7 +59,7 @@ def run_release(release_dir: str, runs, max_examples: int, seed: int, shrink: bo
             row.update(result="FAIL", first_failure_s=round(rec.first_failure_s, 2), failures=[
                 {"invariant": t.invariant, "label": (t.detail or "").split(":", 1)[0], "detail": t.detail,
                  "rules": [s.rule for s in t.steps], "program": t.program(),
-                 "trace": write_or_why(t, trace_dir) if trace_dir else None}
+                 **trace_fields(write_or_why(t, trace_dir) if trace_dir else None)}
                 for t in outcome.failures
             ])
         rows.append(row)

@@ -432,6 +432,8 @@ def _summary(out, config, jobs, elapsed, total, found, failures, errors, interru
 
 def _write_stats(path, config, jobs, duration_s, elapsed, total, found, failures, interrupted, first,
                  verdicts=(), disabled=None) -> None:
+    from state_machines.runs.trace import trace_fields, write_atomic
+
     disabled = disabled or {}
     data = {
         "config": config.to_dict(),
@@ -453,13 +455,11 @@ def _write_stats(path, config, jobs, duration_s, elapsed, total, found, failures
         "never_reached": never_reached(total),
         "first_failure_after_examples": first,
         "failures": [
-            {"invariant": json.loads(t)["failure"]["invariant"], "trace": p, "shrunk": True} for t, p in failures
+            {"invariant": json.loads(t)["failure"]["invariant"], **trace_fields(p), "shrunk": True} for t, p in failures
         ]
-        or [{"invariant": inv, "trace": p, "shrunk": False} for _, inv, p in found],
+        or [{"invariant": inv, **trace_fields(p), "shrunk": False} for _, inv, p in found],
     }
-    data["failures"] += [{"invariant": t.invariant, "trace": str(p), "shrunk": False} for t, p in verdicts]
-    from state_machines.runs.trace import write_atomic
-
+    data["failures"] += [{"invariant": t.invariant, **trace_fields(p), "shrunk": False} for t, p in verdicts]
     # Atomic, through a link to where it leads: a reader never sees half a file.
     write_atomic(os.path.realpath(path), json.dumps(data, indent=1) + "\n")
 

@@ -40,7 +40,7 @@ def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str |
     process; a release that cannot be imported is one row saying why."""
     from state_machines.harness import build
     from state_machines.runs.runner import fuzz
-    from state_machines.runs.trace import write_or_why
+    from state_machines.runs.trace import trace_fields, write_or_why
     from state_machines.targets import sglang
 
     release = Path(release_dir).name
@@ -74,7 +74,7 @@ def run_release(release_dir: str, max_examples: int, seed: int, trace_dir: str |
                         "invariant": t.invariant,
                         "length": len(t.steps),
                         "rules": [s.rule for s in t.steps],
-                        "trace": write_or_why(t, trace_dir) if trace_dir else None,
+                        **trace_fields(write_or_why(t, trace_dir) if trace_dir else None),
                     }
                     for t in outcome.failures
                 ],
@@ -96,7 +96,8 @@ def caller_row(r: dict) -> dict:
                      else "--caller")
     if "failures" in r:
         row["failures"] = [{"invariant": f["invariant"], "length": len(f["rules"]), "rules": f["rules"],
-                            "trace": f["trace"], "label": f["label"]} for f in r["failures"]]
+                            "trace": f["trace"], "trace_error": f.get("trace_error"), "label": f["label"]}
+                           for f in r["failures"]]
     return row
 
 

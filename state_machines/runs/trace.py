@@ -817,3 +817,12 @@ def write_or_why(trace: Trace, trace_dir: str | Path) -> str:
 def written(path) -> bool:
     """Whether ``path`` (from ``write_or_why``) names a written trace."""
     return not str(path).startswith(NOT_WRITTEN)
+
+
+def trace_fields(path) -> dict:
+    """``write_or_why``'s answer (or None: none asked) as JSON a tool reads:
+    ``trace`` a path or null, ``trace_error`` why it was not written or null
+    (the text in ``trace`` was taken for a path)."""
+    if path is None or written(path):
+        return {"trace": None if path is None else str(path), "trace_error": None}
+    return {"trace": None, "trace_error": str(path)[len(NOT_WRITTEN):-1]}

@@ -21,6 +21,7 @@ when only a forced placement shows it.
 
 from __future__ import annotations
 
+import copy
 import sys
 from typing import Any
 
@@ -54,7 +55,8 @@ from state_machines.config import Config
 from state_machines.harness.lockstep import InvariantViolation, Lockstep, building, census_of, violation_type
 from state_machines.harness.steps import ReqRef, Step, step, steps_of
 from state_machines.harness.swa import is_hybrid
-from state_machines.targets.base import TargetError
+from state_machines.orphans import call_user_code
+from state_machines.targets.base import TargetError, quiet
 from state_machines.targets.cpu_paths import cpu_kernels
 
 # Prompts: each decimal digit (1..ALPHABET) is a page of that token.
@@ -94,6 +96,29 @@ class Live:
     status: str = WAITING
 
 
+def swa_queues_full_slots(allocator, ps: int) -> bool:
+    """Whether the hybrid allocator's ``free_swa`` in a free group queues the
+    full slots, resolved to their SWA peers at the group's end (sglang
+    0.5.18: ``allocator/swa.py:352``, ``:370-375``; the peers stay mapped
+    until then), rather than the SWA slots, resolved and unmapped at once
+    (0.5.23).  Probed on a copy: one page of full slots mapped to one of SWA
+    slots, ``free_swa`` inside a group, and is the mapping still there?
+    Anything that stops the probe reads as the second form."""
+    try:
+        with quiet():
+            probe = copy.deepcopy(allocator)
+            full, swa = probe.full_attn_allocator.alloc(ps), probe.swa_attn_allocator.alloc(ps)
+            if full is None or swa is None:
+                return False
+            mapping = probe.full_to_swa_index_mapping
+            mapping[full.long()] = swa.to(mapping.dtype)
+            probe.free_group_begin()
+            probe.free_swa(full)
+            return bool((mapping[full.long()] > 0).all())
+    except Exception:  # noqa: BLE001 - the release's own form unknown: as 0.5.23's
+        return False
+
+
 @define
 class CallerLockstep:
     """One release's allocator, request pool and prefix cache, driven as its
@@ -126,6 +151,8 @@ class CallerLockstep:
     swa: bool = False
     # A re-run of the steps under the release's own placement (_reachability).
     replaying: bool = False
+    # Whether free_swa in a free group queues full slots (swa_queues_full_slots).
+    swa_queues_full_slots: bool = False
 
     # The seam's side and the call wrapper are the core harness's own.
     _start_step = Lockstep._start_step
@@ -194,6 +221,7 @@ class CallerLockstep:
         )
         state.pool_pages = frozenset(state._call("census", census_of, state._full()))
         if swa:
+            state.swa_queues_full_slots = call_user_code(swa_queues_full_slots, allocator, ps)
             state.swa_pool_pages = frozenset(state._call("SWA census", census_of, allocator.swa_attn_allocator))
         state.check()
         return state
@@ -547,15 +575,23 @@ class CallerLockstep:
         self._judge(census.free_list_has_no_repeats, swa_free, ps, f"{action} (SWA pool)")
         holders = [census.Holder(census.SWA_FREE, tuple(swa_free)),
                    census.Holder("full slots' SWA peers", tuple(sorted({s // ps for s in peers.values()})))]
+        # Full slots whose SWA peers an open group's free_swa has queued, where the
+        # release resolves them at the group's end: still mapped, no longer the tree's.
+        pending: set[int] = set()
         if self.in_group:
             queued = [p for t in getattr(a, "swa_page_ids_group", None) or [] for p in ids(t)]
-            queued += [s // ps for t in getattr(a, "swa_free_group", None) or [] for s in ids(t) if s > 0]
+            if self.swa_queues_full_slots:  # their peers are counted above, as mapped
+                pending = {s // ps * ps + i for t in getattr(a, "swa_free_group", None) or [] for s in ids(t)
+                           for i in range(ps)}
+            else:
+                queued += [s // ps for t in getattr(a, "swa_free_group", None) or [] for s in ids(t) if s > 0]
             queued += open_group_pages(a.swa_attn_allocator, ps)
             holders.append(census.Holder(census.SWA_QUEUED, tuple(queued)))
         self._judge(census.census_covers_pool, holders, self.swa_pool_pages, ps, f"{action} (SWA pool)")
         if callable(getattr(self.cache, "swa_evictable_size", None)):
             self._judge(census.swa_tree_sizes_balance, int(self.cache.swa_evictable_size()),
-                        int(self.cache.swa_protected_size()), sum(1 for s in tree if s in peers), action)
+                        int(self.cache.swa_protected_size()), sum(1 for s in tree if s in peers and s not in pending),
+                        action)
 
     def _rows(self) -> list[tuple[int, int, int, int]]:
         """(rid, row, protected length, allocated length) of each request holding a row."""

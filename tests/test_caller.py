@@ -9,6 +9,7 @@ sglang), and skip when a release is missing.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -821,3 +822,49 @@ def test_a_subclass_of_the_releases_paged_allocator_gets_its_cpu_stand_ins(tmp_p
         assert own.stderr.startswith("kv-lockstep: error: MyExtend.alloc_extend (kvl_subclasses) cannot run on CPU ("), own.stderr
         assert own.stderr.endswith("it is not the release's, so no stand-in is built from the release's"
                                    " (it would leave yours untested)\n"), own.stderr
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("page_size, size", [(1, 2), (4, 8)])
+def test_a_pool_too_small_for_any_request_runs_clean(tmp_path, page_size, size):
+    """Where no step applies (no request can prefill, the waiting list is
+    full), the walk ends its example and Hypothesis's step does nothing: it
+    was a harness error's traceback (IndexError: cannot choose from an
+    empty sequence; then randrange's ValueError from the step choice)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "state_machines.cli", "fuzz", "--caller", "radix", "--sglang-path", str(release_dir("0.5.23")),
+         "--page-size", str(page_size), "--size", str(size), "--max-examples", "30", "--seed", "1", "--db", str(tmp_path / "db"),
+         "--trace-dir", str(tmp_path / "traces")], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_env())
+    assert (run.returncode, run.stderr) == (0, ""), run.stdout + run.stderr
+    assert run.stdout.splitlines()[-1].startswith("no failure: 30 examples")
+
+
+@pytest.mark.sglang
+def test_sglang_0_5_18_hybrid_queues_full_slots_and_its_unified_swa_cache_remaps_them():
+    """0.5.18's free_swa in a free group queues full slots, resolved through
+    the mapping at the group's end (allocator/swa.py:352-353, :370-375);
+    0.5.23 queues the SWA slots, resolved at once (:516-519).  The census
+    read 0.5.18's queue as SWA slots: 'page 1 is held by full slots' SWA
+    peers and by the open free group's SWA queue', a false alarm.  Read
+    right, the run finds what 0.5.23 fixed: the SWA component remaps the
+    queued full slots onto the incoming request's SWA in the same group
+    (unified_cache/components/swa_component.py:1122-1124), so the group's
+    end frees the new peers and the old page is held by nobody."""
+    rows = gate("0.5.18", ("unified-swa:release:4",), max_examples=40)
+    [failure] = rows["unified-swa:release:4"]["failures"]
+    assert failure["invariant"] == "census_covers_pool", failure
+    assert re.search(r"\(SWA pool\): pages \[\d+(, \d+)*\] are held by nobody", failure["detail"]), failure["detail"]
+    assert "and by the open free group's SWA queue" not in failure["detail"]
+    assert failure["label"] == "reachable"
+    for version, queues in (("0.5.18", True), ("0.5.23", False)):
+        out = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(f"""
+                import state_machines.callers
+                from state_machines.config import Config
+                from state_machines.harness import build
+                for ps in (1, 4):
+                    state = build(Config(target="sglang:swa", caller="unified-swa", page_size=ps,
+                                         sglang_path={str(release_dir(version))!r}))
+                    print(state.swa_queues_full_slots)
+            """)], capture_output=True, text=True, timeout=300, env=_env())
+        assert out.stdout.split() == [str(queues)] * 2, out.stdout + out.stderr

@@ -327,7 +327,8 @@ def one_step_machine(base: type) -> type:
 
     def step(self, choice):
         chosen, args = choice
-        chosen.body(self, **args)
+        if chosen is not None:  # None: no rule applies (a pool too small for any request), nothing to do
+            chosen.body(self, **args)
 
     body["step"] = rule(choice=choices)(step)
     return type("OneStep" + base.__name__, (base,), body)
@@ -372,6 +373,8 @@ class _StepChoice(st.SearchStrategy):
 
     def do_draw(self, data):
         applicable = [r for r in self.declared if r.applies(data.hypothesis_runner)]
+        if not applicable:  # the walk ends its example here; Hypothesis has no way to, so the step does nothing
+            return None, {}
         # As ``st.integers(0, n - 1)`` draws it while n <= 128: a machine has a few dozen rules at most.
         chosen = applicable[data.draw_integer(0, len(applicable) - 1)]
         return chosen, {k: draw(data) for k, draw in self.ordered[chosen.name]}

@@ -272,6 +272,8 @@ def walk(
                 chosen = (at_edge or _populating(alloc, machine, rng, 0 if "populate" in off else POPULATE)
                           or _steered(rules, machine, rng, steer.wanted(in_group), 0 if "steer" in off else STEER)
                           or _applicable(rules, machine, rng, below))
+                if chosen is None:  # no step applies (a pool too small for any request to prefill): the example ends
+                    break
                 steer.saw(chosen.name, in_group)
                 args = {k: rng.random() < 0.5 if low is None else low + below(width) for k, low, width in ordered[chosen.name]}
                 if chosen.name == "alloc" and "pages" in args and rng.random() < (0 if "fill" in off else FILL):
@@ -386,7 +388,7 @@ def _below(rng: random.Random):
 
 def _applicable(rules: list, machine, rng: random.Random, below=None):
     """A rule drawn uniformly among those of ``rules`` whose guard holds on
-    ``machine`` (at least one must).
+    ``machine``; None where none does.
 
     Draws among all rules and keeps the first whose guard holds: the same
     distribution as a choice among the applicable ones, without asking
@@ -399,4 +401,5 @@ def _applicable(rules: list, machine, rng: random.Random, below=None):
         rule = rules[below(len(rules))]
         if rule.applies(machine):
             return rule
-    return rng.choice([r for r in rules if r.applies(machine)])
+    applicable = [r for r in rules if r.applies(machine)]
+    return rng.choice(applicable) if applicable else None

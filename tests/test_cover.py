@@ -115,3 +115,43 @@ def test_lines_json_keeps_each_kinds_lines_apart(tmp_path):
     rows = tally(sglang.release_files(str(release.resolve())), {f: sorted(v) for f, v in merged.items()}, release.resolve())
     total = sum(r.executed for r in rows)
     assert f"| **total** | {sum(r.statements for r in rows)} | {total} |" in out.getvalue()
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--kinds", "bogus"], "--kinds: no kind 'bogus': give KIND or KIND:PAGE_SIZE among token:1, "),
+    (["--kinds", "token:4"], "--kinds: no kind 'token:4'"),
+    (["--max-examples", "0"], "--max-examples 0: give at least 1"),
+    (["--lines-json", "/nonexistent-kvl/x.json"], "--lines-json /nonexistent-kvl/x.json: not a file this run can write"),
+])
+def test_the_coverage_runs_bad_input_is_one_line_before_any_run(args, said, capsys):
+    """A mistyped kind ran nothing and printed an all-zero table, exit 0; no
+    examples printed 'exit 1' per kind, exit 0; an unwritable --lines-json
+    was a traceback after the whole run (25 minutes)."""
+    pytest.importorskip("coverage", reason="--cover needs coverage.py: pip install 'kv-lockstep[cover]'")
+    from state_machines.runs.cover import main
+
+    assert main(["--sglang-path", "/nonexistent-kvl", *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"kv-lockstep: error: {said}") and err.count("\n") == 1, err
+
+
+def test_a_kind_that_fails_makes_the_coverage_run_fail_and_names_its_trace(tmp_path, monkeypatch):
+    """A failing kind printed its FAILED line and the table, and the run
+    exited 0 with the trace written where no line said."""
+    import io
+
+    from state_machines.runs import cover, watchdog
+    from state_machines.targets import sglang
+
+    def fails(config, out, err, **kwargs):
+        print("FAILED: free_sets_agree\n  trace: t/x.json\n  replay: kv-lockstep replay t/x.json", file=out)
+        return 1
+
+    monkeypatch.setattr(watchdog, "fuzz_watched", fails)
+    monkeypatch.setattr(sglang, "release_files", lambda release: [])
+    out = io.StringIO()
+    assert cover.cover_release(tmp_path, max_examples=5, seed=0, trace_dir=str(tmp_path), out=out, kinds="token") == 1
+    text = out.getvalue()
+    assert "sglang:token page_size=1" in text and "    trace: t/x.json\n" in text, text
+    assert text.rstrip().endswith(f"FAILED: sglang:token page_size=1 sglang={tmp_path.name}"
+                                  " (a failure on a release is a finding: its trace above)"), text

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import re
 import sys
 import time
@@ -204,6 +205,7 @@ def cover_release(release: Path, *, max_examples: int, seed: int, trace_dir: str
     print(f"statement coverage of sglang {release.name}'s allocator code, {max_examples} examples per kind, seed {seed}",
           file=out)
     wanted = [k.strip() for k in kinds.split(",")] if kinds else None
+    failed = []
     for kind, page_size in sglang.gate_kinds():
         if wanted is not None and kind not in wanted and f"{kind}:{page_size}" not in wanted:
             continue
@@ -214,6 +216,11 @@ def cover_release(release: Path, *, max_examples: int, seed: int, trace_dir: str
                             out=buffer, err=buffer, cover=Recorder(files),
                             on_cover=lambda got, key=f"{kind}:{page_size}": union(per_kind.setdefault(key, {}), got))
         print(f"  {config.label()}: {_summary(buffer.getvalue(), code)} ({time.monotonic() - started:.0f} s)", file=out)
+        if code == 1:  # a failure, or a harness error: where its trace is, and the run's exit 1
+            failed.append(config.label())
+            for line in buffer.getvalue().splitlines():
+                if line.lstrip().startswith(("trace:", "replay:", "kv-lockstep: harness error")):
+                    print(f"    {line.strip()}", file=out)
     seen: dict[str, set[int]] = {}
     for lines in per_kind.values():
         union(seen, lines)
@@ -223,8 +230,36 @@ def cover_release(release: Path, *, max_examples: int, seed: int, trace_dir: str
         print("statements never run:", file=out)
         print(missed_ranges(rows), file=out)
     if lines_json:
-        Path(lines_json).write_text(json.dumps({k: {f: sorted(v) for f, v in d.items()} for k, d in per_kind.items()}))
+        try:
+            Path(lines_json).write_text(json.dumps({k: {f: sorted(v) for f, v in d.items()} for k, d in per_kind.items()}))
+        except OSError as exc:  # the table above stands
+            print(f"kv-lockstep: --lines-json {lines_json} not written: {exc.strerror or type(exc).__name__}", file=sys.stderr)
+            return 2
+    if failed:
+        print(f"FAILED: {', '.join(failed)} (a failure on a release is a finding: its trace above)", file=out)
+        return 1
     return 0
+
+
+def bad_input(kinds: str | None, max_examples: int, lines_json: str | None) -> str | None:
+    """What the command line asks that no run can do, in one line; None if
+    nothing: an unknown kind or page size, no examples, a --lines-json that
+    cannot be written (found after the whole run, 25 minutes)."""
+    from state_machines.targets import sglang
+
+    if max_examples < 1:
+        return f"--max-examples {max_examples}: give at least 1"
+    gated = sglang.gate_kinds()
+    names = {k for k, _ in gated} | {f"{k}:{ps}" for k, ps in gated}
+    for wanted in (k.strip() for k in (kinds or "").split(",") if kinds is not None):
+        if wanted not in names:
+            return (f"--kinds: no kind {wanted!r}: give KIND or KIND:PAGE_SIZE among "
+                    + ", ".join(f"{k}:{ps}" for k, ps in gated))
+    if lines_json is not None:
+        folder = Path(lines_json).parent
+        if Path(lines_json).is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            return f"--lines-json {lines_json}: not a file this run can write (its folder must exist and be writable)"
+    return None
 
 
 def main(argv=None) -> int:
@@ -238,6 +273,9 @@ def main(argv=None) -> int:
     parser.add_argument("--lines-json", help="write each kind's executed lines per file here (to tally any subset)")
     args = parser.parse_args(argv)
     if reason := missing():
+        print(f"kv-lockstep: error: {reason}", file=sys.stderr)
+        return 2
+    if reason := bad_input(args.kinds, args.max_examples, args.lines_json):
         print(f"kv-lockstep: error: {reason}", file=sys.stderr)
         return 2
     release = Path(args.sglang_path) if args.sglang_path else newest_release()

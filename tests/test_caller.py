@@ -868,3 +868,22 @@ def test_sglang_0_5_18_hybrid_queues_full_slots_and_its_unified_swa_cache_remaps
                     print(state.swa_queues_full_slots)
             """)], capture_output=True, text=True, timeout=300, env=_env())
         assert out.stdout.split() == [str(queues)] * 2, out.stdout + out.stderr
+
+
+@pytest.mark.sglang
+def test_a_replayed_eviction_the_rules_could_not_draw_is_refused(tmp_path):
+    """evict_tokens is drawn only while the tree holds an evictable token,
+    as 1 to 4 pages; a trace evicting from an empty tree (a shrunk one was
+    seen doing it) replayed without a word."""
+    from state_machines.config import Config
+    from state_machines.runs.trace import Step, Trace, write
+
+    config = Config(target="sglang:token", caller="radix", sglang_path=str(release_dir("0.5.23")))
+    for n, said in ((1, "the tree holds no evictable token"), (5, "n 5 is not 1 to 4 pages of 1 tokens")):
+        path = write(Trace(config, (Step("arrive", {"prompt": 1, "out": 1}, "req_0"), Step("evict_tokens", {"n": n}))),
+                     tmp_path / str(n))
+        run = subprocess.run([sys.executable, "-m", "state_machines.cli", "replay", str(path), "--sglang-path",
+                              str(release_dir("0.5.23"))], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                             env=_env())
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert said in run.stderr and run.stderr.count("\n") == 1, run.stderr

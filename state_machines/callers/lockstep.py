@@ -293,7 +293,10 @@ class CallerLockstep:
                 return f"the running batch is {self.refs(self.running)}"
             return None if self.can_decode() else "the running batch does not fit in free + evictable memory"
         if rule == "evict_tokens":
-            return None
+            n = args["n"]
+            if n % ps or not 1 <= n // ps <= 4:
+                return f"n {n} is not 1 to 4 pages of {ps} tokens"
+            return None if tree_sizes(self.cache)[0] > 0 else "the tree holds no evictable token"
         if rule == "slide_windows":
             if not self.swa:
                 return self.why_not(rule)

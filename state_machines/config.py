@@ -22,8 +22,13 @@ MAX_CALL_TIMEOUT_S = 24 * 3600
 MIN_CALL_TIMEOUT_S = 0.1
 
 
+def call_limit_holds(value) -> bool:
+    """Whether ``value`` is a per-call limit a run may have (and a trace carry)."""
+    return type(value) in (int, float) and MIN_CALL_TIMEOUT_S <= value <= MAX_CALL_TIMEOUT_S
+
+
 def _call_limit(config, attribute, value) -> None:
-    if type(value) not in (int, float) or not MIN_CALL_TIMEOUT_S <= value <= MAX_CALL_TIMEOUT_S:
+    if not call_limit_holds(value):
         raise ValueError(f"call_timeout_s is {value!r}, not a number of seconds in"
                          f" [{MIN_CALL_TIMEOUT_S}, {MAX_CALL_TIMEOUT_S}]")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from attrs import fields, frozen
 
-from state_machines.config import MAX_CALL_TIMEOUT_S, MIN_CALL_TIMEOUT_S, Config
+from state_machines.config import MAX_CALL_TIMEOUT_S, MIN_CALL_TIMEOUT_S, Config, call_limit_holds
 from state_machines.harness import STEPS, EntryRef, InvariantViolation, Lockstep, ReqRef, Step, build
 from state_machines.harness import steps as seam
 from state_machines.harness.lockstep import disarm_call_timer
@@ -269,7 +269,7 @@ _CONFIG_CHECKS = {
 
 
 def _seconds(value, where: str) -> float:
-    if type(value) not in (int, float) or not MIN_CALL_TIMEOUT_S <= value <= MAX_CALL_TIMEOUT_S:
+    if not call_limit_holds(value):
         raise TraceError(f"{where} is {_show(value)}, not a number of seconds in [{MIN_CALL_TIMEOUT_S}, {MAX_CALL_TIMEOUT_S}]")
     return float(value)
 

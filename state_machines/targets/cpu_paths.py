@@ -78,17 +78,11 @@ def _alloc_decode_on_cpu(new_pages):
     return alloc_decode
 
 
-def _owner(obj, name: str) -> type | None:
-    """The class in ``obj``'s MRO whose own body defines ``name``."""
-    return next((cls for cls in type(obj).__mro__ if name in vars(cls)), None)
-
-
-def _owners_module(obj, name: str) -> types.ModuleType | None:
-    """The module of the class that defines ``obj``'s method ``name``: the
-    release's for a user's subclass that keeps the release's method (its own
-    module has none of the release's helpers)."""
-    owner = _owner(obj, name)
-    return sys.modules.get((owner or type(obj)).__module__)
+def _owner(obj, name: str) -> type:
+    """The class in ``obj``'s MRO whose own body defines ``name`` (else
+    ``obj``'s class): for a user's subclass that keeps the release's method,
+    the release's class, whose module has the release's helpers."""
+    return next((cls for cls in type(obj).__mro__ if name in vars(cls)), type(obj))
 
 
 def cpu_kernels(allocator, page_size: int, *, at_page_size_one: bool = False) -> list[str]:
@@ -109,10 +103,10 @@ def cpu_kernels(allocator, page_size: int, *, at_page_size_one: bool = False) ->
             continue
         except Exception as exc:  # noqa: BLE001 - whatever stops it here needs the stand-in
             why = one_line(exc)
-        module = _owners_module(allocator, name)
+        owner = _owner(allocator, name)
+        module = sys.modules.get(owner.__module__)
         naive, new_pages = getattr(module, "alloc_extend_naive", None), getattr(module, "get_num_new_pages", None)
         if new_pages is None or (name == "alloc_extend" and naive is None):
-            owner = _owner(allocator, name) or type(allocator)
             if not owner.__module__.startswith("sglang."):
                 raise TargetError(f"{owner.__name__}.{name} ({owner.__module__}) cannot run on CPU ({why}); it is not the"
                                   " release's, so no stand-in is built from the release's (it would leave yours untested)")
@@ -171,7 +165,7 @@ def unified_cpu_kernels(sub_pool, page_size: int) -> list[str]:
     decode and extend to ``alloc()`` there)."""
     if page_size == 1 or not callable(getattr(sub_pool, "alloc_extend", None)):
         return []
-    module = _owners_module(sub_pool, "alloc_extend")
+    module = sys.modules[_owner(sub_pool, "alloc_extend").__module__]
     paged = sys.modules.get(module.__name__.rsplit(".", 1)[0] + ".paged")
     naive = getattr(paged, "alloc_extend_naive", None)
     if naive is None or not all(hasattr(module, k) for k in ("alloc_extend_kernel", "alloc_decode_kernel")):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import shlex
 import signal
 import sys
 import tempfile
@@ -541,11 +542,24 @@ def _describe(config: Config) -> list[str]:
 
 def _describe_target(args) -> int:
     from state_machines import targets
+    from state_machines.harness import InvariantViolation
 
     config = Config(target=args.target, mutant=args.mutant, page_size=args.page_size or 1, need_sort=args.need_sort,
                     sglang_path=args.sglang_path)
     targets.resolve(config.target, config.mutant, config.sglang_path)  # loaded here once: a fork shares it
-    print("\n".join(_build_here_or_watched(config, _describe, args.build_timeout)))
+    try:
+        print("\n".join(_build_here_or_watched(config, _describe, args.build_timeout)))
+    except InvariantViolation as exc:
+        # The listing writes no file: it names the run that writes the trace.
+        words = ["kv-lockstep", "fuzz", "--target", config.target]
+        words += ["--mutant", config.mutant] if config.mutant else []
+        words += ["--page-size", str(args.page_size)] if args.page_size else []
+        words += ["--need-sort"] if config.need_sort else []
+        words += ["--sglang-path", config.sglang_path] if config.sglang_path else []
+        print(f"FAILED before any step: {exc.invariant}")
+        print(_indent(exc.detail))
+        print(f"  a trace: {shlex.join(words)} (its failure shrinks to building the pool)")
+        return 1
     return 0
 
 

@@ -190,3 +190,16 @@ def test_a_pool_laid_out_wrong_only_with_need_sort_is_found(pools):
     assert (trace.invariant, trace.steps, trace.config.need_sort) == ("fresh_pool_lists_every_page", (), True)
     n = trace.config.pool_size
     assert trace.detail == f"fresh allocator's free pages ({n - 1}) / pages 1..{n}: missing: [{n}]"
+
+
+def test_targets_on_a_pool_wrong_from_the_start_names_the_fuzz_that_writes_its_trace(pools, capsys):
+    """``targets --target`` printed "FAILED before any step" and the detail,
+    and no way on to a trace (helper-77): the listing writes no file, so
+    it names the run that does, with the options that reach the failure."""
+    from state_machines.cli import main
+
+    assert main(["targets", "--target", "census_pools:LeaksWhenSorted", "--need-sort"]) == 1
+    said = capsys.readouterr().out.splitlines()
+    assert said[0] == "FAILED before any step: fresh_pool_lists_every_page"
+    assert said[-1] == ("  a trace: kv-lockstep fuzz --target census_pools:LeaksWhenSorted --need-sort"
+                        " (its failure shrinks to building the pool)")

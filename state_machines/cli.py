@@ -525,13 +525,13 @@ def _describe(config: Config) -> list[str]:
     line each for the steps it runs, each disabled step and each check it
     cannot offer (with reasons)."""
     from state_machines.harness import build
-    from state_machines.harness.steps import steps_of
+    from state_machines.harness.steps import disabled_steps, steps_of
 
     state = build(config)
     lines = [f"{config.label()}: {type(state.allocator).__name__}, harness {type(state).__name__}"]
-    steps = sorted(steps_of(type(state)))
-    lines.append(f"  steps: {', '.join(name for name in steps if state.runs(name))}")
-    lines += [f"  disabled: {name}: {why}" for name in steps if (why := state.why_not(name)) is not None]
+    disabled = disabled_steps(state)
+    lines.append(f"  steps: {', '.join(name for name in sorted(steps_of(type(state))) if name not in disabled)}")
+    lines += [f"  disabled: {name}: {why}" for name, why in disabled.items()]
     lines += [f"  not checked: {name}: {why}" for name, why in sorted(getattr(state, "skipped_checks", {}).items())]
     # An optional free that is a NotImplementedError stub: the harness frees as if it had none.
     lines += [f"  not provided: {why}; the harness frees without it" for why in getattr(state, "not_provided", {}).values()]

@@ -1012,7 +1012,8 @@ def test_the_import_check_forks_only_for_a_module_not_yet_imported(tmp_path, mon
     ("hangs_at_build", 2, "kv-lockstep: error: cannot build bad_pools:hangs_at_build: its factory did not return within 1 s\n"),
     ("exits_in_hook_probe", 2, "kv-lockstep: error: cannot build bad_pools:exits_in_hook_probe: the probe of its scheduler"
                                " hooks (called once on a copy) exited with code 9\n"),
-    ("census_exits", 1, "FAILED before any step: worker_died\n    worker 0 exited with code 6 during get_all_free_pages()\n"),
+    ("census_exits", 1, "FAILED before any step: worker_died\n    worker 0 exited with code 6 during get_all_free_pages()\n"
+                        "  a trace: kv-lockstep fuzz --target bad_pools:census_exits (its failure shrinks to building the pool)\n"),
 ])
 def test_targets_builds_a_custom_target_in_a_watched_worker(pools, name, code, said):
     """targets --target MODULE:ATTR builds the target to describe it, in a
@@ -1165,6 +1166,30 @@ def test_a_probe_that_exits_or_interrupts_disables_its_step(tmp_path, name, reas
     run = cli(tmp_path, "--target", f"raising_pools:{name}", "--page-size", page_size, "--max-examples", "5", "--seed", "1")
     ended(run, 0)
     assert reason in run.stdout, run.stdout
+
+
+@pytest.mark.parametrize("mode", [["--max-examples", "5"], ["--duration", "2s", "-j", "1"]], ids=["plain", "long"])
+def test_the_fuzz_header_names_every_step_targets_names_disabled(tmp_path, mode):
+    """The header listed only the probe's own disablements: a step disabled
+    for want of what it stands on (``admit`` where ``extend`` cannot run;
+    ``decode`` where there is no ``alloc_decode``) was listed by
+    ``targets --target`` and not by ``fuzz`` (sglang:npu at page size 4:
+    admit; helper-79)."""
+    (tmp_path / "noext_pools.py").write_text(textwrap.dedent(
+        '''
+        from allocators.paged import PagedAllocator
+        class NoExtend(PagedAllocator):
+            def alloc_extend(self, *args, **kwargs):
+                raise NotImplementedError
+        '''))
+    listed = subprocess.run([sys.executable, "-m", "state_machines.cli", "targets", "--target", "noext_pools:NoExtend",
+                             "--page-size", "4"], cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+    ended(listed, 0)
+    disabled = dict(re.findall(r"^  disabled: (\w+): (.+)$", listed.stdout, re.M))
+    assert {"admit", "decode", "extend"} <= set(disabled), listed.stdout
+    run = cli(tmp_path, "--target", "noext_pools:NoExtend", "--page-size", "4", "--seed", "1", *mode)
+    ended(run, 0)
+    assert dict(re.findall(r"^rule (\w+) disabled for noext_pools:NoExtend: (.+)$", run.stdout, re.M)) == disabled, run.stdout
 
 
 # Correct allocators that fork once per process, at a call of each kind the

@@ -157,3 +157,10 @@ def step(fn: Callable) -> Callable:
 def steps_of(cls) -> dict[str, StepSpec]:
     """The steps a harness class declares (its own and inherited)."""
     return {spec.name: spec for name in dir(cls) if (spec := getattr(getattr(cls, name, None), "step_spec", None))}
+
+
+def disabled_steps(state) -> dict[str, str]:
+    """Each step ``state``'s harness declares that does not run on its
+    target here, with why (``why_not``): what ``targets --target`` lists,
+    the run's header says and its statistics count as disabled."""
+    return {name: why for name in sorted(steps_of(type(state))) if (why := state.why_not(name)) is not None}

@@ -310,10 +310,12 @@ def summary_table(total: dict, config: Config, disabled: dict[str, str] | None =
     steps = max(total["steps"], 1)
     checks = max(total["checks"], 1)
     lines.append(f"  {'rule':<16}{'ran':>10}{'share':>8}{'blocked':>10}{'of checks':>11}")
-    for rule, c in sorted(total["rules"].items()):
-        if rule in (disabled or {}):
+    disabled = disabled or {}
+    for rule in sorted(set(total["rules"]) | set(disabled)):  # a disabled step the machine never offers too
+        if rule in disabled:
             lines.append(f"  {rule:<16}{'disabled':>10}  ({disabled[rule]})")
             continue
+        c = total["rules"][rule]
         lines.append(
             f"  {rule:<16}{c['ran']:>10,}{100 * c['ran'] / steps:>7.1f}%{c['blocked']:>10,}{100 * c['blocked'] / checks:>10.1f}%"
         )

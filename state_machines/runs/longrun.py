@@ -446,7 +446,7 @@ def _write_stats(path, config, jobs, duration_s, elapsed, total, found, failures
         "precondition_checks": total["checks"],
         # A rule the probe disabled never ran: its failed preconditions are not a blockage.
         "rules": {rule: {"ran": 0, "blocked": 0, "disabled": disabled[rule]} if rule in disabled
-                  else {**counts, "disabled": None} for rule, counts in total["rules"].items()},
+                  else {**total["rules"][rule], "disabled": None} for rule in sorted(set(total["rules"]) | set(disabled))},
         "interleavings": {
             i.name: {"count": total["interleavings"].get(i.name), "summary": i.summary,
                      "applicable": i.name in total["interleavings"]}

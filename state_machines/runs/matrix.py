@@ -119,13 +119,14 @@ def _disabled(build, config) -> dict[str, str]:
     """Rules (and checks) the target cannot run here, with reasons; a fresh
     pool that already fails its checks is left for the run to report."""
     from state_machines.harness import InvariantViolation
+    from state_machines.harness.steps import disabled_steps
 
     try:
         state = build(config)
     except InvariantViolation:
         return {}
     skipped = {f"check {name}": why for name, why in getattr(state, "skipped_checks", {}).items()}
-    return {**state.disabled_rules, **skipped}
+    return {**disabled_steps(state), **skipped}
 
 
 def _cell(row: dict, column: str, rows: list[dict] = ()) -> str:

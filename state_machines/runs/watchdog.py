@@ -413,6 +413,7 @@ def start_worker(config: Config, beacon: Beacon, messages, index: int):
     disagrees with the model).
     """
     from state_machines.harness import InvariantViolation, build
+    from state_machines.harness.steps import disabled_steps
     from state_machines.runs.trace import Trace
     from state_machines.targets import TargetError
 
@@ -425,7 +426,7 @@ def start_worker(config: Config, beacon: Beacon, messages, index: int):
     except InvariantViolation as exc:
         messages.put(("before_any_step", index, Trace.from_violation(exc)))
         return None
-    messages.put(("ready", index, dict(state.disabled_rules)))
+    messages.put(("ready", index, disabled_steps(state)))
     return state
 
 

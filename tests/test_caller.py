@@ -887,3 +887,31 @@ def test_a_replayed_eviction_the_rules_could_not_draw_is_refused(tmp_path):
                              env=_env())
         assert run.returncode == 2, run.stdout + run.stderr
         assert said in run.stderr and run.stderr.count("\n") == 1, run.stderr
+
+
+@pytest.mark.sglang
+def test_a_replayed_request_longer_than_a_row_is_refused(tmp_path):
+    """A request's prompt and new tokens but the last fill
+    ``prompt + out - 1`` slots of its req_to_token row.  A trace whose
+    row_pages was edited below that failed in the release (sglang_raised:
+    an IndexError in alloc_for_decode; helper-79), where the rules could
+    not have drawn it; one that just fits runs clean."""
+    from state_machines.config import Config
+    from state_machines.runs.trace import Step, Trace, write
+
+    release = str(release_dir("0.5.23"))
+    for row_pages, page_size, prompt, out, code, said in (
+        (4, 1, 111, 3, 2, "prompt 111 and out 3 fill 5 slots of a row, which holds 4 (row_pages 4 at page size 1)"),
+        (4, 1, 111, 2, 0, "trace passes"),
+        (2, 4, 11, 2, 2, "prompt 11 and out 2 fill 9 slots of a row, which holds 8 (row_pages 2 at page size 4)"),
+        (2, 4, 11, 1, 0, "trace passes"),
+    ):
+        config = Config(target="sglang:token" if page_size == 1 else "sglang:paged", page_size=page_size,
+                        caller="radix", sglang_path=release, row_pages=row_pages)
+        steps = (Step("arrive", {"prompt": prompt, "out": out}, "req_0"), Step("prefill", {}),
+                 *[Step("decode", {"reqs": ["req_0"]})] * (out - 1))
+        path = write(Trace(config, steps), tmp_path / f"{row_pages}-{out}")
+        run = subprocess.run([sys.executable, "-m", "state_machines.cli", "replay", str(path), "--sglang-path", release],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_env())
+        assert run.returncode == code, run.stdout + run.stderr
+        assert said in (run.stderr if code else run.stdout), run.stdout + run.stderr

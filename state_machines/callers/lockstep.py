@@ -281,6 +281,11 @@ class CallerLockstep:
                 return f"prompt {args['prompt']} is not 1 to {MAX_PROMPT_PAGES} digits from 1..{ALPHABET}"
             if args["out"] > max_new_tokens(ps, self.swa):
                 return f"out {args['out']} is more than {max_new_tokens(ps, self.swa)} new tokens"
+            # Each token but the last new one is a slot of its req_to_token row.
+            filled, row = len(prompt_tokens(args["prompt"], ps)) + args["out"] - 1, self.config.row_pages * ps
+            if filled > row:
+                return (f"prompt {args['prompt']} and out {args['out']} fill {filled} slots of a row, which holds {row}"
+                        f" (row_pages {self.config.row_pages} at page size {ps})")
             return f"{MAX_WAITING} requests are waiting already" if len(self.waiting) >= MAX_WAITING else None
         if rule == "prefill":
             if self.chunked is not None:

@@ -275,8 +275,7 @@ def _fuzz_covered(config: Config, args) -> int:
     if code == 2:
         return code
     root = cover.root_of(config, files)
-    print(f"\nstatement coverage of {config.target}'s allocator code under {root} ({len(files)} files;"
-          " a file never imported counts at 0%):")
+    print("\n" + cover.heading(config, files))
     if not reports:
         print("  none: the worker ended before it reported the lines it ran")
         return code

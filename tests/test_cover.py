@@ -155,3 +155,20 @@ def test_a_kind_that_fails_makes_the_coverage_run_fail_and_names_its_trace(tmp_p
     assert "sglang:token page_size=1" in text and "    trace: t/x.json\n" in text, text
     assert text.rstrip().endswith(f"FAILED: sglang:token page_size=1 sglang={tmp_path.name}"
                                   " (a failure on a release is a finding: its trace above)"), text
+
+
+def test_a_caller_runs_table_says_it_counts_the_caches_code_too(tmp_path):
+    """With --caller, the release's cache and scheduler-helper files are
+    counted beside its allocator's: the heading named the allocator's code
+    alone (helper-79)."""
+    from state_machines.config import Config
+    from state_machines.runs import cover
+
+    allocator = tmp_path / "sglang" / "srt" / "mem_cache" / "allocator.py"
+    files = [allocator, allocator.with_name("radix_cache.py"), allocator.with_name("common.py")]
+    said = cover.heading(Config(target="sglang:token", caller="radix"), files)
+    assert said == (f"statement coverage of sglang:token's allocator code and of the radix cache and scheduler helpers"
+                    f" that drive it, under {tmp_path} (3 files; a file never imported counts at 0%):")
+    assert cover.heading(Config(target="builtin:paged"), files[:1]) == (
+        f"statement coverage of builtin:paged's allocator code under {cover.REPO_ROOT} (1 file;"
+        " a file never imported counts at 0%):")

@@ -85,6 +85,15 @@ def root_of(config: Config, files: list[Path]) -> Path:
     return REPO_ROOT
 
 
+def heading(config: Config, files: list[Path]) -> str:
+    """The line over ``fuzz --cover``'s table: what its files are, and where."""
+    code = f"{config.target}'s allocator code"
+    if config.caller != "harness" and config.target.startswith("sglang:") and files:
+        code += f" and of the {config.caller} cache and scheduler helpers that drive it,"
+    count = f"{len(files)} file{'s' if len(files) != 1 else ''}"
+    return f"statement coverage of {code} under {root_of(config, files)} ({count}; a file never imported counts at 0%):"
+
+
 class Recorder:
     """Statement coverage of ``files`` in the process that calls ``start``;
     picklable until then, so a worker can be handed one."""

@@ -12,9 +12,7 @@ import os
 import shlex
 import signal
 import sys
-import tempfile
 import threading
-from pathlib import Path
 
 import attrs
 
@@ -238,7 +236,9 @@ def cmd_fuzz(args) -> int:
     open_database(args.db)
     # Last: the trace folder's probe makes it, which a run refused for
     # anything else should not leave behind.
-    _check_output_paths(trace_dir=args.trace_dir, stats_json=args.stats_json, db=args.db)
+    from state_machines.runs.options import check_output_paths
+
+    check_output_paths(trace_dir=args.trace_dir, stats_json=args.stats_json, db=args.db)
     if config.caller != "harness":
         _print_caller_header(config, args.build_timeout)
     if duration_s is not None:
@@ -326,80 +326,6 @@ def _print_caller_header(config: Config, build_timeout_s: float) -> None:
         print(line)
 
 
-def _check_output_paths(trace_dir: str | None = None, stats_json: str | None = None, emit_pytest: str | None = None,
-                        db: str | None = None) -> None:
-    """Output paths that cannot be written are bad input, found before any
-    run: not after a failure has been shrunk.  So is a ``--db`` folder
-    (Hypothesis's database drops what it cannot save without a word, and a
-    run that found failures saved none for the next to replay)."""
-    from state_machines.runs.trace import not_replaceable
-
-    for value, flag in ((stats_json, "--stats-json"), (emit_pytest, "--emit-pytest")):
-        if value is not None:
-            _check_file(value, flag)
-            if why := not_replaceable(value, flag):
-                raise UsageError(why)
-            if os.path.islink(value):  # written through it, into the folder it leads to
-                _check_file(os.path.realpath(value), flag)
-    if db is not None and not db.strip():
-        raise UsageError("--db is empty: give a folder (created if missing) or redis://HOST:PORT")
-    if trace_dir is not None:  # last but --db: its probe makes the folder
-        _check_folder(trace_dir, "--trace-dir")
-        # Where each failure's first example goes at once, before shrinking.
-        _check_folder(str(Path(trace_dir) / "unshrunk"), "--trace-dir")
-    if db is not None and not db.startswith(("redis://", "rediss://")):
-        _check_folder(db, "--db")  # made too: a run refused for its trace folder leaves none behind
-
-
-def _check_folder(value: str, flag: str) -> None:
-    from state_machines.runs.trace import shown
-
-    path, value = Path(value), shown(value)
-    if path.is_dir():
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise UsageError(f"{flag} {value}: cannot write in that folder")
-        _try_writing(path, flag, value)
-        return
-    if os.path.lexists(path):
-        raise UsageError(f"{flag} {value} is a file, not a folder")
-    existing = path.parent
-    while not os.path.lexists(existing) and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise UsageError(f"{flag} {value} cannot be created: {shown(existing)} is not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {value} cannot be created: cannot write in {shown(existing)}")
-    _try_writing(path, flag, value)
-
-
-def _try_writing(folder: Path, flag: str, value: str) -> None:
-    """Write and remove a file in ``folder``, creating it as a run would:
-    ``os.access`` says yes to root wherever the mode would let root write
-    (``/proc``, say), where writing then fails.  A folder made here is kept
-    (the run writes there); removing it could pull it from under another
-    run sharing it."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".kv-lockstep-probe-")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise UsageError(f"{flag} {value}: cannot write there: {exc.strerror or type(exc).__name__}") from None
-
-
-def _check_file(value: str, flag: str) -> None:
-    from state_machines.runs.trace import shown
-
-    path, value = Path(value), shown(value)
-    if path.is_dir():
-        raise UsageError(f"{flag} {value} is a folder, not a file")
-    if not path.parent.is_dir():
-        raise UsageError(f"{flag} {value}: folder {shown(path.parent)} does not exist")
-    if not os.access(path.parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {value}: cannot write in {shown(path.parent)}")
-    _try_writing(path.parent, flag, value)
-
-
 def _same_file(a: str, b: str) -> bool:
     """Whether paths ``a`` and ``b`` name one file (``b`` existing)."""
     try:
@@ -451,10 +377,11 @@ def cmd_replay(args) -> int:
     (``runs/watchdog.py``), as ``fuzz``'s do: an allocator that exits,
     crashes or hangs where SIGALRM cannot reach it is a failure the replay
     reports (exit 1), and one that dies while it is built is bad input."""
+    from state_machines.runs.options import check_output_paths
     from state_machines.runs.trace import Trace, shown, step_source
     from state_machines.runs.watchdog import replay_watched, signal_name
 
-    _check_output_paths(emit_pytest=args.emit_pytest)
+    check_output_paths(emit_pytest=args.emit_pytest)
     if args.emit_pytest and _same_file(args.emit_pytest, args.trace):
         raise UsageError(f"--emit-pytest {shown(args.emit_pytest)} is the trace itself: writing it would overwrite the trace")
     trace = Trace.load(args.trace)  # checked throughout: nothing of it runs before this

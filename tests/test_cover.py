@@ -121,7 +121,11 @@ def test_lines_json_keeps_each_kinds_lines_apart(tmp_path):
     (["--kinds", "bogus"], "--kinds: no kind 'bogus': give KIND or KIND:PAGE_SIZE among token:1, "),
     (["--kinds", "token:4"], "--kinds: no kind 'token:4'"),
     (["--max-examples", "0"], "--max-examples 0: give at least 1"),
-    (["--lines-json", "/nonexistent-kvl/x.json"], "--lines-json /nonexistent-kvl/x.json: not a file this run can write"),
+    (["--lines-json", "/nonexistent-kvl/x.json"], "--lines-json /nonexistent-kvl/x.json: folder /nonexistent-kvl does not exist"),
+    (["--lines-json", "/tmp"], "--lines-json /tmp is a folder, not a file"),
+    # os.access says yes to root there: the probe write says no (fuzz's --stats-json check, which it shares).
+    (["--lines-json", "/proc/kvl.json"], "--lines-json /proc/kvl.json: cannot write there: "),
+    (["--lines-json", "/dev/null"], "--lines-json /dev/null is a device, not a plain file"),
 ])
 def test_the_coverage_runs_bad_input_is_one_line_before_any_run(args, said, capsys):
     """A mistyped kind ran nothing and printed an all-zero table, exit 0; no

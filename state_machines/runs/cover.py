@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import re
 import sys
 import time
@@ -240,7 +239,9 @@ def cover_release(release: Path, *, max_examples: int, seed: int, trace_dir: str
         print(missed_ranges(rows), file=out)
     if lines_json:
         try:
-            Path(lines_json).write_text(json.dumps({k: {f: sorted(v) for f, v in d.items()} for k, d in per_kind.items()}))
+            from state_machines.runs.trace import write_atomic
+
+            write_atomic(lines_json, json.dumps({k: {f: sorted(v) for f, v in d.items()} for k, d in per_kind.items()}))
         except OSError as exc:  # the table above stands
             print(f"kv-lockstep: --lines-json {lines_json} not written: {exc.strerror or type(exc).__name__}", file=sys.stderr)
             return 2
@@ -264,10 +265,12 @@ def bad_input(kinds: str | None, max_examples: int, lines_json: str | None) -> s
         if wanted not in names:
             return (f"--kinds: no kind {wanted!r}: give KIND or KIND:PAGE_SIZE among "
                     + ", ".join(f"{k}:{ps}" for k, ps in gated))
-    if lines_json is not None:
-        folder = Path(lines_json).parent
-        if Path(lines_json).is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-            return f"--lines-json {lines_json}: not a file this run can write (its folder must exist and be writable)"
+    from state_machines.runs.options import BadOption, check_output_paths
+
+    try:
+        check_output_paths(lines_json=lines_json)
+    except BadOption as exc:
+        return str(exc)
     return None
 
 

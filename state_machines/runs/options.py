@@ -1,12 +1,14 @@
-"""What a run's options open: a ``--duration``, an example database, and the
-multiprocessing context workers start in.  Shared by plain runs
-(``watchdog``) and long runs (``longrun``)."""
+"""What a run's options open: a ``--duration``, an example database, the
+output paths (checked before any run), and the multiprocessing context
+workers start in.  Shared by plain runs (``watchdog``), long runs
+(``longrun``) and the coverage runner (``cover``)."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
 import re
+import tempfile
 from pathlib import Path
 
 
@@ -101,3 +103,75 @@ def worker_context():
     return multiprocessing.get_context("spawn")
 
 
+def check_output_paths(trace_dir: str | None = None, stats_json: str | None = None, emit_pytest: str | None = None,
+                       db: str | None = None, lines_json: str | None = None) -> None:
+    """Output paths that cannot be written are bad input, found before any
+    run: not after a failure has been shrunk.  So is a ``--db`` folder
+    (Hypothesis's database drops what it cannot save without a word, and a
+    run that found failures saved none for the next to replay)."""
+    from state_machines.runs.trace import not_replaceable
+
+    for value, flag in ((stats_json, "--stats-json"), (emit_pytest, "--emit-pytest"), (lines_json, "--lines-json")):
+        if value is not None:
+            check_file(value, flag)
+            if why := not_replaceable(value, flag):
+                raise BadOption(why)
+            if os.path.islink(value):  # written through it, into the folder it leads to
+                check_file(os.path.realpath(value), flag)
+    if db is not None and not db.strip():
+        raise BadOption("--db is empty: give a folder (created if missing) or redis://HOST:PORT")
+    if trace_dir is not None:  # last but --db: its probe makes the folder
+        check_folder(trace_dir, "--trace-dir")
+        # Where each failure's first example goes at once, before shrinking.
+        check_folder(str(Path(trace_dir) / "unshrunk"), "--trace-dir")
+    if db is not None and not db.startswith(("redis://", "rediss://")):
+        check_folder(db, "--db")  # made too: a run refused for its trace folder leaves none behind
+
+
+def check_folder(value: str, flag: str) -> None:
+    from state_machines.runs.trace import shown
+
+    path, value = Path(value), shown(value)
+    if path.is_dir():
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise BadOption(f"{flag} {value}: cannot write in that folder")
+        _try_writing(path, flag, value)
+        return
+    if os.path.lexists(path):
+        raise BadOption(f"{flag} {value} is a file, not a folder")
+    existing = path.parent
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise BadOption(f"{flag} {value} cannot be created: {shown(existing)} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise BadOption(f"{flag} {value} cannot be created: cannot write in {shown(existing)}")
+    _try_writing(path, flag, value)
+
+
+def _try_writing(folder: Path, flag: str, value: str) -> None:
+    """Write and remove a file in ``folder``, creating it as a run would:
+    ``os.access`` says yes to root wherever the mode would let root write
+    (``/proc``, say), where writing then fails.  A folder made here is kept
+    (the run writes there); removing it could pull it from under another
+    run sharing it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".kv-lockstep-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise BadOption(f"{flag} {value}: cannot write there: {exc.strerror or type(exc).__name__}") from None
+
+
+def check_file(value: str, flag: str) -> None:
+    from state_machines.runs.trace import shown
+
+    path, value = Path(value), shown(value)
+    if path.is_dir():
+        raise BadOption(f"{flag} {value} is a folder, not a file")
+    if not path.parent.is_dir():
+        raise BadOption(f"{flag} {value}: folder {shown(path.parent)} does not exist")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise BadOption(f"{flag} {value}: cannot write in {shown(path.parent)}")
+    _try_writing(path.parent, flag, value)

@@ -128,7 +128,7 @@ def test_timed_run_ends_clean_with_progress_and_coverage(tmp_path):
               "--stats-json", str(stats), "--trace-dir", str(tmp_path / "traces"), cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
-    assert lines[0] == "kv-lockstep fuzz: builtin:paged page_size=4, 2 worker(s) for 3 s, database none"
+    assert lines[0] == "kv-lockstep fuzz: builtin:paged page_size=4, 2 worker(s) for 3 s, no database"
     assert any(re.fullmatch(r"\[ *\d+s/3s\] .+", line) for line in lines), run.stdout
     assert any(re.fullmatch(r"summary: builtin:paged page_size=4, 2 worker\(s\), [\d.]+ s, time is up", line)
                for line in lines), run.stdout
@@ -319,3 +319,13 @@ def test_emitted_pytest_fails_on_the_bug_and_passes_on_the_fix(tmp_path):
                          env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert "1 failed, 1 passed" in run.stdout, run.stdout + run.stderr
     assert "FAILED suite/test_bug.py" in run.stdout and "free_sets_agree" in run.stdout
+
+
+def test_the_header_names_a_database_folder_by_its_full_path(tmp_path):
+    """The header said "database none" for a run with no --db, and the same
+    for ``--db none``, which keeps the examples in a folder named none."""
+    run = cli("fuzz", "--target", "builtin:token", "--duration", "1s", "-j", "1", "--db", "none",
+              "--trace-dir", str(tmp_path / "traces"), cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.splitlines()[0].endswith(f", 1 worker(s) for 1 s, database folder {tmp_path / 'none'}"), run.stdout
+    assert (tmp_path / "none").is_dir()

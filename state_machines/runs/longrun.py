@@ -109,6 +109,18 @@ def _worker(index: int, config_dict: dict, db_spec, seed, trace_dir: str, messag
 # -- the parent --
 
 
+def _database_said(db_spec: str | None) -> str:
+    """The header's word on the example database: a folder by its full path
+    (``--db none`` is a folder named none, not no database)."""
+    from state_machines.runs.trace import shown
+
+    if not db_spec:
+        return "no database"
+    if db_spec.startswith(("redis://", "rediss://")):
+        return f"database {shown(db_spec)}"
+    return f"database folder {shown(os.path.abspath(db_spec))}"
+
+
 def _progress_line(elapsed, duration, total, failures, workers_alive, disabled=()) -> str:
     if not total["steps"]:  # no worker's figures yet: it starts, or failed at once (a saved failure replayed)
         if failures or not workers_alive:
@@ -183,8 +195,8 @@ def run(
         for i in range(jobs)
     ]
     print(
-        f"kv-lockstep fuzz: {config.label()}, {jobs} worker(s) for {duration_s:g} s,"
-        f" database {db_spec or 'none'}",
+        f"kv-lockstep fuzz: {config.label()}, {jobs} worker(s) for {duration_s:g} s"
+        f", {_database_said(db_spec)}",
         file=out,
         flush=True,
     )

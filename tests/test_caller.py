@@ -915,3 +915,17 @@ def test_a_replayed_request_longer_than_a_row_is_refused(tmp_path):
                              cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_env())
         assert run.returncode == code, run.stdout + run.stderr
         assert said in (run.stderr if code else run.stdout), run.stdout + run.stderr
+
+
+@pytest.mark.sglang
+def test_a_release_whose_req_predates_the_callers_api_is_bad_input(tmp_path):
+    """0.5.12 met every need of the 0.5.13 generation, and its run failed
+    as a reachable sglang_raised in 2 steps (its Req keeps lists where the
+    harness hands it arrays; it has no update_finish_state): a false alarm
+    (helper-80).  It is one line, exit 2, naming what it lacks."""
+    run = subprocess.run([sys.executable, "-m", "state_machines.cli", "fuzz", "--caller", "radix", "--sglang-path",
+                          str(release_dir("0.5.12")), "--max-examples", "3", "--seed", "0", "--trace-dir", str(tmp_path)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_env())
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr.count("\n") == 1 and "Req.update_finish_state" in run.stderr, run.stderr
+    assert run.stdout == ""

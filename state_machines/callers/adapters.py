@@ -51,7 +51,7 @@ class Generation:
 
     @classmethod
     def missing(cls, m) -> list[str]:
-        return [what for what, probe in cls.needs if not probe(m)]
+        return [what for what, probe in cls.needs + REQ_NEEDS if not probe(m)]
 
     # -- requests --
 
@@ -338,6 +338,10 @@ class KvRecordGeneration(Generation):
     def release(self, req, cache, *, insert):
         self.m.common.release_kv_cache(req, cache, checkpoint=insert)
 
+
+# What every generation's harness calls on a Req, besides its own needs (0.5.12
+# met the 0.5.13 generation's and had none of this: a false alarm).
+REQ_NEEDS = (("Req.update_finish_state", lambda m: hasattr(m.Req, "update_finish_state")),)
 
 # Tried in order: the first whose every need a release meets is its generation.
 GENERATIONS: tuple[type[Generation], ...] = (

@@ -929,3 +929,27 @@ def test_a_release_whose_req_predates_the_callers_api_is_bad_input(tmp_path):
     assert run.returncode == 2, run.stdout + run.stderr
     assert run.stderr.count("\n") == 1 and "Req.update_finish_state" in run.stderr, run.stderr
     assert run.stdout == ""
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("args, said", [
+    (["--caller", "radix", "--target", "sglang:mamba"], "--caller radix drives sglang:token, sglang:paged or a MODULE:ATTR"
+                                                          " allocator, not sglang:mamba"),
+    (["--caller", "radix", "--target", "sglang:hisparse", "--page-size", "4"], "not sglang:hisparse"),
+    (["--caller", "radix", "--target", "sglang:swa"], "--caller radix drives sglang:token, sglang:paged"),
+    (["--caller", "unified", "--target", "sglang:pure-swa"], "not sglang:pure-swa"),
+    (["--caller", "unified-swa", "--target", "sglang:paged", "--page-size", "4"],
+     "--caller unified-swa drives sglang:swa or a MODULE:ATTR allocator, not sglang:paged"),
+    (["--caller", "radix", "--latent"], "--latent: --caller drives the release's own caller code, which has no latent"),
+    (["--caller", "radix", "--row-dtype", "int64"], "--row-dtype int64: --caller drives the release's own ReqToTokenPool"),
+], ids=["mamba", "hisparse", "swa-under-radix", "pure-swa", "paged-under-unified-swa", "latent", "int64"])
+def test_what_a_caller_cannot_drive_is_bad_input(tmp_path, args, said):
+    """Each ran and failed as a reachable finding of the release (a
+    census_covers_pool, swa_tree_sizes_balance or sglang_raised in a few
+    steps, or before any step), or labelled a reachable failure latent, or
+    ran int32 rows under a header saying int64 (helper-80)."""
+    run = subprocess.run([sys.executable, "-m", "state_machines.cli", "fuzz", *args, "--sglang-path",
+                          str(release_dir("0.5.23")), "--max-examples", "5", "--seed", "0", "--trace-dir", str(tmp_path)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_env())
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr.count("\n") == 1 and said in run.stderr, run.stderr

@@ -189,6 +189,19 @@ class CallerLockstep:
                 f"--caller {config.caller} drives sglang's own allocator: --target sglang:token (page size 1),"
                 f" sglang:paged, or MODULE:ATTR, not {target.spec}"
             )
+        # The release's cache drives these kinds alone: another ran into the
+        # release's code with what it never pairs (a false alarm on the release).
+        drives = ("swa",) if config.caller in SWA_KINDS else ("token", "paged")
+        kind = target.spec.partition(":")[2] if target.spec.startswith("sglang:") else None
+        if kind is not None and kind not in drives:
+            raise TargetError(f"--caller {config.caller} drives {', '.join(f'sglang:{k}' for k in drives)}"
+                              f" or a MODULE:ATTR allocator, not {target.spec}")
+        if config.latent:
+            raise TargetError("--latent: --caller drives the release's own caller code, which has no latent mode"
+                              " (a failure under --caller is reachable, or latent only under --groups all)")
+        if config.row_dtype != "int32":
+            raise TargetError(f"--row-dtype {config.row_dtype}: --caller drives the release's own ReqToTokenPool, whose"
+                              " rows keep the release's dtype; --row-dtype is for the harness's own rows")
         ps = config.page_size
         if target.family == "swa":
             # The SWA family takes page size 1 for its alloc() (it asserts above 1); sglang's

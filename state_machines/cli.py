@@ -322,7 +322,13 @@ def _print_caller_header(config: Config, build_timeout_s: float) -> None:
         from state_machines.callers.release import cache_class, open_release
 
         cache_class(open_release(config.sglang_path), config.caller)
-    for line in _build_here_or_watched(config, _caller_header, build_timeout_s):
+    from state_machines.harness import InvariantViolation
+
+    try:
+        lines = _build_here_or_watched(config, _caller_header, build_timeout_s)
+    except InvariantViolation:
+        return  # failing before any step: the run meets it again, and writes its trace
+    for line in lines:
         print(line)
 
 

@@ -953,3 +953,33 @@ def test_what_a_caller_cannot_drive_is_bad_input(tmp_path, args, said):
                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_env())
     assert run.returncode == 2, run.stdout + run.stderr
     assert run.stderr.count("\n") == 1 and said in run.stderr, run.stderr
+
+
+@pytest.mark.sglang
+def test_a_caller_runs_allocator_whose_fresh_pool_lists_the_padding_page_fails_with_a_trace(tmp_path):
+    """The caller's census took the fresh pool's census for the pool: an
+    allocator that hands out the padding slot 0 ran 100 examples clean
+    (helper-80), where the harness's own run fails before any step.  It
+    fails so under --caller too, and writes its trace as the harness's does
+    (a failure before any step under --caller wrote none)."""
+    (tmp_path / "padding_pools.py").write_text(textwrap.dedent(
+        """
+        import torch
+        from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+
+        class HandsOutPadding(TokenToKVPoolAllocator):
+            def clear(self):
+                super().clear()
+                self.free_pages = torch.arange(0, self.size + 1, dtype=torch.int64, device=self.device)
+        """))
+    release = str(release_dir("0.5.23"))
+    run = subprocess.run([sys.executable, "-m", "state_machines.cli", "fuzz", "--caller", "radix", "--target",
+                          "padding_pools:HandsOutPadding", "--sglang-path", release, "--max-examples", "20", "--seed", "0",
+                          "--trace-dir", str(tmp_path / "traces")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env=dict(_env(), PYTHONPATH=os.pathsep.join([str(tmp_path), _env()["PYTHONPATH"]])))
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert run.stdout.startswith("FAILED before any step: fresh_pool_lists_every_page"), run.stdout
+    assert "not pages of the pool: [0]" in run.stdout
+    [trace] = (tmp_path / "traces").glob("*fresh_pool_lists_every_page*.json")
+    assert f"  trace: {trace}" in run.stdout.splitlines()

@@ -30,6 +30,7 @@ import torch
 from attrs import define, field
 
 from reference_model import caller as census
+from reference_model import invariants
 from state_machines.callers import placement as placement_mod
 from state_machines.callers.adapters import (
     Generation,
@@ -52,7 +53,14 @@ from state_machines.callers.release import (
     sliding_window,
 )
 from state_machines.config import Config
-from state_machines.harness.lockstep import InvariantViolation, Lockstep, building, census_of, violation_type
+from state_machines.harness.lockstep import (
+    InvariantViolation,
+    Lockstep,
+    building,
+    census_of,
+    factory_takes_size,
+    violation_type,
+)
 from state_machines.harness.steps import ReqRef, Step, step, steps_of
 from state_machines.harness.swa import is_hybrid
 from state_machines.orphans import call_user_code
@@ -232,7 +240,12 @@ class CallerLockstep:
             placement=placement_mod.chosen(config.groups, release.placement), path_how=how,
             stand_ins=(release.runtime, *STAND_INS) + (SWA_STAND_INS if swa else ()) + tuple(kernels), unchecked=unchecked, swa=swa,
         )
-        state.pool_pages = frozenset(state._call("census", census_of, state._full()))
+        fresh = state._call("census", census_of, state._full())
+        state.pool_pages = frozenset(fresh)
+        # The pool is what the fresh census lists: one that lists the padding
+        # page 0, or a page short, was taken for the pool itself (no failure).
+        state._judge(invariants.fresh_pool_lists_every_page, fresh,
+                     config.pool_size // ps if factory_takes_size(config) else None)
         if swa:
             state.swa_queues_full_slots = call_user_code(swa_queues_full_slots, allocator, ps)
             state.swa_pool_pages = frozenset(state._call("SWA census", census_of, allocator.swa_attn_allocator))

@@ -144,7 +144,7 @@ CENSUS_ATTRIBUTES = ("free_pages", "release_pages", "staged_pages", "free_slots"
 
 
 @functools.lru_cache(maxsize=64)
-def _factory_takes_size(config: Config) -> bool:
+def factory_takes_size(config: Config) -> bool:
     """Whether the target's factory is passed the pool's ``size``
     (``is_passed``).  A factory that takes none sized its pool itself: its
     pages are not ``size // page_size`` (``fresh_pool_lists_every_page``)."""
@@ -576,7 +576,7 @@ class Lockstep:
                 f" {', '.join(CENSUS_ATTRIBUTES)} (a tensor or a list of free page ids)")
         initial = self._call("get_all_free_pages()", census_of, self.pools()[0].allocator)
         if "fresh_pool_is_pages_1_to_n" in type(self).__dict__:
-            pages = self.config.pool_size // self.page_size if _factory_takes_size(self.config) else None
+            pages = self.config.pool_size // self.page_size if factory_takes_size(self.config) else None
             self._judge(invariants.fresh_pool_lists_every_page, initial, pages)
         self.model = OwnershipModel.from_census(sorted(set(initial)), defers_frees=defers_frees)
 

@@ -212,3 +212,19 @@ def test_0_5_17_swa_at_page_size_4_fails_on_aliasing(tmp_path):
     row = gate("0.5.17", tmp_path, kinds="swa")["swa@4"]
     assert row["result"] == "FAIL", row
     assert any(is_aliasing_story(f["rules"]) for f in row["failures"]), row["failures"]
+
+
+def test_an_emitted_file_names_the_release_by_its_full_path(tmp_path, monkeypatch):
+    """A relative --sglang-path went into the emitted file as given: run
+    from another folder (pytest's own, CI's), the test failed on a setup
+    error ('--sglang-path .sglang/0.5.23 is not a directory'), read as a
+    regression (helper-80)."""
+    from state_machines.config import Config
+    from state_machines.runs.emit import pytest_source
+    from state_machines.runs.trace import Step, Trace
+
+    release = release_dir("0.5.23")
+    monkeypatch.chdir(release.parent.parent)
+    config = Config(target="sglang:token", sglang_path=f".sglang/{release.name}")
+    text = pytest_source(Trace(config, (Step("alloc", {"n": 1}, "req_0"),)), config, recorded=False)
+    assert f"sglang_path={str(release)!r}" in text and "sglang_path='.sglang/" not in text

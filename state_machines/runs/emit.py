@@ -25,6 +25,8 @@ import signal
 import time
 from pathlib import Path
 
+import attrs
+
 from state_machines.config import Config
 from state_machines.harness import InvariantViolation, build
 from state_machines.runs.trace import (
@@ -80,6 +82,8 @@ def pytest_source(trace: Trace, config: Config, source: str | None = None, recor
     alloc steps carry no such comment."""
     trace = trace.checked()  # TraceError unless every part fits the schema
     config = check_config(config.to_dict(), "the replay's config")
+    if config.sglang_path is not None:  # the file runs from any folder (pytest's, CI's)
+        config = attrs.evolve(config, sglang_path=os.path.abspath(config.sglang_path))
     invariant = trace.invariant  # [a-z_]{1,64} or None, checked
     name = f"test_{invariant or 'every_invariant'}_regression"
     allocs = _recorded_allocs(trace, config) if recorded else None

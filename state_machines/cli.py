@@ -421,6 +421,14 @@ def cmd_replay(args) -> int:
     print(_indent(failure.detail))
     if config.latent:
         print("  (latent: the trace drives what no sglang caller does; a finding, not a gate failure)")
+    recorded = len(trace.steps) - 1
+    if trace.invariant is not None and (trace.invariant, recorded) != (failure.invariant, index):
+        # Edited by hand, or replayed on another target or mutant.
+        def at(i: int) -> str:
+            return f"step {i}" if i >= 0 else "building the target"
+
+        print(f"  (not the failure the trace recorded: {trace.invariant} at {at(recorded)};"
+              f" this replay broke {failure.invariant} at {at(index)})")
     return 1
 
 

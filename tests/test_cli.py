@@ -324,3 +324,23 @@ def test_ctrl_c_during_a_run_exits_130_without_a_traceback(tmp_path):
     assert proc.returncode == 130, first + out + err
     assert out.splitlines()[-1] == "kv-lockstep: interrupted (SIGINT)"
     assert err == ""
+
+
+def test_replay_says_where_its_failure_is_not_the_one_the_trace_recorded(tmp_path):
+    """A trace edited by hand, or replayed on another target or mutant, can
+    fail otherwise than it recorded: replay printed its own failure and
+    nothing of the recorded one (helper-80)."""
+    run = kv_lockstep("fuzz", "--target", "builtin:token", "--mutant", "flag-drift", "--seed", "0",
+                      "--trace-dir", str(tmp_path), cwd=tmp_path)
+    assert run.returncode == 1, run.stdout + run.stderr
+    [path] = sorted(tmp_path.glob("*-no_page_freed_twice-*.json"))
+    same = kv_lockstep("replay", str(path), cwd=tmp_path)
+    assert same.returncode == 1 and "not the failure" not in same.stdout, same.stdout
+    trace = json.loads(path.read_text())
+    trace["failure"]["invariant"] = "free_sets_agree"
+    path.write_text(json.dumps(trace))
+    other = kv_lockstep("replay", str(path), cwd=tmp_path)
+    assert other.returncode == 1, other.stdout + other.stderr
+    last = len(trace["steps"]) - 1
+    assert other.stdout.splitlines()[-1] == (f"  (not the failure the trace recorded: free_sets_agree at step {last};"
+                                             f" this replay broke no_page_freed_twice at step {last})")

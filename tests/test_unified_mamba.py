@@ -147,7 +147,7 @@ def test_0_5_23_a_mamba_slot_free_of_minus_one_joins_the_free_ids_when_lazy():
     assert hazard("slot_free_of_minus_one", "unified-mamba-eager").startswith("raised AssertionError")
 
 
-@pytest.mark.parametrize("target", ["builtin:multi-ended", "builtin:unified-mamba"])
+@pytest.mark.parametrize("target", ["builtin:multi-ended", "builtin:unified-mamba", "builtin:unified-swa"])
 def test_an_empty_free_changes_nothing(target):
     """free_nothing (an empty free_segment, then an empty free) leaves the free ids as they were."""
     state = build(target=target, page_size=4)
@@ -156,3 +156,25 @@ def test_an_empty_free_changes_nothing(target):
     state.free_nothing(segment=True)
     state.free_nothing(segment=False)
     assert sorted(state.model.free_pages) == before
+
+
+@pytest.mark.parametrize("target, harness", [("builtin:multi-ended", "UnifiedLockstep"),
+                                             ("builtin:unified-mamba", "UnifiedMambaLockstep"),
+                                             ("builtin:unified-swa", "UnifiedSWALockstep")])
+def test_the_unified_families_free_nothing_in_their_own_step(tmp_path, target, harness):
+    """free_empty_span's guard never held on these (no empty_frees): it was
+    listed as a step, ran 0 times and counted as blocked 100% in the
+    rules' share; unified-swa had no free_nothing at all, so no empty free
+    ever reached it (helper-80)."""
+    import json
+    import subprocess
+    import sys
+
+    stats = tmp_path / "stats.json"
+    run = subprocess.run([sys.executable, "-m", "state_machines.cli", "fuzz", "--target", target, "--page-size", "4",
+                          "--duration", "3s", "-j", "1", "--seed", "0", "--stats-json", str(stats),
+                          "--trace-dir", str(tmp_path / "traces")], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rules = json.loads(stats.read_text())["rules"]
+    assert rules["free_empty_span"]["disabled"] == f"the {harness} harness frees an empty span in its own step, free_nothing"
+    assert rules["free_nothing"]["ran"] > 0, rules

@@ -598,6 +598,8 @@ class Lockstep:
             return f"the {type(self).__name__} harness does not model {step}"
         if step in self.disabled_rules:
             return self.disabled_rules[step]
+        if step == "free_empty_span" and not self.empty_frees:
+            return f"the {type(self).__name__} harness frees an empty span in its own step, free_nothing"
         method = probe.caller_sends(step, self.page_size, self.config.latent)
         if method is not None and not callable(getattr(self.allocator, method, None)):
             return f"{self.config.target} has no {method}"

@@ -253,6 +253,12 @@ class UnifiedSWALockstep(Clears, SWALockstep):
             return DEVICE_ONLY[step]
         return super().why_not(step)
 
+    @step
+    def free_nothing(self, segment: bool) -> None:
+        """An empty ``free_segment`` (or ``free``), as the radix cache sends
+        when a request duplicated nothing; nothing changes hands."""
+        free_empty(self, segment)
+
     # -- censuses --
 
     def _full_census(self) -> list[int]:
@@ -601,6 +607,11 @@ class UnifiedSWAMachine(ClearRules, SWAMachine):
     @draws(guard=lambda s: s.runs("flush"), urgent=bool)
     def flush(self, urgent):
         self._do("flush", urgent)
+
+    # Drawn inside a group only (where the radix cache frees), as the other unified families do.
+    @draws(guard=lambda s: s.in_group, segment=bool)
+    def free_nothing(self, segment):
+        self._do("free_nothing", segment)
 
 
 def is_unified_swa(allocator) -> bool:

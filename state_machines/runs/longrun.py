@@ -247,6 +247,8 @@ def run(
                 deadline = fuzzing_since + duration_s
                 for rule, reason in sorted(message[2].items()):
                     print(("\n" if tty else "") + f"rule {rule} disabled for {config.target}: {reason}", file=out)
+                for what in message[3]:
+                    print(("\n" if tty else "") + f"stand-in: {what}", file=out)
         elif kind in ("bad_input", "before_any_step"):
             setup.setdefault(kind, message[2])
             stop()

@@ -426,7 +426,9 @@ def start_worker(config: Config, beacon: Beacon, messages, index: int):
     except InvariantViolation as exc:
         messages.put(("before_any_step", index, Trace.from_violation(exc)))
         return None
-    messages.put(("ready", index, disabled_steps(state)))
+    # The caller's header names its own stand-ins (``_print_caller_header``).
+    stand_ins = [str(what) for what in getattr(state, "stand_ins", ())] if config.caller == "harness" else []
+    messages.put(("ready", index, disabled_steps(state), stand_ins))
     return state
 
 
@@ -579,6 +581,8 @@ def fuzz_watched(config: Config, *, max_examples: int, seed: int | None, db_spec
                   f" seed {seed if seed is not None else 'random'}", file=out)
             for rule, reason in sorted(message[2].items()):
                 print(f"rule {rule} disabled for {config.target}: {reason}", file=out)
+            for what in message[3]:
+                print(f"stand-in: {what}", file=out)
             out.flush()
         elif kind == "found":
             got["found"].append((message[2], message[3]))

@@ -51,7 +51,7 @@ class Generation:
 
     @classmethod
     def missing(cls, m) -> list[str]:
-        return [what for what, probe in cls.needs + REQ_NEEDS if not probe(m)]
+        return [what for what, probe in cls.needs if not probe(m)]
 
     # -- requests --
 
@@ -352,6 +352,8 @@ GENERATIONS: tuple[type[Generation], ...] = (
 def generation_of(m) -> Generation:
     """The generation whose every need the release meets; ``TargetError``
     naming what each lacks when none does."""
+    if lacks := [what for what, probe in REQ_NEEDS if not probe(m)]:
+        raise TargetError(f"sglang {m.version}: its Req predates the API --caller drives (it lacks {', '.join(lacks)})")
     why = []
     for gen in GENERATIONS:
         lacks = gen.missing(m)

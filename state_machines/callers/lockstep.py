@@ -96,6 +96,19 @@ def next_token(tokens) -> int:
     return sum(tokens) % ALPHABET + 1
 
 
+# The sglang kinds the release's prefix caches drive (the hybrid swa only
+# under a cache that pairs SWA peers: ``pairs_swa_peers``).
+CACHE_KINDS = ("token", "paged", "npu", "swa")
+
+
+def pairs_swa_peers(release, cache_type: type) -> bool:
+    """Whether ``cache_type`` keeps a hybrid allocator's SWA side: a
+    ``UnifiedRadixCache`` (built with the SWA component over one) or an
+    ``SWARadixCache``, or a subclass of either."""
+    m = release.modules
+    return any(base is not None and issubclass(cache_type, base) for base in (m.UnifiedRadixCache, m.SWARadixCache))
+
+
 @define
 class Live:
     """A request of the run: the real ``Req`` and its place in the scheduler."""
@@ -197,12 +210,12 @@ class CallerLockstep:
                 f"--caller {config.caller} drives sglang's own allocator: --target sglang:token (page size 1),"
                 f" sglang:paged, or MODULE:ATTR, not {target.spec}"
             )
-        # The release's cache drives these kinds alone: another ran into the
-        # release's code with what it never pairs (a false alarm on the release).
-        drives = ("swa",) if config.caller in SWA_KINDS else ("token", "paged")
+        # The kinds sglang's prefix caches run over: another (a Mamba, HiSparse
+        # or unified pool) ran into the release's code with what it never
+        # pairs, a false alarm on the release.  Hybrid or not is judged below.
         kind = target.spec.partition(":")[2] if target.spec.startswith("sglang:") else None
-        if kind is not None and kind not in drives:
-            raise TargetError(f"--caller {config.caller} drives {', '.join(f'sglang:{k}' for k in drives)}"
+        if kind is not None and kind not in CACHE_KINDS:
+            raise TargetError(f"--caller {config.caller} drives {', '.join(f'sglang:{k}' for k in CACHE_KINDS)}"
                               f" or a MODULE:ATTR allocator, not {target.spec}")
         if config.latent:
             raise TargetError("--latent: --caller drives the release's own caller code, which has no latent mode"
@@ -231,6 +244,11 @@ class CallerLockstep:
         pool = m.ReqToTokenPool(size=config.rows, max_context_len=config.row_pages * ps, device="cpu",
                                 enable_memory_saver=False)
         cache_type = cache_class(release, config.caller)
+        if swa and not pairs_swa_peers(release, cache_type):
+            # A plain RadixCache frees a hybrid allocator's full slots without their SWA side.
+            raise TargetError(f"--caller {config.caller} ({cache_type.__name__}) keeps no SWA peers: it drives a plain"
+                              f" allocator, not the hybrid {target.spec} (over that: --caller unified-swa or swa-radix,"
+                              " or a subclass of UnifiedRadixCache or SWARadixCache)")
         with building(f"its cache ({cache_type.__name__}, --caller {config.caller})"):
             cache = make_cache(release, cache_type, pool, allocator, ps, swa=swa)
         how = path_reader(cache)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import re
 import sys
 import time
@@ -88,7 +89,7 @@ def heading(config: Config, files: list[Path]) -> str:
     """The line over ``fuzz --cover``'s table: what its files are, and where."""
     code = f"{config.target}'s allocator code"
     if config.caller != "harness" and config.target.startswith("sglang:") and files:
-        code += f" and of the {config.caller} cache and scheduler helpers that drive it,"
+        code += " and of the release's caches and scheduler helpers that drive it,"
     count = f"{len(files)} file{'s' if len(files) != 1 else ''}"
     return f"statement coverage of {code} under {root_of(config, files)} ({count}; a file never imported counts at 0%):"
 
@@ -241,7 +242,7 @@ def cover_release(release: Path, *, max_examples: int, seed: int, trace_dir: str
         try:
             from state_machines.runs.trace import write_atomic
 
-            write_atomic(lines_json, json.dumps({k: {f: sorted(v) for f, v in d.items()} for k, d in per_kind.items()}))
+            write_atomic(os.path.realpath(lines_json), json.dumps({k: {f: sorted(v) for f, v in d.items()} for k, d in per_kind.items()}))
         except OSError as exc:  # the table above stands
             print(f"kv-lockstep: --lines-json {lines_json} not written: {exc.strerror or type(exc).__name__}", file=sys.stderr)
             return 2

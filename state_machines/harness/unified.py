@@ -131,10 +131,35 @@ class ClearRules:
         self._do("clear")
 
 
-@define
-class UnifiedLockstep(Clears, Lockstep):
-    # An empty free is its own step here (``free_nothing``, drawn in a group).
+class FreesNothing:
+    """An empty free as a step of its own, ``free_nothing``, for the unified
+    families, whose radix cache sends one inside a free group (they have no
+    ``empty_frees``: ``free_empty_span`` is not theirs)."""
+
+    __slots__ = ()
     empty_frees = ()
+
+    @step
+    def free_nothing(self, segment: bool) -> None:
+        """``free_segment`` (or ``free``) of an empty view of a row, as the
+        radix cache sends when a request duplicated nothing
+        (``radix_cache.py`` ``cache_unfinished_req``: ``kv_indices[protected:prefix]``
+        with the two equal); nothing changes hands."""
+        free_empty(self, segment)
+
+
+class FreeNothingRules:
+    """The machine rule for ``FreesNothing``: drawn inside a group only
+    (where the radix cache frees), so it does not crowd out the steps a
+    compaction bug needs."""
+
+    @draws(guard=lambda s: s.in_group, segment=bool)
+    def free_nothing(self, segment):
+        self._do("free_nothing", segment)
+
+
+@define
+class UnifiedLockstep(FreesNothing, Clears, Lockstep):
     # Physical pages lent out by alloc_physical, by handle.
     loans: ru.Loans = field(factory=ru.Loans)
     # Each loan's token ids as alloc_physical returned them (handed back as is).
@@ -211,14 +236,6 @@ class UnifiedLockstep(Clears, Lockstep):
         method = cancel if callable(cancel) else self.allocator.free_physical
         self._call(f"{method.__name__}(loan {loan})", method, slots)
 
-    @step
-    def free_nothing(self, segment: bool) -> None:
-        """``free_segment`` (or ``free``) of an empty view of a row, as the
-        radix cache sends when a request duplicated nothing
-        (``radix_cache.py`` ``cache_unfinished_req``: ``kv_indices[protected:prefix]``
-        with the two equal); nothing changes hands."""
-        free_empty(self, segment)
-
     # -- checks --
 
     def check(self) -> None:
@@ -272,7 +289,7 @@ class UnifiedLockstep(Clears, Lockstep):
         return None
 
 
-class UnifiedMachine(ClearRules, FreeGroupMachine):
+class UnifiedMachine(FreeNothingRules, ClearRules, FreeGroupMachine):
     """The core rules, plus flushes, physical loans and the scheduler's ``clear``."""
 
     @draws(guard=lambda s: s.runs("flush"), urgent=bool)
@@ -283,12 +300,6 @@ class UnifiedMachine(ClearRules, FreeGroupMachine):
     @draws(guard=lambda s: s.runs("alloc_physical") and len(s.loans.loans) < s.config.row_pages, pages=(1, MAX_PAGES))
     def alloc_physical(self, pages):
         self._do("alloc_physical", pages * self.state.page_size)
-
-    # Drawn inside a group only (where the radix cache frees), so it does
-    # not crowd out the steps a compaction bug needs.
-    @draws(guard=lambda s: s.in_group, segment=bool)
-    def free_nothing(self, segment):
-        self._do("free_nothing", segment)
 
     @draws(guard=lambda s: bool(s.loans.loans), pick=(0, 3))
     def free_physical(self, pick):

@@ -65,7 +65,15 @@ from state_machines.harness.lockstep import Lockstep, Pool, ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
 from state_machines.harness.swa import SWALockstep, SWAMachine, swa_steps_disabled
-from state_machines.harness.unified import ClearRules, Clears, arena_bytes, free_empty, judge_reader_views, page_tables
+from state_machines.harness.unified import (
+    ClearRules,
+    Clears,
+    FreeNothingRules,
+    FreesNothing,
+    arena_bytes,
+    judge_reader_views,
+    page_tables,
+)
 from state_machines.targets import probe
 
 # The census checks that hold on a unified pool (see the module docstring).
@@ -194,9 +202,7 @@ def sub_pool(allocator) -> SubPool:
 
 
 @define
-class UnifiedSWALockstep(Clears, SWALockstep):
-    # An empty free is its own step here (``free_nothing``, drawn in a group).
-    empty_frees = ()
+class UnifiedSWALockstep(FreesNothing, Clears, SWALockstep):
     arena: Arena | None = None
     universe: frozenset[int] = frozenset()
     # Whether the pools compact lazily (holes allowed): compaction is then not checked.
@@ -252,12 +258,6 @@ class UnifiedSWALockstep(Clears, SWALockstep):
         if step in self.not_modelled:
             return DEVICE_ONLY[step]
         return super().why_not(step)
-
-    @step
-    def free_nothing(self, segment: bool) -> None:
-        """An empty ``free_segment`` (or ``free``), as the radix cache sends
-        when a request duplicated nothing; nothing changes hands."""
-        free_empty(self, segment)
 
     # -- censuses --
 
@@ -592,7 +592,7 @@ class UnifiedSWALockstep(Clears, SWALockstep):
         self.swa.release(pages, "free")
 
 
-class UnifiedSWAMachine(ClearRules, SWAMachine):
+class UnifiedSWAMachine(FreeNothingRules, ClearRules, SWAMachine):
     """The SWA family's rules over a unified pool, plus admission questions and the scheduler's ``clear``."""
 
     @draws(guard=lambda s: s.runs("reserve"), full=(0, MAX_PAGES), swa=(0, MAX_PAGES), evict_full=(0, MAX_PAGES),
@@ -608,10 +608,6 @@ class UnifiedSWAMachine(ClearRules, SWAMachine):
     def flush(self, urgent):
         self._do("flush", urgent)
 
-    # Drawn inside a group only (where the radix cache frees), as the other unified families do.
-    @draws(guard=lambda s: s.in_group, segment=bool)
-    def free_nothing(self, segment):
-        self._do("free_nothing", segment)
 
 
 def is_unified_swa(allocator) -> bool:
@@ -626,7 +622,7 @@ def is_unified_swa(allocator) -> bool:
 
 
 @define
-class UnifiedMambaLockstep(Clears, Lockstep):
+class UnifiedMambaLockstep(FreesNothing, Clears, Lockstep):
     """sglang's ``UnifiedMambaTokenToKVPoolAllocator``: the core steps on
     its full side (virtual page ids, census ``free_virtual_ids``), and the
     Mamba state slots of ``mamba_allocator`` through the slot allocator the
@@ -634,8 +630,6 @@ class UnifiedMambaLockstep(Clears, Lockstep):
     with allocation groups), against a ``MambaModel``.  The two sides share
     the arena's bytes: each step checks both page tables, eager compaction,
     disjoint bands, and judges each alloc's ``None`` against the arena."""
-    # An empty free is its own step here (``free_nothing``, drawn in a group).
-    empty_frees = ()
 
     arena: Arena | None = None
     universe: frozenset[int] = frozenset()
@@ -836,12 +830,6 @@ class UnifiedMambaLockstep(Clears, Lockstep):
         self.mamba.group_end()
 
     @step
-    def free_nothing(self, segment: bool) -> None:
-        """An empty ``free_segment`` (or ``free``), as the radix cache sends
-        when a request duplicated nothing; nothing changes hands."""
-        free_empty(self, segment)
-
-    @step
     def idle_flush(self) -> None:
         """``flush_opportunistic()``, as the scheduler calls it when idle
         (``scheduler.py``): a lazy pool compacts some holes; no id changes hands."""
@@ -876,7 +864,7 @@ class UnifiedMambaLockstep(Clears, Lockstep):
         return None
 
 
-class UnifiedMambaMachine(ClearRules, FreeGroupMachine):
+class UnifiedMambaMachine(FreeNothingRules, ClearRules, FreeGroupMachine):
     """The core rules on the full side, Mamba states with allocation groups, and the scheduler's ``clear``."""
 
     @draws(n=(1, 3))
@@ -894,10 +882,6 @@ class UnifiedMambaMachine(ClearRules, FreeGroupMachine):
     @draws()
     def mamba_group_end(self):
         self._do("mamba_group_end")
-
-    @draws(guard=lambda s: s.in_group, segment=bool)
-    def free_nothing(self, segment):
-        self._do("free_nothing", segment)
 
     @draws(guard=lambda s: s.runs("idle_flush"))
     def idle_flush(self):

@@ -210,6 +210,10 @@ def cmd_fuzz(args) -> int:
             f" at --page-size {args.page_size} they are the callers' own path, run by default"
         )
     config = _caller_config(args, config)
+    if config.target.startswith("builtin:") and config.sglang_path is not None and config.caller == "harness":
+        # It ran, and went into the header, the trace's name and replay's hint.
+        raise UsageError(f"--sglang-path goes with an sglang: target, a MODULE:ATTR one or --caller:"
+                         f" {config.target} runs no sglang code")
     if (args.jobs or args.stats_json) and not args.duration:
         raise UsageError("-j and --stats-json go with --duration (e.g. --duration 10m)")
     if args.duration and args.max_examples is not None:
@@ -490,17 +494,22 @@ def _describe_target(args) -> int:
     try:
         print("\n".join(_build_here_or_watched(config, _describe, args.build_timeout)))
     except InvariantViolation as exc:
-        # The listing writes no file: it names the run that writes the trace.
-        words = ["kv-lockstep", "fuzz", "--target", config.target]
-        words += ["--mutant", config.mutant] if config.mutant else []
-        words += ["--page-size", str(args.page_size)] if args.page_size else []
-        words += ["--need-sort"] if config.need_sort else []
-        words += ["--sglang-path", config.sglang_path] if config.sglang_path else []
         print(f"FAILED before any step: {exc.invariant}")
         print(_indent(exc.detail))
-        print(f"  a trace: {shlex.join(words)} (its failure shrinks to building the pool)")
+        print(f"  a trace: {_fuzz_for_a_trace(config, args.page_size)}")
         return 1
     return 0
+
+
+def _fuzz_for_a_trace(config: Config, page_size: int | None) -> str:
+    """The ``fuzz`` command that meets a failure a listing found before any
+    step and writes its trace (a listing writes no file)."""
+    words = ["kv-lockstep", "fuzz", "--target", config.target]
+    words += ["--mutant", config.mutant] if config.mutant else []
+    words += ["--page-size", str(page_size)] if page_size else []
+    words += ["--need-sort"] if config.need_sort else []
+    words += ["--sglang-path", config.sglang_path] if config.sglang_path else []
+    return f"{shlex.join(words)} (its failure shrinks to building the pool)"
 
 
 def _describe_release(args) -> int:
@@ -538,6 +547,7 @@ def _describe_release(args) -> int:
                 lines = _describe(config)
             except InvariantViolation as exc:
                 print(f"    at page size {page_size}: fails before any step: {exc.invariant}: {exc.detail.splitlines()[0]}")
+                print(f"      a trace: {_fuzz_for_a_trace(config, page_size)}")
                 continue
             except TargetError as exc:
                 print(f"    at page size {page_size}: unavailable: {exc}")
@@ -562,15 +572,20 @@ def cmd_targets(args) -> int:
 
     if args.target:
         return _describe_target(args)
+    if args.mutant:
+        raise UsageError("--mutant goes with --target")
     if args.sglang_path:
         return _describe_release(args)
+    if args.page_size or args.need_sort:  # the listing of every target takes neither
+        raise UsageError("--page-size and --need-sort go with --target or --sglang-path")
     print("built-in targets (--target builtin:NAME [--mutant M]):")
     width = max(map(len, allocators.BUILTINS))
+    named = max(len(m) for _, mutants in allocators.BUILTINS.values() for m in mutants)  # a column past the longest
     for name, (cls, mutants) in sorted(allocators.BUILTINS.items()):
         print(f"  builtin:{name:<{width}} {_first_sentence(cls.__doc__ or '')}")
         for mutant in mutants.values():
             needs = f"  [needs {describe_needs(mutant.needs)}]" if mutant.needs else ""
-            print(f"      --mutant {mutant.name:<22} {mutant.summary}{needs}")
+            print(f"      --mutant {mutant.name:<{named}} {mutant.summary}{needs}")
     from state_machines.targets.sglang import FACTORIES
 
     print("sglang targets (--target sglang:NAME [--sglang-path DIR]): " + ", ".join(f"sglang:{k}" for k in FACTORIES))

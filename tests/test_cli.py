@@ -94,9 +94,17 @@ def _known(names) -> str:
          "config.size is 4194305, outside 1..4194304: beyond what a trace carries, so no failure found could be replayed"),
         # Hypothesis's database saves nothing there, without a word.
         (["fuzz", "--db", "/proc/kv-lockstep-db"], "--db /proc/kv-lockstep-db: cannot write there: No such file or directory"),
+        # Each was taken without a word (helper-80): a built-in target's run named the release in its header,
+        # its trace's name and replay's hint; the listing of every target ignored the flags.
+        (["fuzz", "--target", "builtin:token", "--sglang-path", "."],
+         "--sglang-path goes with an sglang: target, a MODULE:ATTR one or --caller: builtin:token runs no sglang code"),
+        (["targets", "--mutant", "alias"], "--mutant goes with --target"),
+        (["targets", "--page-size", "4"], "--page-size and --need-sort go with --target or --sglang-path"),
+        (["targets", "--need-sort"], "--page-size and --need-sort go with --target or --sglang-path"),
     ],
     ids=["target-form", "builtin", "mutant", "page-size", "import", "argument", "trace-missing", "target-empty",
-         "page-size-past-a-trace", "size-past-a-trace", "db-unwritable"],
+         "page-size-past-a-trace", "size-past-a-trace", "db-unwritable", "sglang-path-with-builtin",
+         "targets-mutant-alone", "targets-page-size-alone", "targets-need-sort-alone"],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
     """Bad input gets one line on stderr, no traceback, nothing on stdout, exit code 2."""

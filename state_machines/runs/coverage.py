@@ -309,15 +309,17 @@ def summary_table(total: dict, config: Config, disabled: dict[str, str] | None =
     lines = []
     steps = max(total["steps"], 1)
     checks = max(total["checks"], 1)
-    lines.append(f"  {'rule':<16}{'ran':>10}{'share':>8}{'blocked':>10}{'of checks':>11}")
     disabled = disabled or {}
-    for rule in sorted(set(total["rules"]) | set(disabled)):  # a disabled step the machine never offers too
+    rules = sorted(set(total["rules"]) | set(disabled))  # a disabled step the machine never offers too
+    width = max([15, *map(len, rules)]) + 1  # device_buffer_pages ran into its count
+    lines.append(f"  {'rule':<{width}}{'ran':>10}{'share':>8}{'blocked':>10}{'of checks':>11}")
+    for rule in rules:
         if rule in disabled:
-            lines.append(f"  {rule:<16}{'disabled':>10}  ({disabled[rule]})")
+            lines.append(f"  {rule:<{width}}{'disabled':>10}  ({disabled[rule]})")
             continue
         c = total["rules"][rule]
         lines.append(
-            f"  {rule:<16}{c['ran']:>10,}{100 * c['ran'] / steps:>7.1f}%{c['blocked']:>10,}{100 * c['blocked'] / checks:>10.1f}%"
+            f"  {rule:<{width}}{c['ran']:>10,}{100 * c['ran'] / steps:>7.1f}%{c['blocked']:>10,}{100 * c['blocked'] / checks:>10.1f}%"
         )
     examples = max(total["examples"], 1)
     lines.append(f"  {'interleaving':<28}{'count':>10}{'per 1k examples':>17}")

@@ -58,14 +58,17 @@ def test_0_5_17_has_no_page_interleave_allocator(rows_0_5_17):
 def test_the_fuzz_header_names_the_stand_ins_a_kind_runs_over(tmp_path, mode):
     """The README says dsv4-hisparse's stand-ins are named in the run's
     header; only ``targets --target`` named them (helper-80)."""
+    import os
     import subprocess
     import sys
+    from pathlib import Path
 
     from tests.test_sglang import release_dir
 
     run = subprocess.run([sys.executable, "-m", "state_machines.cli", "fuzz", "--target", "sglang:dsv4-hisparse",
                           "--page-size", "4", "--sglang-path", str(release_dir("0.5.23")), "--seed", "0", *mode,
-                          "--trace-dir", str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                          "--trace-dir", str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)))
     assert run.returncode == 0, run.stdout + run.stderr
     said = [line for line in run.stdout.splitlines() if line.startswith("stand-in: ")]
     assert [line.split(":")[1].strip() for line in said[:2]] == ["<DeepSeekV4TokenToKVPool stand-in", "<HiSparseC4DevicePool stand-in"], run.stdout

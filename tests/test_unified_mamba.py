@@ -169,11 +169,13 @@ def test_the_unified_families_free_nothing_in_their_own_step(tmp_path, target, h
     import json
     import subprocess
     import sys
+    from pathlib import Path
 
     stats = tmp_path / "stats.json"
     run = subprocess.run([sys.executable, "-m", "state_machines.cli", "fuzz", "--target", target, "--page-size", "4",
                           "--duration", "3s", "-j", "1", "--seed", "0", "--stats-json", str(stats),
-                          "--trace-dir", str(tmp_path / "traces")], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                          "--trace-dir", str(tmp_path / "traces")], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)))
     assert run.returncode == 0, run.stdout + run.stderr
     rules = json.loads(stats.read_text())["rules"]
     assert rules["free_empty_span"]["disabled"] == f"the {harness} harness frees an empty span in its own step, free_nothing"

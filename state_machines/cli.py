@@ -84,7 +84,7 @@ def _build_timeout(parser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kv-lockstep", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="kv-lockstep", description=__doc__.splitlines()[0].replace("``", ""))
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     fuzz = sub.add_parser("fuzz", help="run a target in lockstep with the ownership model")
@@ -388,7 +388,7 @@ def cmd_replay(args) -> int:
     crashes or hangs where SIGALRM cannot reach it is a failure the replay
     reports (exit 1), and one that dies while it is built is bad input."""
     from state_machines.runs.options import check_output_paths
-    from state_machines.runs.trace import Trace, shown, step_source
+    from state_machines.runs.trace import Trace, counted, shown, step_source
     from state_machines.runs.watchdog import replay_watched, signal_name
 
     check_output_paths(emit_pytest=args.emit_pytest)
@@ -402,7 +402,7 @@ def cmd_replay(args) -> int:
 
     targets.resolve(config.target, config.mutant, config.sglang_path)
     devices.require(config.device)
-    print(f"kv-lockstep replay: {len(trace.steps)} steps of {shown(args.trace)} on {config.label()}", flush=True)
+    print(f"kv-lockstep replay: {counted(len(trace.steps), 'step')} of {shown(args.trace)} on {config.label()}", flush=True)
     replayed = replay_watched(trace, config, args.build_timeout)
     if replayed.signal is not None:
         print(f"kv-lockstep: interrupted ({signal_name(replayed.signal)})", file=sys.stderr)
@@ -416,7 +416,7 @@ def cmd_replay(args) -> int:
     if args.emit_pytest:
         print(_emitted(trace, config, args))
     if failure is None:
-        print(f"trace passes: all {len(trace.steps)} steps and the teardown check out")
+        print(f"trace passes: all {counted(len(trace.steps), 'step')} and the teardown check out")
         return 0
     index = len(failure.steps) - 1
     step = failure.steps[-1] if failure.steps else None

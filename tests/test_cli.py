@@ -352,3 +352,22 @@ def test_replay_says_where_its_failure_is_not_the_one_the_trace_recorded(tmp_pat
     last = len(trace["steps"]) - 1
     assert other.stdout.splitlines()[-1] == (f"  (not the failure the trace recorded: free_sets_agree at step {last};"
                                              f" this replay broke no_page_freed_twice at step {last})")
+
+
+def test_the_help_reads_as_text(tmp_path):
+    """The top-level --help showed the docstring's reST: ``kv-lockstep``: ... (helper-80)."""
+    run = kv_lockstep("--help", cwd=tmp_path)
+    assert run.returncode == 0 and "\nkv-lockstep: fuzz a target, replay a trace, list targets.\n" in run.stdout, run.stdout
+
+
+def test_one_step_is_a_step(tmp_path):
+    """'1 steps' in replay's header and verdict (helper-80)."""
+    from state_machines.config import Config
+    from state_machines.harness import Step
+    from state_machines.runs.trace import Trace, write
+
+    path = write(Trace(Config(target="builtin:token"), (Step("alloc", {"n": 1}, "req_0"),)), tmp_path)
+    run = kv_lockstep("replay", str(path), cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.splitlines() == [f"kv-lockstep replay: 1 step of {path} on builtin:token page_size=1",
+                                       "trace passes: all 1 step and the teardown check out"]

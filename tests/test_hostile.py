@@ -633,7 +633,7 @@ def test_a_long_runs_summary_reports_a_shrunk_failure_whose_trace_was_not_writte
     path = f"{trace_mod.NOT_WRITTEN}cannot write a trace into t: No space left on device)"
     out = io.StringIO()
     longrun._summary(out, Config(mutant="alias"), 1, 1.0, merge([]), [], [(trace.to_json(), path)], [], False)
-    assert f"shrunk to 1 steps; trace: {path}\n  replay: none: no trace file was written" in out.getvalue()
+    assert f"shrunk to 1 step; trace: {path}\n  replay: none: no trace file was written" in out.getvalue()
     assert "req_0 = state.alloc(n=1)  # fails: free_sets_agree" in out.getvalue()
 
 

@@ -404,7 +404,7 @@ def run(
 
 def _summary(out, config, jobs, elapsed, total, found, failures, errors, interrupted, verdicts=(),
              signum=None, disabled=None, fuzzing_s=None) -> None:
-    from state_machines.runs.trace import Trace, replay_command
+    from state_machines.runs.trace import Trace, counted, replay_command
     from state_machines.runs.watchdog import signal_name
 
     if interrupted:
@@ -429,7 +429,7 @@ def _summary(out, config, jobs, elapsed, total, found, failures, errors, interru
         print(f"\nFAILED: {trace.invariant}", file=out)
         print(f"    {trace.detail}", file=out)
         print("\n".join("    " + line for line in trace.program().splitlines()), file=out)
-        print(f"  shrunk to {len(trace.steps)} steps; trace: {path}", file=out)
+        print(f"  shrunk to {counted(len(trace.steps), 'step')}; trace: {path}", file=out)
         print(f"  replay: {replay_command(path, trace.config)}", file=out)
     if found and not failures:
         for _, invariant, path in found:
@@ -439,7 +439,7 @@ def _summary(out, config, jobs, elapsed, total, found, failures, errors, interru
         print(f"\nFAILED (seen by the watchdog, not shrunk): {trace.invariant}", file=out)
         print(f"    {trace.detail}", file=out)
         print("\n".join("    " + line for line in trace.program().splitlines()), file=out)
-        print(f"  {len(trace.steps)} steps; trace: {path}", file=out)
+        print(f"  {counted(len(trace.steps), 'step')}; trace: {path}", file=out)
         print(f"  replay: {replay_command(path, trace.config)}", file=out)
     out.flush()
 

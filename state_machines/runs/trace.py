@@ -484,6 +484,11 @@ def shown(path) -> str:
     return text if text.isprintable() else repr(text)
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 step``, ``3 steps``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def replay_command(path, config: Config) -> str:
     """The ``kv-lockstep replay`` command that runs a trace written by a run
     of ``config``: replay imports no code and puts no folder on ``sys.path``

@@ -541,10 +541,10 @@ def _indent(text: str, by: str = "    ") -> str:
 
 
 def print_trace(out, trace, path, *, shrunk: bool) -> None:
-    from state_machines.runs.trace import replay_command
+    from state_machines.runs.trace import counted, replay_command
 
     print(_indent(trace.detail or ""), file=out)
-    print(f"  {'shrunk to' if shrunk else 'not shrunk;'} {len(trace.steps)} steps:", file=out)
+    print(f"  {'shrunk to' if shrunk else 'not shrunk;'} {counted(len(trace.steps), 'step')}:", file=out)
     print(_indent(trace.program()), file=out)
     print(f"  trace: {path}", file=out)
     print(f"  replay: {replay_command(path, trace.config)}", file=out)

@@ -48,9 +48,13 @@ def _differences(got: set, want: set, extra_is: str, missing_is: str, show_extra
     return "; ".join(parts)
 
 
+_OUTSIDE = "outside the pool"
+
+
 def _describe(pages, model: OwnershipModel) -> str:
-    owners = Counter(str(model.owner.get(p, "outside the pool")) for p in pages)
-    return f"{_show(pages)} (" + ", ".join(f"{n} of {who}" for who, n in sorted(owners.items())) + ")"
+    owners = Counter(str(model.owner.get(p, _OUTSIDE)) for p in pages)
+    return f"{_show(pages)} (" + ", ".join(f"{n} {who}" if who == _OUTSIDE else f"{n} of {who}"
+                                           for who, n in sorted(owners.items())) + ")"
 
 
 def eviction_accounting_balances(census: Census | list[int], available: int, page_size: int, model: OwnershipModel) -> str | None:

@@ -96,6 +96,9 @@ def test_duplicate_and_foreign_pages_are_named():
     assert "missing from allocator: [4]" in free_sets_agree([1, 2, 3], 3, 1, model)
     assert "outside the pool" in no_slot_handed_out_twice([9], model)
     assert "held" in no_slot_handed_out_twice([1], _with_request(model))
+    # Who holds them, counted: "(1 of outside the pool)" read badly (helper-80).
+    assert free_sets_agree([0, 1, 2, 3], 4, 1, fresh(4)).endswith(
+        "free in allocator, held in model: [0] (1 outside the pool); free in model, missing from allocator: [4]")
 
 
 def _with_request(model):

@@ -357,6 +357,10 @@ def _replay_config(trace, args) -> Config:
     elif args.mutant:
         config = attrs.evolve(config, mutant=args.mutant)
     kind = config.target.partition(":")[0]
+    from state_machines.targets import miscased
+
+    if why := miscased(config.target):
+        raise UsageError(f"trace {shown(args.trace)}: {why}")
     if not args.target and kind not in ("builtin", "sglang"):
         raise UsageError(
             f"trace {shown(args.trace)} names the custom target {config.target}, and replay imports no code a trace names:"

@@ -101,10 +101,12 @@ def _known(names) -> str:
         (["targets", "--mutant", "alias"], "--mutant goes with --target"),
         (["targets", "--page-size", "4"], "--page-size and --need-sort go with --target or --sglang-path"),
         (["targets", "--need-sort"], "--page-size and --need-sort go with --target or --sglang-path"),
+        # An import error of a module 'BUILTIN' (helper-80).
+        (["fuzz", "--target", "BUILTIN:TOKEN"], "target 'BUILTIN:TOKEN': its kind is lower case, builtin:token"),
     ],
     ids=["target-form", "builtin", "mutant", "page-size", "import", "argument", "trace-missing", "target-empty",
          "page-size-past-a-trace", "size-past-a-trace", "db-unwritable", "sglang-path-with-builtin",
-         "targets-mutant-alone", "targets-page-size-alone", "targets-need-sort-alone"],
+         "targets-mutant-alone", "targets-page-size-alone", "targets-need-sort-alone", "kind-miscased"],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
     """Bad input gets one line on stderr, no traceback, nothing on stdout, exit code 2."""
@@ -371,3 +373,19 @@ def test_one_step_is_a_step(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.splitlines() == [f"kv-lockstep replay: 1 step of {path} on builtin:token page_size=1",
                                        "trace passes: all 1 step and the teardown check out"]
+
+
+def test_a_trace_naming_a_miscased_kind_is_refused_as_such(tmp_path):
+    """A trace's 'Sglang:token' was taken for a custom target, and replay
+    advised passing --target Sglang:token, an import error (helper-80)."""
+    from state_machines.config import Config
+    from state_machines.harness import Step
+    from state_machines.runs.trace import Trace
+
+    data = json.loads(Trace(Config(), (Step("begin", {}), Step("end", {}))).to_json())
+    data["config"]["target"] = "Sglang:token"
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(data))
+    run = kv_lockstep("replay", str(path), cwd=tmp_path)
+    assert (run.returncode, run.stdout) == (2, ""), run.stdout + run.stderr
+    assert run.stderr == f"kv-lockstep: error: trace {path}: target 'Sglang:token': its kind is lower case, sglang:token\n"

@@ -89,11 +89,23 @@ def _custom(spec: str) -> Target:
     )
 
 
+def miscased(spec: str) -> str | None:
+    """Why ``spec`` is refused where its kind is ``builtin`` or ``sglang``
+    in other letters (``BUILTIN:TOKEN``), or None: taken for a module of
+    the user's, it was an import error, or a trace's custom target."""
+    kind, _, name = spec.partition(":")
+    if kind.lower() in ("builtin", "sglang") and kind not in ("builtin", "sglang"):
+        return f"target '{spec}': its kind is lower case, {kind.lower()}:{name.lower()}"
+    return None
+
+
 def resolve(spec: str, mutant: str | None = None, sglang_path: str | None = None) -> Target:
     """The target named by ``spec``, or a one-line ``TargetError``."""
     kind, sep, name = spec.partition(":")
     if not sep or not kind or not name:
         raise TargetError(f"target '{spec}' is not of the form builtin:NAME, sglang:NAME or MODULE:ATTR")
+    if why := miscased(spec):
+        raise TargetError(why)
     if kind == "builtin":
         return _builtin(name, mutant)
     if mutant is not None:

@@ -464,8 +464,20 @@ def _emitted(trace, config: Config, args) -> str:
     except InvariantViolation as exc:  # the steps did not run through: no returns to show
         path = _emit_pytest(config, trace, args.emit_pytest, args.trace, recorded=False)
         why = " ".join(exc.detail.split())
-        return f"pytest file: {shown(path)} (without the slots each alloc returned: recording them, {exc.invariant}: {why})"
-    return f"pytest file: {shown(path)}"
+        return (f"pytest file: {shown(path)} (without the slots each alloc returned: recording them, {exc.invariant}: {why})"
+                + _uncollected(path))
+    return f"pytest file: {shown(path)}" + _uncollected(path)
+
+
+def _uncollected(path) -> str:
+    """A word where pytest, looking for tests in a folder, would pass the
+    file by (its default ``python_files``: test_*.py, *_test.py)."""
+    name = os.path.basename(str(path))
+    if not name.endswith(".py"):
+        return "; pytest does not collect it: name it test_*.py"
+    if name.startswith("test_") or name.endswith("_test.py"):
+        return ""
+    return "; pytest collects it only when named on its command line (in a folder it looks for test_*.py or *_test.py)"
 
 
 def _describe(config: Config) -> list[str]:

@@ -389,3 +389,20 @@ def test_a_trace_naming_a_miscased_kind_is_refused_as_such(tmp_path):
     run = kv_lockstep("replay", str(path), cwd=tmp_path)
     assert (run.returncode, run.stdout) == (2, ""), run.stdout + run.stderr
     assert run.stderr == f"kv-lockstep: error: trace {path}: target 'Sglang:token': its kind is lower case, sglang:token\n"
+
+
+def test_an_emitted_file_pytest_would_pass_by_is_named_so(tmp_path):
+    """--emit-pytest x.txt was written without a word: pytest run on its
+    folder collects nothing, and a CI gate passes (helper-80)."""
+    from state_machines.config import Config
+    from state_machines.harness import Step
+    from state_machines.runs.trace import Trace, write
+
+    path = write(Trace(Config(target="builtin:token"), (Step("alloc", {"n": 1}, "req_0"),)), tmp_path)
+    for name, said in (("test_kept.py", ""), ("kept.txt", "; pytest does not collect it: name it test_*.py"),
+                       ("kept.py", "; pytest collects it only when named on its command line")):
+        run = kv_lockstep("replay", str(path), "--emit-pytest", str(tmp_path / name), cwd=tmp_path)
+        assert run.returncode == 0, run.stdout + run.stderr
+        [line] = [line for line in run.stdout.splitlines() if line.startswith("pytest file: ")]
+        assert line == f"pytest file: {tmp_path / name}" + (said and said + (" (in a folder it looks for test_*.py or"
+                                                                            " *_test.py)" if name == "kept.py" else "")), line

@@ -408,3 +408,18 @@ def test_an_emitted_file_pytest_would_pass_by_is_named_so(tmp_path):
         run = kv_lockstep("replay", str(path), "--emit-pytest", str(tmp_path / name), cwd=tmp_path)
         assert run.returncode == 0, run.stdout + run.stderr
         assert f"pytest file: {tmp_path / name}{said}" in run.stdout.splitlines(), run.stdout
+
+
+def test_a_trace_with_a_key_given_twice_is_refused(tmp_path):
+    """json keeps the last of a key given twice: a trace edited by hand
+    could say two things of one field, and the last won without a word (helper-80)."""
+    from state_machines.config import Config
+    from state_machines.harness import Step
+    from state_machines.runs.trace import Trace
+
+    text = Trace(Config(target="builtin:token"), (Step("alloc", {"n": 1}, "req_0"),)).to_json()
+    path = tmp_path / "trace.json"
+    path.write_text(text.replace('"n": 1', '"n": 1, "n": 2', 1))
+    run = kv_lockstep("replay", str(path), cwd=tmp_path)
+    assert (run.returncode, run.stdout) == (2, ""), run.stdout + run.stderr
+    assert run.stderr == f"kv-lockstep: error: cannot read trace {path}: key 'n' given twice in one object\n"

@@ -453,9 +453,11 @@ class Trace:
         if len(raw) > MAX_TRACE_BYTES:
             raise TraceError(f"cannot read trace {shown(path)}: larger than {MAX_TRACE_BYTES >> 20} MiB")
         try:
-            data = json.loads(raw)
+            data = json.loads(raw, object_pairs_hook=_once_each)
         except RecursionError:
             raise TraceError(f"cannot read trace {shown(path)}: JSON nested too deeply") from None
+        except _KeyTwice as exc:
+            raise TraceError(f"cannot read trace {shown(path)}: {exc}") from None
         except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
             raise TraceError(f"cannot read trace {shown(path)}: not JSON: {_one_line(exc)}") from None
         try:
@@ -504,6 +506,21 @@ def replay_command(path, config: Config) -> str:
     if config.sglang_path is not None:
         words += ["--sglang-path", config.sglang_path]
     return shlex.join(words)
+
+
+class _KeyTwice(ValueError):
+    """A JSON object that gives a key twice."""
+
+
+def _once_each(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object whose keys are all different: of a key given twice,
+    ``json`` keeps the last without a word, so a trace could say two things
+    of one field."""
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        twice = sorted({k for k, _ in pairs if sum(1 for j, _ in pairs if j == k) > 1})
+        raise _KeyTwice(f"key {', '.join(map(repr, twice))} given twice in one object")
+    return data
 
 
 def _one_line(exc: BaseException) -> str:

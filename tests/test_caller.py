@@ -939,13 +939,19 @@ HYBRID_POOLS = textwrap.dedent(
     def hybrid(size, page_size, device, need_sort):
         from state_machines.targets.sglang import make_swa
         return make_swa(size, page_size, device, need_sort)
+
+    def hisparse(size, page_size, device, need_sort):
+        from state_machines.targets.sglang import make_hisparse
+        return make_hisparse(size, page_size, device, need_sort)
     """)
 
 
 @pytest.mark.sglang
 @pytest.mark.parametrize("args, said", [
     (["--caller", "radix", "--target", "sglang:mamba"], "--caller radix drives sglang:token, sglang:paged, sglang:npu,"
-                                                          " sglang:swa or a MODULE:ATTR allocator, not sglang:mamba"),
+                                                          " sglang:swa or a MODULE:ATTR allocator of those, not sglang:mamba"),
+    (["--caller", "radix", "--target", "hybrid_pools:hisparse", "--page-size", "4"],
+     "not hybrid_pools:hisparse (a HiSparseTokenToKVPoolAllocator, sglang:hisparse)"),
     (["--caller", "radix", "--target", "sglang:hisparse", "--page-size", "4"], "not sglang:hisparse"),
     (["--caller", "radix", "--target", "sglang:swa"], "--caller radix (RadixCache) keeps no SWA peers: it drives a plain"
                                                         " allocator, not the hybrid sglang:swa"),
@@ -956,7 +962,7 @@ HYBRID_POOLS = textwrap.dedent(
      "--caller unified-swa pairs full slots with SWA peers: it drives the hybrid allocator (--target sglang:swa), not sglang:paged"),
     (["--caller", "radix", "--latent"], "--latent: --caller drives the release's own caller code, which has no latent"),
     (["--caller", "radix", "--row-dtype", "int64"], "--row-dtype int64: --caller drives the release's own ReqToTokenPool"),
-], ids=["mamba", "hisparse", "swa-under-radix", "custom-hybrid-under-radix", "pure-swa", "paged-under-unified-swa",
+], ids=["mamba", "custom-hisparse", "hisparse", "swa-under-radix", "custom-hybrid-under-radix", "pure-swa", "paged-under-unified-swa",
         "latent", "int64"])
 def test_what_a_caller_cannot_drive_is_bad_input(tmp_path, args, said):
     """Each ran and failed as a reachable finding of the release (a
@@ -975,20 +981,24 @@ def test_what_a_caller_cannot_drive_is_bad_input(tmp_path, args, said):
 
 
 @pytest.mark.sglang
-@pytest.mark.parametrize("args", [
-    ["--caller", "radix", "--target", "sglang:npu", "--page-size", "4"],
-    ["--caller", "unified", "--target", "sglang:swa"],
-    ["--caller", "tests.sglang_caller_mutants:SlidesIntoTheTree", "--target", "sglang:swa"],
+@pytest.mark.parametrize("args, code", [
+    (["--caller", "radix", "--target", "sglang:npu", "--page-size", "4"], 0),
+    (["--caller", "unified", "--target", "sglang:swa"], 0),
+    # A cache that frees the tree's window: its finding, as before the check.
+    (["--caller", "tests.sglang_caller_mutants:SlidesIntoTheTree", "--target", "sglang:swa", "--max-examples", "100"], 1),
 ], ids=["npu-under-radix", "swa-under-unified", "custom-swa-cache"])
-def test_what_a_caller_drives_runs(tmp_path, args):
+def test_what_a_caller_drives_runs(tmp_path, args, code):
     """The kinds the release's caches run over, judged hybrid or not on the
     allocator: the first cut of the check refused sglang:npu under radix
     and every custom cache class over sglang:swa (helper-81)."""
+    examples = [] if "--max-examples" in args else ["--max-examples", "20"]
     run = subprocess.run([sys.executable, "-m", "state_machines.cli", "fuzz", *args, "--sglang-path",
-                          str(release_dir("0.5.23")), "--max-examples", "5", "--seed", "0", "--trace-dir", str(tmp_path)],
+                          str(release_dir("0.5.23")), *examples, "--seed", "0", "--trace-dir", str(tmp_path)],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_env())
-    assert run.returncode in (0, 1), run.stdout + run.stderr
+    assert run.returncode == code, run.stdout + run.stderr
     assert "Traceback" not in run.stderr and run.stdout.startswith("caller: "), run.stdout + run.stderr
+    if code:
+        assert "FAILED" in run.stdout and "swa_tree_sizes_balance" in run.stdout, run.stdout
 
 
 @pytest.mark.sglang

@@ -101,6 +101,29 @@ def next_token(tokens) -> int:
 CACHE_KINDS = ("token", "paged", "npu", "swa")
 
 
+def _not_a_cache_kind(caller: str, what: str) -> str:
+    # Another kind (a Mamba, HiSparse or unified pool) ran into the
+    # release's code with what it never pairs: a false alarm on the release.
+    return (f"--caller {caller} drives {', '.join(f'sglang:{k}' for k in CACHE_KINDS)} or a MODULE:ATTR allocator"
+            f" of those, not {what}")
+
+
+def release_kind(allocator) -> str | None:
+    """The sglang kind whose class is the most specific one ``allocator``
+    is an instance of, or None (an allocator of the user's own)."""
+    from state_machines.targets import sglang as sglang_targets
+
+    best: tuple[str, type] | None = None
+    for kind in sglang_targets.FACTORIES:
+        try:
+            cls = sglang_targets.class_of(kind)
+        except TargetError:  # the release has none
+            continue
+        if isinstance(allocator, cls) and (best is None or issubclass(cls, best[1])):
+            best = (kind, cls)
+    return None if best is None else best[0]
+
+
 def pairs_swa_peers(release, cache_type: type) -> bool:
     """Whether ``cache_type`` keeps a hybrid allocator's SWA side: a
     ``UnifiedRadixCache`` (built with the SWA component over one) or an
@@ -210,13 +233,9 @@ class CallerLockstep:
                 f"--caller {config.caller} drives sglang's own allocator: --target sglang:token (page size 1),"
                 f" sglang:paged, or MODULE:ATTR, not {target.spec}"
             )
-        # The kinds sglang's prefix caches run over: another (a Mamba, HiSparse
-        # or unified pool) ran into the release's code with what it never
-        # pairs, a false alarm on the release.  Hybrid or not is judged below.
         kind = target.spec.partition(":")[2] if target.spec.startswith("sglang:") else None
         if kind is not None and kind not in CACHE_KINDS:
-            raise TargetError(f"--caller {config.caller} drives {', '.join(f'sglang:{k}' for k in CACHE_KINDS)}"
-                              f" or a MODULE:ATTR allocator, not {target.spec}")
+            raise TargetError(_not_a_cache_kind(config.caller, target.spec))
         if config.latent:
             raise TargetError("--latent: --caller drives the release's own caller code, which has no latent mode"
                               " (a failure under --caller is reachable, or latent only under --groups all)")
@@ -235,6 +254,9 @@ class CallerLockstep:
         with building("its factory"):
             allocator = targets.build(target, size=config.pool_size, page_size=ps, device="cpu", need_sort=config.need_sort)
         swa = is_hybrid(allocator)
+        if kind is None and (built := release_kind(allocator)) not in (None, *CACHE_KINDS):
+            # A factory of the user's, judged on what it built.
+            raise TargetError(_not_a_cache_kind(config.caller, f"{target.spec} (a {type(allocator).__name__}, sglang:{built})"))
         if config.caller in SWA_KINDS and not swa:
             raise TargetError(f"--caller {config.caller} pairs full slots with SWA peers: it drives the hybrid"
                               f" allocator (--target sglang:swa), not {target.spec}")
@@ -247,8 +269,8 @@ class CallerLockstep:
         if swa and not pairs_swa_peers(release, cache_type):
             # A plain RadixCache frees a hybrid allocator's full slots without their SWA side.
             raise TargetError(f"--caller {config.caller} ({cache_type.__name__}) keeps no SWA peers: it drives a plain"
-                              f" allocator, not the hybrid {target.spec} (over that: --caller unified-swa or swa-radix,"
-                              " or a subclass of UnifiedRadixCache or SWARadixCache)")
+                              f" allocator, not the hybrid {target.spec} (over that: --caller unified-swa, unified or"
+                              " swa-radix, or a subclass of UnifiedRadixCache or SWARadixCache)")
         with building(f"its cache ({cache_type.__name__}, --caller {config.caller})"):
             cache = make_cache(release, cache_type, pool, allocator, ps, swa=swa)
         how = path_reader(cache)

@@ -16,6 +16,7 @@ import re
 import shlex
 import stat
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 from attrs import fields, frozen
@@ -518,8 +519,9 @@ def _once_each(pairs: list[tuple[str, object]]) -> dict:
     of one field."""
     data = dict(pairs)
     if len(data) != len(pairs):
-        twice = sorted({k for k, _ in pairs if sum(1 for j, _ in pairs if j == k) > 1})
-        raise _KeyTwice(f"key {', '.join(map(repr, twice))} given twice in one object")
+        twice = sorted(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
+        named = ", ".join(repr(k) if len(k) <= 40 else repr(k[:37] + "...") for k in twice[:3])
+        raise _KeyTwice(f"key {named}{f' (and {len(twice) - 3} more)' if len(twice) > 3 else ''} given twice in one object")
     return data
 
 

@@ -163,6 +163,15 @@ def _caller_config(args, config: Config) -> Config:
     return attrs.evolve(config, caller=caller, groups=groups)
 
 
+def _no_release_for_a_builtin(config: Config) -> None:
+    """A built-in target runs no sglang code: an ``--sglang-path`` given
+    with one ran, and went into the header, the trace's name, replay's hint
+    and an emitted file."""
+    if config.target.startswith("builtin:") and config.sglang_path is not None and config.caller == "harness":
+        raise UsageError(f"--sglang-path goes with an sglang: target, a MODULE:ATTR one or --caller:"
+                         f" {config.target} runs no sglang code")
+
+
 def _indent(text: str, by: str = "    ") -> str:
     return "\n".join(by + line for line in text.splitlines())
 
@@ -210,10 +219,7 @@ def cmd_fuzz(args) -> int:
             f" at --page-size {args.page_size} they are the callers' own path, run by default"
         )
     config = _caller_config(args, config)
-    if config.target.startswith("builtin:") and config.sglang_path is not None and config.caller == "harness":
-        # It ran, and went into the header, the trace's name and replay's hint.
-        raise UsageError(f"--sglang-path goes with an sglang: target, a MODULE:ATTR one or --caller:"
-                         f" {config.target} runs no sglang code")
+    _no_release_for_a_builtin(config)
     if (args.jobs or args.stats_json) and not args.duration:
         raise UsageError("-j and --stats-json go with --duration (e.g. --duration 10m)")
     if args.duration and args.max_examples is not None:
@@ -360,7 +366,7 @@ def _replay_config(trace, args) -> Config:
     from state_machines.targets import miscased
 
     if why := miscased(config.target):
-        raise UsageError(f"trace {shown(args.trace)}: {why}")
+        raise UsageError(why if args.target else f"trace {shown(args.trace)}: {why}")
     if not args.target and kind not in ("builtin", "sglang"):
         raise UsageError(
             f"trace {shown(args.trace)} names the custom target {config.target}, and replay imports no code a trace names:"
@@ -374,6 +380,7 @@ def _replay_config(trace, args) -> Config:
     config = _caller_config(args, config)
     if args.sglang_path:
         config = attrs.evolve(config, sglang_path=args.sglang_path)
+        _no_release_for_a_builtin(config)
     elif config.sglang_path is not None:
         if kind == "sglang" or config.caller != "harness":
             # Another target helps only where the release is the target's, not the caller's.
@@ -474,10 +481,11 @@ def _uncollected(path) -> str:
     file by (its default ``python_files``: test_*.py, *_test.py)."""
     name = os.path.basename(str(path))
     if not name.endswith(".py"):
-        return "; pytest does not collect it: name it test_*.py"
+        return "; pytest does not collect it by default: name it test_*.py"
     if name.startswith("test_") or name.endswith("_test.py"):
         return ""
-    return "; pytest collects it only when named on its command line (in a folder it looks for test_*.py or *_test.py)"
+    return ("; by default pytest collects it only when named on its command line"
+            " (in a folder it looks for test_*.py or *_test.py)")
 
 
 def _describe(config: Config) -> list[str]:
@@ -506,6 +514,7 @@ def _describe_target(args) -> int:
 
     config = Config(target=args.target, mutant=args.mutant, page_size=args.page_size or 1, need_sort=args.need_sort,
                     sglang_path=args.sglang_path)
+    _no_release_for_a_builtin(config)
     targets.resolve(config.target, config.mutant, config.sglang_path)  # loaded here once: a fork shares it
     try:
         print("\n".join(_build_here_or_watched(config, _describe, args.build_timeout)))

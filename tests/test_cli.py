@@ -98,14 +98,17 @@ def _known(names) -> str:
         # its trace's name and replay's hint; the listing of every target ignored the flags.
         (["fuzz", "--target", "builtin:token", "--sglang-path", "."],
          "--sglang-path goes with an sglang: target, a MODULE:ATTR one or --caller: builtin:token runs no sglang code"),
+        (["targets", "--target", "builtin:token", "--sglang-path", "."],
+         "--sglang-path goes with an sglang: target, a MODULE:ATTR one or --caller: builtin:token runs no sglang code"),
         (["targets", "--mutant", "alias"], "--mutant goes with --target"),
         (["targets", "--page-size", "4"], "--page-size and --need-sort go with --target or --sglang-path"),
         (["targets", "--need-sort"], "--page-size and --need-sort go with --target or --sglang-path"),
         # An import error of a module 'BUILTIN' (helper-80).
-        (["fuzz", "--target", "BUILTIN:TOKEN"], "target 'BUILTIN:TOKEN': its kind is lower case, builtin:token"),
+        (["fuzz", "--target", "BUILTIN:TOKEN"], "target 'BUILTIN:TOKEN': kinds are lower case: did you mean builtin:token?"),
     ],
     ids=["target-form", "builtin", "mutant", "page-size", "import", "argument", "trace-missing", "target-empty",
          "page-size-past-a-trace", "size-past-a-trace", "db-unwritable", "sglang-path-with-builtin",
+         "targets-sglang-path-with-builtin",
          "targets-mutant-alone", "targets-page-size-alone", "targets-need-sort-alone", "kind-miscased"],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
@@ -121,8 +124,11 @@ def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
         (["--target", "builtin:paged", "--mutant", "nope"], "unknown mutant 'nope' for builtin:paged"),
         (["--target", "sglang:token", "--sglang-path", "no_such_folder"], "--sglang-path no_such_folder is not a directory"),
         (["--mutant", "alias", "--target", "sglang:token", "--sglang-path", "."], "--mutant applies to builtin targets only"),
+        # It went into the header and an emitted file (helper-82).
+        (["--sglang-path", "."], "--sglang-path goes with an sglang: target, a MODULE:ATTR one or --caller:"
+                                 " builtin:token runs no sglang code"),
     ],
-    ids=["mutant", "sglang-path", "mutant-of-sglang"],
+    ids=["mutant", "sglang-path", "mutant-of-sglang", "sglang-path-with-builtin"],
 )
 def test_replay_bad_input_prints_nothing_on_stdout(extra, message, tmp_path):
     """replay refuses what the command line gets wrong before its header, as fuzz does: one line, exit 2."""
@@ -388,7 +394,10 @@ def test_a_trace_naming_a_miscased_kind_is_refused_as_such(tmp_path):
     path.write_text(json.dumps(data))
     run = kv_lockstep("replay", str(path), cwd=tmp_path)
     assert (run.returncode, run.stdout) == (2, ""), run.stdout + run.stderr
-    assert run.stderr == f"kv-lockstep: error: trace {path}: target 'Sglang:token': its kind is lower case, sglang:token\n"
+    assert run.stderr == f"kv-lockstep: error: trace {path}: target 'Sglang:token': kinds are lower case: did you mean sglang:token?\n"
+    # Given on the command line, it is the command line's.
+    run = kv_lockstep("replay", str(path), "--target", "BUILTIN:TOKEN", cwd=tmp_path)
+    assert run.stderr == "kv-lockstep: error: target 'BUILTIN:TOKEN': kinds are lower case: did you mean builtin:token?\n"
 
 
 def test_an_emitted_file_pytest_would_pass_by_is_named_so(tmp_path):
@@ -401,9 +410,9 @@ def test_an_emitted_file_pytest_would_pass_by_is_named_so(tmp_path):
     path = write(Trace(Config(target="builtin:token"), (Step("alloc", {"n": 1}, "req_0"),)), tmp_path)
     for name, said in (
         ("test_kept.py", ""),
-        ("kept.txt", "; pytest does not collect it: name it test_*.py"),
-        ("kept.py", "; pytest collects it only when named on its command line (in a folder it looks for test_*.py"
-                    " or *_test.py)"),
+        ("kept.txt", "; pytest does not collect it by default: name it test_*.py"),
+        ("kept.py", "; by default pytest collects it only when named on its command line (in a folder it looks for"
+                    " test_*.py or *_test.py)"),
     ):
         run = kv_lockstep("replay", str(path), "--emit-pytest", str(tmp_path / name), cwd=tmp_path)
         assert run.returncode == 0, run.stdout + run.stderr

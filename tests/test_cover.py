@@ -130,14 +130,19 @@ AS_ROOT = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
     # os.access says yes to root there: the probe write says no (fuzz's --stats-json check, which it shares).
     pytest.param(["--lines-json", "/proc/kvl.json"], "--lines-json /proc/kvl.json: cannot write there: ", marks=AS_ROOT),
     pytest.param(["--lines-json", "/dev/null"], "--lines-json /dev/null is a device, not a plain file", marks=AS_ROOT),
+    # As any user: what is there is not a plain file (helper-82).
+    (["--lines-json", "FIFO"], "--lines-json FIFO is a FIFO, not a plain file"),
 ])
-def test_the_coverage_runs_bad_input_is_one_line_before_any_run(args, said, capsys):
+def test_the_coverage_runs_bad_input_is_one_line_before_any_run(args, said, capsys, tmp_path, monkeypatch):
     """A mistyped kind ran nothing and printed an all-zero table, exit 0; no
     examples printed 'exit 1' per kind, exit 0; an unwritable --lines-json
     was a traceback after the whole run (25 minutes)."""
     pytest.importorskip("coverage", reason="--cover needs coverage.py: pip install 'kv-lockstep[cover]'")
     from state_machines.runs.cover import main
 
+    monkeypatch.chdir(tmp_path)
+    if "FIFO" in args:
+        os.mkfifo("FIFO")
     assert main(["--sglang-path", "/nonexistent-kvl", *args]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith(f"kv-lockstep: error: {said}") and err.count("\n") == 1, err

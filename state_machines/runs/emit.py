@@ -33,6 +33,7 @@ from state_machines.runs.trace import (
     Trace,
     TraceError,
     check_config,
+    counted,
     not_replaceable,
     run_steps,
     shown,
@@ -125,7 +126,7 @@ def _steps():
 
 
 def {name}():
-    """The recorded {len(trace.steps)} steps keep every invariant, RECORDED_INVARIANT included.
+    """The recorded {counted(len(trace.steps), "step")} keep every invariant, RECORDED_INVARIANT included.
 
     They run in a child process (``replay_apart``): an allocator that
     exits, crashes or hangs fails this test, not the whole session."""

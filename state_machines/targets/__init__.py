@@ -95,7 +95,7 @@ def miscased(spec: str) -> str | None:
     the user's, it was an import error, or a trace's custom target."""
     kind, _, name = spec.partition(":")
     if kind.lower() in ("builtin", "sglang") and kind not in ("builtin", "sglang"):
-        return f"target '{spec}': its kind is lower case, {kind.lower()}:{name.lower()}"
+        return f"target '{spec}': kinds are lower case: did you mean {kind.lower()}:{name.lower()}?"
     return None
 
 

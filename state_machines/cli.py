@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import shlex
 import signal
 import sys
@@ -28,8 +29,27 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    _args: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._args = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message):  # one line instead of usage + message
-        raise UsageError(f"{message} (see `{self.prog} --help`)")
+        raise UsageError(f"{message}{self._dash_value_hint(message)} (see `{self.prog} --help`)")
+
+    def _dash_value_hint(self, message: str) -> str:
+        """argparse takes ``--duration -5s`` for two options: name the
+        value it set aside, and how to give it."""
+        missing = re.fullmatch(r"argument (--[\w-]+): expected one argument", message)
+        if missing is None:
+            return ""
+        option = missing.group(1)
+        for at, arg in enumerate(self._args[:-1]):
+            value = self._args[at + 1]
+            if arg == option and len(value) > 1 and value[0] == "-" and value[1] != "-":
+                return f"; {value!r} was taken for an option: write {option}={value}"
+        return ""
 
 
 def _positive(text: str) -> int:

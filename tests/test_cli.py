@@ -105,11 +105,16 @@ def _known(names) -> str:
         (["targets", "--need-sort"], "--page-size and --need-sort go with --target or --sglang-path"),
         # An import error of a module 'BUILTIN' (helper-80).
         (["fuzz", "--target", "BUILTIN:TOKEN"], "target 'BUILTIN:TOKEN': kinds are lower case: did you mean builtin:token?"),
+        # argparse takes a value that begins with '-' for an option: its message alone hid why (helper-80).
+        (["fuzz", "--duration", "-5s"], "argument --duration: expected one argument; '-5s' was taken for an option:"
+                                        " write --duration=-5s (see `kv-lockstep fuzz --help`)"),
+        (["fuzz", "--duration", "--seed", "1"], "argument --duration: expected one argument (see `kv-lockstep fuzz --help`)"),
     ],
     ids=["target-form", "builtin", "mutant", "page-size", "import", "argument", "trace-missing", "target-empty",
          "page-size-past-a-trace", "size-past-a-trace", "db-unwritable", "sglang-path-with-builtin",
          "targets-sglang-path-with-builtin",
-         "targets-mutant-alone", "targets-page-size-alone", "targets-need-sort-alone", "kind-miscased"],
+         "targets-mutant-alone", "targets-page-size-alone", "targets-need-sort-alone", "kind-miscased",
+         "value-like-an-option", "value-forgotten"],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
     """Bad input gets one line on stderr, no traceback, nothing on stdout, exit code 2."""

@@ -233,23 +233,33 @@ def test_printed_replay_commands_run_the_trace(tmp_path):
     commands = [line.removeprefix("  replay: ") for line in run.stdout.splitlines() if line.startswith("  replay: ")]
     assert commands, run.stdout
     for command in commands:
-        program, *args = shlex.split(command)
-        assert program == "kv-lockstep"
-        again = kv_lockstep(*args, cwd=tmp_path, env_extra={"PYTHONPATH": str(REPO)})
+        # The module path the target was imported through comes with it (helper-80): the command runs as printed.
+        assignment, program, *args = shlex.split(command)
+        assert (assignment, program) == (f"PYTHONPATH={REPO}", "kv-lockstep")
+        again = kv_lockstep(*args, cwd=tmp_path, env_extra=dict([assignment.split("=", 1)]))
         assert again.returncode == 1, command + "\n" + again.stdout + again.stderr
 
 
-def test_replay_command_passes_what_replay_will_not_read_from_a_trace():
-    """An --sglang-path and a custom cache class come back on the command line, quoted for a shell."""
+def test_replay_command_passes_what_replay_will_not_read_from_a_trace(monkeypatch):
+    """An --sglang-path and a custom cache class come back on the command line, quoted for a shell,
+    and so does the PYTHONPATH a custom target or cache class was imported through."""
     from state_machines.config import Config
     from state_machines.runs.trace import replay_command
 
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    assert replay_command("t.json", Config(target="m:make")) == "kv-lockstep replay t.json --target m:make"
     assert replay_command("t.json", Config()) == "kv-lockstep replay t.json"
     assert replay_command("t.json", Config(target="sglang:token", sglang_path="my src/python")) == (
         "kv-lockstep replay t.json --sglang-path 'my src/python'"
     )
     assert replay_command("a b.json", Config(target="sglang:token", sglang_path="p", caller="mod:Cache")) == (
         "kv-lockstep replay 'a b.json' --caller mod:Cache --sglang-path p"
+    )
+    monkeypatch.setenv("PYTHONPATH", "my mods")
+    assert replay_command("t.json", Config(target="sglang:token")) == "kv-lockstep replay t.json"
+    assert replay_command("t.json", Config(target="m:make")) == "PYTHONPATH='my mods' kv-lockstep replay t.json --target m:make"
+    assert replay_command("t.json", Config(target="sglang:token", sglang_path="p", caller="mod:Cache")) == (
+        "PYTHONPATH='my mods' kv-lockstep replay t.json --caller mod:Cache --sglang-path p"
     )
 
 

@@ -496,17 +496,21 @@ def replay_command(path, config: Config) -> str:
     """The ``kv-lockstep replay`` command that runs a trace written by a run
     of ``config``: replay imports no code and puts no folder on ``sys.path``
     that a trace names, so a custom target or cache class and an
-    ``--sglang-path`` are passed again, as the run was given them."""
+    ``--sglang-path`` are passed again, as the run was given them, and so is
+    the ``PYTHONPATH`` a custom target or cache class was imported through."""
     if not written(path):
         return "none: no trace file was written"
     words = ["kv-lockstep", "replay", str(path)]
-    if config.target.partition(":")[0] not in ("builtin", "sglang"):
+    custom = config.target.partition(":")[0] not in ("builtin", "sglang")
+    if custom:
         words += ["--target", config.target]
     if ":" in config.caller:
+        custom = True
         words += ["--caller", config.caller]
     if config.sglang_path is not None:
         words += ["--sglang-path", config.sglang_path]
-    return shlex.join(words)
+    module_path = os.environ.get("PYTHONPATH", "") if custom else ""
+    return (f"PYTHONPATH={shlex.quote(module_path)} " if module_path else "") + shlex.join(words)
 
 
 class _KeyTwice(ValueError):

@@ -91,6 +91,27 @@ def test_0_5_23_device_buffer_hands_a_slot_out_twice_at_compressed_page_4():
     assert caught.value.invariant == "device_buffer_slots_distinct"
 
 
+@pytest.mark.sglang
+@pytest.mark.skipif(not (RELEASE / "sglang").is_dir(), reason="sglang 0.5.23 is not installed (make sglang V=0.5.23)")
+def test_0_5_23_finding_shrinks_to_its_smallest_arguments():
+    """The run's seed 0 found it as an extend of 24 tokens and a buffer of 2 pages, and the minimiser
+    kept both, since either lowered alone passes (helper-80); lowered together they reach 8 and 1."""
+    from state_machines.config import Config
+    from state_machines.harness import Step
+    from state_machines.runs.minimize import minimize
+    from state_machines.runs.trace import Trace
+
+    config = Config(target="sglang:dsv4-hisparse", page_size=16, sglang_path=str(RELEASE))
+    found = (
+        Step("admit", {}, "req_0"),
+        Step("extend", {"reqs": ["req_0"], "tokens": [24]}),
+        Step("device_buffer_pages", {"req": "req_0", "pages": 2}),
+    )
+    shortest = minimize(Trace(config, found, "device_buffer_slots_distinct"))
+    assert shortest.invariant == "device_buffer_slots_distinct"
+    assert [s.args for s in shortest.steps[1:]] == [{"reqs": ["req_0"], "tokens": [8]}, {"req": "req_0", "pages": 1}]
+
+
 def test_a_replayed_segment_that_cuts_into_written_tokens_is_refused():
     """The rules end a DSV4 segment past every written token; a minimiser's candidate cutting one short is not replayed."""
     from state_machines.harness import Step

@@ -396,7 +396,8 @@ def test_minimize_deletes_a_request_and_raises_an_amount_to_make_up_for_it():
     """page-interleave merge-on-total needs a chain drawing class 0 twice
     after a released class-0 page: the second request, which only held
     room, goes while the first load-back grows to one draw's most (16
-    slots), neither of which fails alone (four steps to three)."""
+    slots), neither of which fails alone (four steps to three).  Both
+    load-backs' starts lowered at once, they come back as plain allocs."""
     config = Config(target="builtin:page-interleave", mutant="merge-on-total", page_size=4, need_sort=True, size=8)
     four = (
         Step("load_back", {"n": 4, "start": 2}, "req_0"),
@@ -405,7 +406,7 @@ def test_minimize_deletes_a_request_and_raises_an_amount_to_make_up_for_it():
         Step("load_back", {"n": 4, "start": 2}),
     )
     three = _shrinks_to(config, four, "allocator_raised", 3)
-    assert [(s.rule, s.args.get("n")) for s in three.steps] == [("load_back", 16), ("finish", None), ("load_back", 4)]
+    assert [(s.rule, s.args.get("n")) for s in three.steps] == [("alloc", 16), ("finish", None), ("alloc", 4)]
 
 
 # sglang 0.5.18's NPU decode bug (bench.bugs:npu_without_free_groups), met
@@ -696,3 +697,46 @@ def test_minimize_folds_a_growth_and_puts_another_path_in_place_of_a_step_that_t
     )
     shortest = _shrinks_to(config, six, "no_page_freed_twice", 5)
     assert [s.rule for s in shortest.steps] == ["begin", "alloc", "free_segment", "overwrite_row", "end"]
+
+
+class SameSizeTwice(TokenAllocator):
+    """Mutant: an alloc of the size the one before it asked, 2 slots or
+    more, hands its first slot out again as its last."""
+
+    def alloc(self, need_size: int):
+        out = super().alloc(need_size)
+        last, self.last_size = getattr(self, "last_size", None), need_size
+        if out is not None and need_size == last >= 2:
+            out = out.clone()
+            out[-1] = out[0]
+        return out
+
+
+def test_two_arguments_are_lowered_at_once_where_either_alone_passes():
+    """Two allocs of 4 fail where the sizes are equal: lowering either alone
+    passes, so each stayed at 4 (0.5.23's dsv4-hisparse at page size 16 kept
+    an extend of 24 and 2 pages where 8 and 1 fail, helper-80); lowered
+    together they come down to the smallest that fails, 2 and 2 (without
+    the pass, 4 and 4)."""
+    config = Config(target="tests.test_minimize:SameSizeTwice")
+    four = (Step("alloc", {"n": 4}, "req_0"), Step("alloc", {"n": 4}, "req_1"))
+    invariant = replay(Trace(config, four)).invariant
+    shortest = minimize(Trace(config, four, invariant))
+    assert shortest.invariant == invariant
+    # The second alloc comes back as an extend of the first request (it allocs as much).
+    assert [(s.rule, s.args) for s in shortest.steps] == [
+        ("alloc", {"n": 2}), ("extend", {"reqs": ["req_0"], "tokens": [2]})]
+
+
+def test_two_lowered_offers_each_pair_of_integers_smallest_first():
+    """Each pair of integer arguments, a list's elements included, each lowered as ``_smaller_args`` lowers one."""
+    from state_machines.runs.minimize import _two_lowered
+
+    config = Config(target="builtin:dsv4-hisparse", page_size=16)
+    steps = (
+        Step("admit", {}, "req_0"),
+        Step("extend", {"reqs": ["req_0"], "tokens": [24]}),
+        Step("device_buffer_pages", {"req": "req_0", "pages": 2}),
+    )
+    got = [(c[1].args["tokens"], c[2].args["pages"]) for c in _two_lowered(steps, config)]
+    assert got == [([1], 1), ([12], 1), ([23], 1)]

@@ -167,6 +167,44 @@ def _lowered_together(steps: tuple[Step, ...], config: Config):
             yield tuple(attrs.evolve(s, args={**s.args, key: v}) if i in at else s for i, s in enumerate(steps))
 
 
+def _int_places(steps: tuple[Step, ...]) -> list[tuple[int, str, int | None, str]]:
+    """``(i, key, j, kind)``: each integer argument of ``steps`` (``j``
+    None), and each integer of a list argument (its index ``j``)."""
+    places = []
+    for i, step in enumerate(steps):
+        for key, kind in arg_kinds(step.rule).items():
+            value = step.args.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                places.append((i, key, None, kind))
+            elif isinstance(value, list) and kind.startswith(LIST) and all(isinstance(v, int) for v in value):
+                places += [(i, key, j, kind.removeprefix(LIST)) for j in range(len(value))]
+    return places
+
+
+def _two_lowered(steps: tuple[Step, ...], config: Config):
+    """``steps`` with two integer arguments lowered at once, each to a value
+    ``_smaller_values`` gives, smallest first: a failure that needs the two
+    in step (0.5.23's dsv4-hisparse at page size 16 fails on an extend of
+    24 tokens and a device buffer of 2 pages, and on 8 and 1, but on
+    neither lowered alone) is left where each alone stops."""
+
+    def at(step: Step, key: str, j: int | None):
+        return step.args[key] if j is None else step.args[key][j]
+
+    def put(step: Step, key: str, j: int | None, v: int) -> Step:
+        value = v if j is None else [*step.args[key][:j], v, *step.args[key][j + 1 :]]
+        return attrs.evolve(step, args={**step.args, key: value})
+
+    places = _int_places(steps)
+    for (i, key, j, kind), (k, key2, j2, kind2) in itertools.combinations(places, 2):
+        for v in _smaller_values(at(steps[i], key, j), kind, config):
+            for v2 in _smaller_values(at(steps[k], key2, j2), kind2, config):
+                out = list(steps)
+                out[i] = put(out[i], key, j, v)
+                out[k] = put(out[k], key2, j2, v2)
+                yield tuple(out)
+
+
 def _made_before(steps: tuple[Step, ...], i: int) -> dict[str, list[str]]:
     """``{REQ: [...], ENTRY: [...]}``: the names ``steps[:i]`` create, earliest first."""
     made: dict[str, list[str]] = {REQ: [], ENTRY: []}
@@ -661,6 +699,9 @@ SPLIT_STEPS = 1500
 # tried with a later step made another: that comes last and can take the
 # rest of the budget).
 PAIR_STEPS = 2000
+# Steps ``minimize``'s last pass, two arguments lowered at once, may replay
+# besides: it too runs on every trace once the others are stuck.
+LOWER_STEPS = 1000
 
 
 def _moved(steps: tuple[Step, ...]):
@@ -723,7 +764,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     that then no longer applies deleted or made simpler, or, last, where
     the fold applies but does not fail, a later step made a simple step of
     any rule (its own budget,
-    ``PAIR_STEPS``).  Only a
+    ``PAIR_STEPS``); after it, two integer arguments lowered at once
+    (``_two_lowered``; ``LOWER_STEPS``).  Only a
     failure on the same invariant counts (``_fails_like``).  Each kept candidate is re-recorded,
     so names run ``req_0``, ``req_1``, ... again.  ``stop()``, when given,
     is asked before each replay; true raises ``KeyboardInterrupt``.
@@ -1092,15 +1134,31 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                 return True
         return False
 
+    def lowered() -> bool:
+        """Two integer arguments lowered at once (``_two_lowered``), a later
+        segment free refitted, where it still fails: the last pass, run only
+        where every other is stuck; stops once ``LOWER_STEPS`` steps in all
+        have been replayed."""
+        for candidate in _two_lowered(best.steps, best.config):
+            for steps in _and_refitted(candidate, best.config):
+                if spent[4] > LOWER_STEPS:
+                    return False
+                before = spent[0]
+                kept = attempt(attrs.evolve(best, steps=steps), shorter=False)
+                spent[4] += spent[0] - before
+                if kept:
+                    return True
+        return False
+
     best = trace
     rules: dict[Config, tuple[str, ...]] = {}
     # Each candidate replayed once (its outcome kept), and the steps replayed so far.
     tried: dict[tuple, Trace | None] = {}
-    # Steps replayed by all passes, by ``split``, ``dear`` and ``paired`` (each its own budget).
-    spent = [0, 0, 0, 0]
+    # Steps replayed by all passes, by ``split``, ``dear``, ``paired`` and ``lowered`` (each its own budget).
+    spent = [0, 0, 0, 0, 0]
     valid: dict[tuple, bool] = {}
     broken: dict[tuple, int | None] = {}
     been = {_key(trace.config, trace.steps)}
-    while cheap() or dear() or split() or paired():
+    while cheap() or dear() or split() or paired() or lowered():
         pass
     return best

@@ -625,6 +625,24 @@ def test_minimize_folds_a_growth_and_makes_the_step_that_then_breaks_simpler():
     assert "overwrite_row" in [s.rule for s in shortest.steps]
 
 
+def test_minimize_folds_a_growth_and_makes_a_later_finish_an_overwrite_within_its_budget():
+    """The same bug as the bench's seeds 0 and 1 leave it once unified-swa
+    draws free_nothing: a grow and a finish in the group (6 steps).  The
+    fold passes; a finish made an overwrite of the row fails, and the
+    moves, tried first, had taken PAIR_STEPS before it was tried."""
+    config = Config(target="builtin:unified-swa", mutant="segment-queues-view", page_size=4, rows=1)
+    six = (
+        Step("begin", {}),
+        Step("alloc", {"n": 4}, "req_0"),
+        Step("free_segment", {"req": "req_0", "start": 0, "n": 1}),
+        Step("alloc", {"n": 4, "req": "req_0"}),
+        Step("finish", {"req": "req_0"}),
+        Step("end", {}),
+    )
+    shortest = _shrinks_to(config, six, "no_page_freed_twice", 5)
+    assert [s.rule for s in shortest.steps] == ["begin", "alloc", "free_segment", "overwrite_row", "end"]
+
+
 def test_a_prompt_is_lowered_to_prompts_only():
     """A prompt's smaller candidates are its first pages, a page's token lowered by one or to 1, and the
     lowest, each a prompt (no 0 digit); ``_smaller_ints`` offered 321 only 1, 160 and 320."""

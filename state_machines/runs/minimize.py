@@ -702,6 +702,13 @@ PAIR_STEPS = 2000
 # Steps ``minimize``'s last pass, two arguments lowered at once, may replay
 # besides: it too runs on every trace once the others are stuck.
 LOWER_STEPS = 1000
+# Steps ``paired`` may replay, besides, on a fold that applies with one
+# later step made another, before its moves: after them it found nothing
+# where the moves took the whole budget (unified-swa segment-queues-view,
+# seeds 0 and 1, once free_nothing was a rule: a grow and a finish in a
+# group, 6 steps, where an overwrite of the row makes 5 at 6,000 to 10,000
+# steps of PAIR_STEPS; on its own budget it took between 100 and 300).
+REPLACE_STEPS = 1000
 
 
 def _moved(steps: tuple[Step, ...]):
@@ -1036,12 +1043,13 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         rule the trace lacks put just before or after it; or a step that
         grows a request folded into its alloc (``_growth_hoisted``).  Where
         a step after the change no longer applies, that step goes, or (for
-        a fold) a simpler step takes its place (``_candidate_steps``); last,
+        a fold) a simpler step takes its place (``_candidate_steps``);
         where a fold applies but does not fail on the invariant, one later
-        step is made a simple step of any rule (``replaced``); what then
-        fails is kept where ``descend`` ends shorter than ``best``.  Run
-        only where every other pass is stuck; stops once ``PAIR_STEPS``
-        steps in all have been replayed."""
+        step is made a simple step of any rule (``replaced``: before the
+        moves on its own budget, ``REPLACE_STEPS``, and after them on what
+        they left); what then fails is kept where ``descend`` ends shorter
+        than ``best``.  Run only where every other pass is stuck; stops once
+        ``PAIR_STEPS`` steps in all have been replayed."""
         steps, config = best.steps, best.config
         new_rules = tuple(r for r in rules[config] if r not in {step.rule for step in steps})
         ints = _ints_in(steps)
@@ -1074,7 +1082,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                         break
             return isinstance(found, Trace) and descended_here(found.steps)
 
-        def replaced(candidate: tuple[Step, ...], after: int) -> bool:
+        def replaced(candidate: tuple[Step, ...], after: int, spent_up=lambda: spent[3] > PAIR_STEPS) -> bool:
             """Whether a fold ``candidate`` (one step shorter than ``best``)
             that applies but does not fail on the invariant fails on it with
             one step after index ``after`` made a simple step of any rule,
@@ -1091,7 +1099,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                                           _ints_in(candidate[k : k + 1])):
                     if returns_kind(s.rule) is not None or s == candidate[k]:
                         continue
-                    if spent[3] > PAIR_STEPS:
+                    if spent_up():
                         return False
                     if isinstance(again := outcome((*candidate[:k], s, *candidate[k + 1 :])), Trace) \
                             and descended_here(again.steps):
@@ -1106,6 +1114,19 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                 return False
             if mended(candidate, at, simpler=True):
                 return True
+        # A fold that still applies, one later step made another, first on
+        # a budget of its own (``REPLACE_STEPS``), so that the moves, which
+        # it must not starve, do not starve it either.
+        before = spent[3]
+        for candidate, at in folds:
+            if spent[5] > REPLACE_STEPS:
+                break
+            start = spent[3]
+            kept = replaced(candidate, at, lambda: spent[5] + spent[3] - start > REPLACE_STEPS)
+            spent[5] += spent[3] - start
+            if kept:
+                return True
+        spent[3] = before
         for j, moved in _moved(steps):
             if spent[3] > PAIR_STEPS:
                 return False
@@ -1125,8 +1146,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                         return False
                     if mended((*moved[:at], step, *moved[at:]), at, simpler=False):
                         return True
-        # Last, as the dearest: a fold that still applies, one later step
-        # made another (after the moves, which it must not starve).
+        # Last, as the dearest: the same on what the moves left of their budget.
         for candidate, at in folds:
             if spent[3] > PAIR_STEPS:
                 return False
@@ -1154,8 +1174,9 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     rules: dict[Config, tuple[str, ...]] = {}
     # Each candidate replayed once (its outcome kept), and the steps replayed so far.
     tried: dict[tuple, Trace | None] = {}
-    # Steps replayed by all passes, by ``split``, ``dear``, ``paired`` and ``lowered`` (each its own budget).
-    spent = [0, 0, 0, 0, 0]
+    # Steps replayed by all passes, by ``split``, ``dear``, ``paired``,
+    # ``lowered`` and ``paired``'s first try of a fold made to fail (each its own budget).
+    spent = [0, 0, 0, 0, 0, 0]
     valid: dict[tuple, bool] = {}
     broken: dict[tuple, int | None] = {}
     been = {_key(trace.config, trace.steps)}

@@ -39,17 +39,25 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message}{self._dash_value_hint(message)} (see `{self.prog} --help`)")
 
     def _dash_value_hint(self, message: str) -> str:
-        """argparse takes ``--duration -5s`` for two options: name the
-        value it set aside, and how to give it."""
-        missing = re.fullmatch(r"argument (--[\w-]+): expected one argument", message)
+        """argparse takes ``--trace-dir -out`` for two options: name the
+        value it set aside, and how to give it.  Nothing where that word is
+        one of the command's own options (``--duration -j 2``: the value
+        was left out)."""
+        missing = re.fullmatch(r"argument (\S+): expected one argument", message)
         if missing is None:
             return ""
-        option = missing.group(1)
+        names = missing.group(1).split("/")
         for at, arg in enumerate(self._args[:-1]):
             value = self._args[at + 1]
-            if arg == option and len(value) > 1 and value[0] == "-" and value[1] != "-":
-                return f"; {value!r} was taken for an option: write {option}={value}"
+            named = arg in names or (arg.startswith("--") and any(n.startswith(arg) for n in names if n.startswith("--")))
+            if named and len(value) > 1 and value[0] == "-" and value[1] != "-" and not self._an_option(value):
+                return f"; {value!r} was taken for an option: write {max(names, key=len)}={value}"
         return ""
+
+    def _an_option(self, word: str) -> bool:
+        """Whether argparse reads ``word`` as one of this command's options
+        (``-j``, ``-j2``, ``-h``)."""
+        return any(word == o or (len(o) == 2 and word.startswith(o)) for o in self._option_string_actions)
 
 
 def _positive(text: str) -> int:

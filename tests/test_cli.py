@@ -3,7 +3,6 @@
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -106,15 +105,19 @@ def _known(names) -> str:
         # An import error of a module 'BUILTIN' (helper-80).
         (["fuzz", "--target", "BUILTIN:TOKEN"], "target 'BUILTIN:TOKEN': kinds are lower case: did you mean builtin:token?"),
         # argparse takes a value that begins with '-' for an option: its message alone hid why (helper-80).
-        (["fuzz", "--duration", "-5s"], "argument --duration: expected one argument; '-5s' was taken for an option:"
-                                        " write --duration=-5s (see `kv-lockstep fuzz --help`)"),
+        (["fuzz", "--trace-dir", "-traces"], "argument --trace-dir: expected one argument; '-traces' was taken for an"
+                                             " option: write --trace-dir=-traces (see `kv-lockstep fuzz --help`)"),
+        (["fuzz", "--trace", "-traces"], "argument --trace-dir: expected one argument; '-traces' was taken for an"
+                                         " option: write --trace-dir=-traces (see `kv-lockstep fuzz --help`)"),
         (["fuzz", "--duration", "--seed", "1"], "argument --duration: expected one argument (see `kv-lockstep fuzz --help`)"),
+        # One of the command's own options: the value was left out, and --duration=-j would be no help.
+        (["fuzz", "--duration", "-j", "2"], "argument --duration: expected one argument (see `kv-lockstep fuzz --help`)"),
     ],
     ids=["target-form", "builtin", "mutant", "page-size", "import", "argument", "trace-missing", "target-empty",
          "page-size-past-a-trace", "size-past-a-trace", "db-unwritable", "sglang-path-with-builtin",
          "targets-sglang-path-with-builtin",
          "targets-mutant-alone", "targets-page-size-alone", "targets-need-sort-alone", "kind-miscased",
-         "value-like-an-option", "value-forgotten"],
+         "value-like-an-option", "value-like-an-option-abbreviated", "value-forgotten", "value-forgotten-before-an-option"],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
     """Bad input gets one line on stderr, no traceback, nothing on stdout, exit code 2."""
@@ -224,19 +227,25 @@ def test_custom_target_outside_the_repo_has_no_false_alarm(tmp_path, page_size):
 
 
 def test_printed_replay_commands_run_the_trace(tmp_path):
-    """Each `replay:` line a run prints is a command that replays its trace:
-    a custom target, which replay never imports from a trace, is named again."""
-    run = kv_lockstep("fuzz", "--target", "allocators.token:FlagDriftTokenAllocator", "--seed", "0",
-                      "--max-examples", "50", "--trace-dir", str(tmp_path), cwd=tmp_path,
-                      env_extra={"PYTHONPATH": str(REPO)})
+    """Each `replay:` line a run prints is a command that replays its trace,
+    as printed, from another folder: a custom target, which replay never
+    imports from a trace, is named again, with the run's PYTHONPATH, each
+    folder in full (helper-80, helper-83)."""
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "my_mutant.py").write_text("from allocators.token import FlagDriftTokenAllocator as Mine\n")
+    run = kv_lockstep("fuzz", "--target", "my_mutant:Mine", "--seed", "0", "--max-examples", "50",
+                      "--trace-dir", str(tmp_path / "traces"), cwd=tmp_path,
+                      env_extra={"PYTHONPATH": f"mods{os.pathsep}{REPO}"})
     assert run.returncode == 1, run.stdout + run.stderr
     commands = [line.removeprefix("  replay: ") for line in run.stdout.splitlines() if line.startswith("  replay: ")]
     assert commands, run.stdout
+    (tmp_path / "elsewhere").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     for command in commands:
-        # The module path the target was imported through comes with it (helper-80): the command runs as printed.
-        assignment, program, *args = shlex.split(command)
-        assert (assignment, program) == (f"PYTHONPATH={REPO}", "kv-lockstep")
-        again = kv_lockstep(*args, cwd=tmp_path, env_extra=dict([assignment.split("=", 1)]))
+        assert command.startswith(f"PYTHONPATH={tmp_path / 'mods'}{os.pathsep}{REPO} kv-lockstep replay "), command
+        again = subprocess.run(["bash", "-c", command], cwd=tmp_path / "elsewhere", env=env,
+                               capture_output=True, text=True, timeout=300)
         assert again.returncode == 1, command + "\n" + again.stdout + again.stderr
 
 
@@ -255,11 +264,16 @@ def test_replay_command_passes_what_replay_will_not_read_from_a_trace(monkeypatc
     assert replay_command("a b.json", Config(target="sglang:token", sglang_path="p", caller="mod:Cache")) == (
         "kv-lockstep replay 'a b.json' --caller mod:Cache --sglang-path p"
     )
-    monkeypatch.setenv("PYTHONPATH", "my mods")
+    monkeypatch.setenv("PYTHONPATH", "/my mods")
     assert replay_command("t.json", Config(target="sglang:token")) == "kv-lockstep replay t.json"
-    assert replay_command("t.json", Config(target="m:make")) == "PYTHONPATH='my mods' kv-lockstep replay t.json --target m:make"
+    assert replay_command("t.json", Config(target="m:make")) == "PYTHONPATH='/my mods' kv-lockstep replay t.json --target m:make"
     assert replay_command("t.json", Config(target="sglang:token", sglang_path="p", caller="mod:Cache")) == (
-        "PYTHONPATH='my mods' kv-lockstep replay t.json --caller mod:Cache --sglang-path p"
+        "PYTHONPATH='/my mods' kv-lockstep replay t.json --caller mod:Cache --sglang-path p"
+    )
+    # Relative folders, and an empty entry (the current folder), in full.
+    monkeypatch.setenv("PYTHONPATH", f"mods{os.pathsep}")
+    assert replay_command("t.json", Config(target="m:make")) == (
+        f"PYTHONPATH={os.path.abspath('mods')}{os.pathsep}{os.getcwd()} kv-lockstep replay t.json --target m:make"
     )
 
 

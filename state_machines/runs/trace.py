@@ -496,8 +496,9 @@ def replay_command(path, config: Config) -> str:
     """The ``kv-lockstep replay`` command that runs a trace written by a run
     of ``config``: replay imports no code and puts no folder on ``sys.path``
     that a trace names, so a custom target or cache class and an
-    ``--sglang-path`` are passed again, as the run was given them, and so is
-    the ``PYTHONPATH`` a custom target or cache class was imported through."""
+    ``--sglang-path`` are passed again, as the run was given them, and with
+    a custom target or cache class, the run's ``PYTHONPATH``, each folder in
+    full."""
     if not written(path):
         return "none: no trace file was written"
     words = ["kv-lockstep", "replay", str(path)]
@@ -510,6 +511,8 @@ def replay_command(path, config: Config) -> str:
     if config.sglang_path is not None:
         words += ["--sglang-path", config.sglang_path]
     module_path = os.environ.get("PYTHONPATH", "") if custom else ""
+    if module_path:  # each folder in full (an empty entry is the current one), as the trace's path may be
+        module_path = os.pathsep.join(os.path.abspath(p or os.curdir) for p in module_path.split(os.pathsep))
     return (f"PYTHONPATH={shlex.quote(module_path)} " if module_path else "") + shlex.join(words)
 
 

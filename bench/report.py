@@ -142,7 +142,7 @@ def _bug_sections(data: dict) -> list[str]:
         "adjacent steps swapped where deletions then go further, one step split in two, and where nothing else "
         "helps two changes at once (a step moved and one of a rule the trace lacks put next to it, or a growth "
         "folded into its alloc, a later step that no longer applies mended or dropped, or one made another where the fold "
-        "passes), then two amounts lowered at once, each replayed; only a failure "
+        "passes), then two integer arguments lowered at once, each replayed; only a failure "
         "on the same invariant counts). *shrunk* is the "
         "length of the shrunk trace, median "
         "[min–max]; *known* is the shortest trace known to trigger the bug, written by hand in "

@@ -625,11 +625,17 @@ def test_minimize_folds_a_growth_and_makes_the_step_that_then_breaks_simpler():
     assert "overwrite_row" in [s.rule for s in shortest.steps]
 
 
-def test_minimize_folds_a_growth_and_makes_a_later_finish_an_overwrite_within_its_budget():
+@pytest.mark.parametrize("pair_steps", [None, 0], ids=["pair-budget", "pair-budget-spent"])
+def test_minimize_folds_a_growth_and_makes_a_later_finish_an_overwrite_within_its_budget(pair_steps, monkeypatch):
     """The same bug as the bench's seeds 0 and 1 leave it once unified-swa
     draws free_nothing: a grow and a finish in the group (6 steps).  The
     fold passes; a finish made an overwrite of the row fails, and the
-    moves, tried first, had taken PAIR_STEPS before it was tried."""
+    moves, tried first, had taken PAIR_STEPS before it was tried.  It has
+    a budget of its own, which PAIR_STEPS spent does not take (helper-83)."""
+    from state_machines.runs import minimize as minimizer
+
+    if pair_steps is not None:
+        monkeypatch.setattr(minimizer, "PAIR_STEPS", pair_steps)
     config = Config(target="builtin:unified-swa", mutant="segment-queues-view", page_size=4, rows=1)
     six = (
         Step("begin", {}),
@@ -746,8 +752,9 @@ def test_two_arguments_are_lowered_at_once_where_either_alone_passes():
         ("alloc", {"n": 2}), ("extend", {"reqs": ["req_0"], "tokens": [2]})]
 
 
-def test_two_lowered_offers_each_pair_of_integers_smallest_first():
-    """Each pair of integer arguments, a list's elements included, each lowered as ``_smaller_args`` lowers one."""
+def test_two_lowered_offers_each_pair_of_integers_both_lowest_first():
+    """Each pair of integer arguments, a list's elements included, each lowered as ``_smaller_args`` lowers one;
+    every pair's two lowest come before any pair's others, so that the budget reaches every pair (helper-83)."""
     from state_machines.runs.minimize import _two_lowered
 
     config = Config(target="builtin:dsv4-hisparse", page_size=16)
@@ -758,3 +765,7 @@ def test_two_lowered_offers_each_pair_of_integers_smallest_first():
     )
     got = [(c[1].args["tokens"], c[2].args["pages"]) for c in _two_lowered(steps, config)]
     assert got == [([1], 1), ([12], 1), ([23], 1)]
+    allocs = tuple(Step("alloc", {"n": 6}, f"req_{i}") for i in range(3))
+    got = [tuple(s.args["n"] for s in c) for c in _two_lowered(allocs, Config())]
+    assert got[:3] == [(1, 1, 6), (1, 6, 1), (6, 1, 1)]
+    assert len(got) == 3 * 9 and len(set(got)) == 27

@@ -150,10 +150,10 @@ def _lowered_together(steps: tuple[Step, ...], config: Config):
     Requests of one prompt share its prefix in the caller's cache, and
     sglang 0.5.17's latent duplicate (``--caller radix --groups all``) fails
     only while they do, so lowering either alone parts them: seed 0 stopped
-    at ``prompt=321`` twice, where both at 1 fail too.  Prompts only: an
-    amount two steps share means nothing shared, and lowering amounts so
-    changed what builtin traces shrink to (page-interleave merge-on-total's
-    three load_backs came back as allocs)."""
+    at ``prompt=321`` twice, where both at 1 fail too.  Prompts only, in
+    the cheap passes: an amount two steps share means nothing shared.  Two
+    amounts lowered at once come last, where every pass is stuck
+    (``_two_lowered``)."""
     shared: dict[tuple, list[int]] = {}
     for i, step in enumerate(steps):
         for key, kind in arg_kinds(step.rule).items():
@@ -183,7 +183,8 @@ def _int_places(steps: tuple[Step, ...]) -> list[tuple[int, str, int | None, str
 
 def _two_lowered(steps: tuple[Step, ...], config: Config):
     """``steps`` with two integer arguments lowered at once, each to a value
-    ``_smaller_values`` gives, smallest first: a failure that needs the two
+    ``_smaller_values`` gives (each pair to both lowest first, then to the
+    others in order): a failure that needs the two
     in step (0.5.23's dsv4-hisparse at page size 16 fails on an extend of
     24 tokens and a device buffer of 2 pages, and on 8 and 1, but on
     neither lowered alone) is left where each alone stops."""
@@ -195,10 +196,16 @@ def _two_lowered(steps: tuple[Step, ...], config: Config):
         value = v if j is None else [*step.args[key][:j], v, *step.args[key][j + 1 :]]
         return attrs.evolve(step, args={**step.args, key: value})
 
-    places = _int_places(steps)
-    for (i, key, j, kind), (k, key2, j2, kind2) in itertools.combinations(places, 2):
-        for v in _smaller_values(at(steps[i], key, j), kind, config):
-            for v2 in _smaller_values(at(steps[k], key2, j2), kind2, config):
+    pairs = []
+    for (i, key, j, kind), (k, key2, j2, kind2) in itertools.combinations(_int_places(steps), 2):
+        values = [(v, v2) for v in _smaller_values(at(steps[i], key, j), kind, config)
+                  for v2 in _smaller_values(at(steps[k], key2, j2), kind2, config)]
+        pairs.append(((i, key, j), (k, key2, j2), values))
+    # Both lowest first for every pair, then the rest: the budget reaches
+    # every pair's first try however many places the trace has.
+    for first in (True, False):
+        for (i, key, j), (k, key2, j2), values in pairs:
+            for v, v2 in values[:1] if first else values[1:]:
                 out = list(steps)
                 out[i] = put(out[i], key, j, v)
                 out[k] = put(out[k], key2, j2, v2)
@@ -1111,13 +1118,13 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                  for candidate in _growth_hoisted(steps, config)]
         for candidate, at in folds:
             if spent[3] > PAIR_STEPS:
-                return False
+                break  # the tries below have a budget of their own
             if mended(candidate, at, simpler=True):
                 return True
         # A fold that still applies, one later step made another, first on
         # a budget of its own (``REPLACE_STEPS``), so that the moves, which
         # it must not starve, do not starve it either.
-        before = spent[3]
+        before, kept = spent[3], False
         for candidate, at in folds:
             if spent[5] > REPLACE_STEPS:
                 break
@@ -1125,8 +1132,10 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             kept = replaced(candidate, at, lambda: spent[5] + spent[3] - start > REPLACE_STEPS)
             spent[5] += spent[3] - start
             if kept:
-                return True
-        spent[3] = before
+                break
+        spent[3] = before  # charged to REPLACE_STEPS alone
+        if kept:
+            return True
         for j, moved in _moved(steps):
             if spent[3] > PAIR_STEPS:
                 return False

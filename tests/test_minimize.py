@@ -625,6 +625,24 @@ def test_minimize_folds_a_growth_and_makes_the_step_that_then_breaks_simpler():
     assert "overwrite_row" in [s.rule for s in shortest.steps]
 
 
+# A request grown and finished inside a group after a segment free of it:
+# six steps, where the known shortest trace overwrites the row instead.
+GROWN_AND_FINISHED = (
+    Step("begin", {}),
+    Step("alloc", {"n": 4}, "req_0"),
+    Step("free_segment", {"req": "req_0", "start": 0, "n": 1}),
+    Step("alloc", {"n": 4, "req": "req_0"}),
+    Step("finish", {"req": "req_0"}),
+    Step("end", {}),
+)
+
+
+def _overwrite_in_place_of_the_finish(config: Config) -> None:
+    """``GROWN_AND_FINISHED`` shrinks to five steps on ``config``, the finish made an overwrite of the row."""
+    shortest = _shrinks_to(config, GROWN_AND_FINISHED, "no_page_freed_twice", 5)
+    assert [s.rule for s in shortest.steps] == ["begin", "alloc", "free_segment", "overwrite_row", "end"]
+
+
 @pytest.mark.parametrize("pair_steps", [None, 0], ids=["pair-budget", "pair-budget-spent"])
 def test_minimize_folds_a_growth_and_makes_a_later_finish_an_overwrite_within_its_budget(pair_steps, monkeypatch):
     """The same bug as the bench's seeds 0 and 1 leave it once unified-swa
@@ -637,16 +655,7 @@ def test_minimize_folds_a_growth_and_makes_a_later_finish_an_overwrite_within_it
     if pair_steps is not None:
         monkeypatch.setattr(minimizer, "PAIR_STEPS", pair_steps)
     config = Config(target="builtin:unified-swa", mutant="segment-queues-view", page_size=4, rows=1)
-    six = (
-        Step("begin", {}),
-        Step("alloc", {"n": 4}, "req_0"),
-        Step("free_segment", {"req": "req_0", "start": 0, "n": 1}),
-        Step("alloc", {"n": 4, "req": "req_0"}),
-        Step("finish", {"req": "req_0"}),
-        Step("end", {}),
-    )
-    shortest = _shrinks_to(config, six, "no_page_freed_twice", 5)
-    assert [s.rule for s in shortest.steps] == ["begin", "alloc", "free_segment", "overwrite_row", "end"]
+    _overwrite_in_place_of_the_finish(config)
 
 
 def test_a_prompt_is_lowered_to_prompts_only():
@@ -711,16 +720,7 @@ def test_minimize_folds_a_growth_and_puts_another_path_in_place_of_a_step_that_t
     an overwrite of the row fails as before, by the known shortest path
     (six steps to five).  No single move shortened the six."""
     config = Config(target="builtin:multi-ended", mutant="segment-view", page_size=4, row_dtype="int64", size=8)
-    six = (
-        Step("begin", {}),
-        Step("alloc", {"n": 4}, "req_0"),
-        Step("free_segment", {"req": "req_0", "start": 0, "n": 1}),
-        Step("alloc", {"n": 4, "req": "req_0"}),
-        Step("finish", {"req": "req_0"}),
-        Step("end", {}),
-    )
-    shortest = _shrinks_to(config, six, "no_page_freed_twice", 5)
-    assert [s.rule for s in shortest.steps] == ["begin", "alloc", "free_segment", "overwrite_row", "end"]
+    _overwrite_in_place_of_the_finish(config)
 
 
 class SameSizeTwice(TokenAllocator):

@@ -151,9 +151,9 @@ def _lowered_together(steps: tuple[Step, ...], config: Config):
     sglang 0.5.17's latent duplicate (``--caller radix --groups all``) fails
     only while they do, so lowering either alone parts them: seed 0 stopped
     at ``prompt=321`` twice, where both at 1 fail too.  Prompts only, in
-    the cheap passes: an amount two steps share means nothing shared.  Two
-    amounts lowered at once come last, where every pass is stuck
-    (``_two_lowered``)."""
+    the cheap passes: an amount two steps share means nothing shared.  Any
+    two integer arguments lowered at once come last, where every pass is
+    stuck (``_two_lowered``)."""
     shared: dict[tuple, list[int]] = {}
     for i, step in enumerate(steps):
         for key, kind in arg_kinds(step.rule).items():

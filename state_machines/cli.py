@@ -321,19 +321,12 @@ def _fuzz_covered(config: Config, args) -> int:
     return code
 
 
-def _runs_users_code(config: Config) -> bool:
-    """Whether building ``config`` runs code of the user's: a ``MODULE:ATTR``
-    target or cache class (``--caller``).  A built-in target, an sglang kind
-    and a named cache are ours, and are built in this process."""
-    return config.target.partition(":")[0] not in ("builtin", "sglang") or ":" in config.caller
-
-
 def _build_here_or_watched(config: Config, job, build_timeout_s: float):
     """``job(config)``, which builds ``config``'s target: here where that runs
     only our code, else in a watched worker (``watchdog.build_watched``),
     where a factory or cache class that exits, crashes or never returns is
     bad input (it ended the command silently with its code, or hung it)."""
-    if not _runs_users_code(config):
+    if not config.runs_users_code():
         try:
             return job(config)
         finally:  # no alarm of its calls' timer during the run that follows
@@ -356,7 +349,7 @@ def _print_caller_header(config: Config, build_timeout_s: float) -> None:
     worker forks from this process, so the release's imports are made once),
     or, where that runs the user's code, in a watched worker forked after the
     release and the cache class's module are loaded here."""
-    if _runs_users_code(config):
+    if config.runs_users_code():
         from state_machines.callers.release import cache_class, open_release
 
         cache_class(open_release(config.sglang_path), config.caller)

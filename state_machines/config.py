@@ -79,6 +79,12 @@ class Config:
         known = {k: v for k, v in data.items() if k in names}
         return cls(**known)
 
+    def runs_users_code(self) -> bool:
+        """Whether building this runs code of the user's: a ``MODULE:ATTR``
+        target or cache class (``--caller``).  A built-in target, an sglang
+        kind and a named cache are ours."""
+        return self.target.partition(":")[0] not in ("builtin", "sglang") or ":" in self.caller
+
     def label(self) -> str:
         bits = [self.target]
         if self.mutant:

@@ -502,15 +502,13 @@ def replay_command(path, config: Config) -> str:
     if not written(path):
         return "none: no trace file was written"
     words = ["kv-lockstep", "replay", str(path)]
-    custom = config.target.partition(":")[0] not in ("builtin", "sglang")
-    if custom:
+    if config.target.partition(":")[0] not in ("builtin", "sglang"):
         words += ["--target", config.target]
     if ":" in config.caller:
-        custom = True
         words += ["--caller", config.caller]
     if config.sglang_path is not None:
         words += ["--sglang-path", config.sglang_path]
-    module_path = os.environ.get("PYTHONPATH", "") if custom else ""
+    module_path = os.environ.get("PYTHONPATH", "") if config.runs_users_code() else ""
     if module_path:  # each folder in full (an empty entry is the current one), as the trace's path may be
         module_path = os.pathsep.join(os.path.abspath(p or os.curdir) for p in module_path.split(os.pathsep))
     return (f"PYTHONPATH={shlex.quote(module_path)} " if module_path else "") + shlex.join(words)

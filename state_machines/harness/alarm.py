@@ -135,14 +135,24 @@ def alarm_is_private() -> bool:
 # kernel takes, so the timer is never given up for a value.
 _LONGEST = 2**31 - 1
 
+# Once due, the alarm fires again every AGAIN_S seconds until it is set again
+# or switched off.  One SIGALRM can be lost: CPython's ``time.sleep``, woken
+# by one, runs its handler and goes back to sleep without looking again, so
+# one that lands meanwhile (the handler set the timer again for a moment
+# later) wakes nothing, and a hang slept on for good (seen in CI).  The
+# next one wakes it.
+AGAIN_S = 0.05
+
 
 def set_alarm(seconds: float) -> None:
     """SIGALRM to this (the main) thread ``seconds`` (> 0) from now, or
-    ``_LONGEST`` seconds at most, replacing any alarm set before."""
+    ``_LONGEST`` seconds at most, and every ``AGAIN_S`` after that,
+    replacing any alarm set before."""
     global _calls
     seconds = min(seconds, _LONGEST) if seconds > 1e-6 else 1e-6
     whole = int(seconds)
-    spec = _Itimerspec(it_value=_Timespec(whole, int((seconds - whole) * 1e9)))
+    spec = _Itimerspec(it_interval=_Timespec(0, int(AGAIN_S * 1e9)),
+                       it_value=_Timespec(whole, int((seconds - whole) * 1e9)))
     for _attempt in range(2):
         timer = _thread_timer()
         if timer is None:
@@ -152,7 +162,7 @@ def set_alarm(seconds: float) -> None:
         _forget()  # no such timer here after all: a new one
     else:
         _calls = None  # none will take: setitimer from now on, never untimed
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds, AGAIN_S)
 
 
 def cancel_alarm() -> None:

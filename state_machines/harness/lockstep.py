@@ -287,12 +287,14 @@ class CallTimedOut(TimeoutError):
 
 def _on_alarm(signum, frame):
     """SIGALRM: a timed call past its deadline raises ``CallTimedOut``.  The
-    timer outlives the calls (``_with_deadline``): between calls it does
-    nothing, and inside a call whose deadline is still ahead (the timer set
-    for an earlier call's) it is set again for the rest."""
+    timer outlives the calls (``_with_deadline``): between calls it is
+    switched off (once due it fires again, ``alarm.AGAIN_S``), and inside a
+    call whose deadline is still ahead (the timer set for an earlier call's)
+    it is set again for the rest."""
     global _fires_at
     _fires_at = None
     if _deadline is None:
+        cancel_alarm()
         return
     left = _deadline - time.monotonic()
     if left > 0:

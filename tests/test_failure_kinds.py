@@ -219,6 +219,35 @@ def test_a_stray_sigalrm_between_calls_does_not_leave_the_timer_set_past_a_disar
     assert alarm.alarm_left() == 0.0
 
 
+def test_a_disarm_switches_off_setitimers_timer_it_set_though_another_handler_came_since(monkeypatch):
+    """setitimer's timer repeats once due (a SIGALRM can be lost); where code
+    installed its own SIGALRM handler after the calls, the disarm still
+    switches the harness's timer off, or that handler got one every limit
+    and the interpreter's exit, SIGALRM's default back, died of one.  A
+    timer that other code set since is left alone."""
+    import signal
+
+    from state_machines.harness import alarm
+    from state_machines.harness.lockstep import _with_deadline, disarm_call_timer
+
+    disarm_call_timer()
+    monkeypatch.setattr(alarm, "_calls", None)
+    got = []
+    before = signal.getsignal(signal.SIGALRM)
+    try:
+        _with_deadline(0.1, lambda: None, ())
+        signal.signal(signal.SIGALRM, lambda *a: got.append(1))
+        disarm_call_timer()
+        time.sleep(0.35)
+        assert (got, alarm.alarm_left()) == ([], 0.0)
+        signal.setitimer(signal.ITIMER_REAL, 30.0)  # another's
+        disarm_call_timer()
+        assert alarm.alarm_left() > 25.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+
+
 def test_a_timer_a_lockstep_left_set_does_not_end_the_interpreters_exit():
     """A Lockstep driven directly leaves the call timer set; where it fired
     in the interpreter's exit, after SIGALRM's default was put back, the

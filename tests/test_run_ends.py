@@ -348,11 +348,13 @@ print(failure.invariant, bad_pools.hangs)
 
 @pytest.mark.skipif(not hasattr(signal, "sigtimedwait"), reason="no sigtimedwait here")
 def test_a_lost_alarm_does_not_leave_a_hang_asleep(pools):
-    """The call timer fires again after a signal that went astray (here the
-    allocator takes it; in CI, CPython's sleep lost one that landed while the
-    handler of the one before ran, and a hang slept on for good)."""
+    """The call timer fires again after a signal that went astray.  Here the
+    allocator takes it (it is an earlier call's, due before this call's
+    deadline); in CI, CPython's sleep lost one that landed after the handler
+    of the one before had set the timer again and before the sleep went back
+    to its system call, and a hang slept on for good."""
     run = subprocess.run([sys.executable, "-c", _EATS_ALARM], cwd=pools, env=_env(pools), capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
     invariant, hangs = run.stdout.split(maxsplit=1)
     assert invariant == "allocator_hung"

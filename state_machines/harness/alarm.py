@@ -14,11 +14,15 @@ cannot be created, it is ``setitimer``'s, as before.  One timer per
 process; a forked child has none (fork copies no timer) and creates its
 own the first time it sets one.
 
-Being the harness's own, the timer is switched off by the harness alone:
-code that cancels the process's alarm (``signal.alarm(0)``) leaves it set.
-``fuzz`` and ``replay`` switch it off as they return, and an exit handler
-as the interpreter exits; a ``Lockstep`` driven directly leaves it set
-until then, or until ``disarm_call_timer()``.
+Once due, the alarm repeats until it is set again or switched off
+(``set_alarm``: one SIGALRM can be lost).  Being the harness's own, the
+timer is switched off by the harness alone: code that cancels the
+process's alarm (``signal.alarm(0)``) leaves it set.  ``fuzz`` and
+``replay`` switch it off as they return, and an exit handler as the
+interpreter exits; the harness's handler switches it off when it fires
+between calls.  A ``Lockstep`` driven directly leaves it set until then,
+or until ``disarm_call_timer()``; where another SIGALRM handler has been
+installed meanwhile, that handler gets it, once per call limit.
 """
 
 from __future__ import annotations
@@ -135,23 +139,32 @@ def alarm_is_private() -> bool:
 # kernel takes, so the timer is never given up for a value.
 _LONGEST = 2**31 - 1
 
-# Once due, the alarm fires again every AGAIN_S seconds until it is set again
-# or switched off.  One SIGALRM can be lost: CPython's ``time.sleep``, woken
-# by one, runs its handler and goes back to sleep without looking again, so
-# one that lands meanwhile (the handler set the timer again for a moment
-# later) wakes nothing, and a hang slept on for good (seen in CI).  The
-# next one wakes it.
-AGAIN_S = 0.05
+# What ``set_alarm`` last gave setitimer to repeat, where the alarm is
+# setitimer's (``shared_alarm_is_ours``); 0.0 before it has set one.
+_shared_again = 0.0
 
 
-def set_alarm(seconds: float) -> None:
+def set_alarm(seconds: float, again: float) -> None:
     """SIGALRM to this (the main) thread ``seconds`` (> 0) from now, or
-    ``_LONGEST`` seconds at most, and every ``AGAIN_S`` after that,
-    replacing any alarm set before."""
-    global _calls
+    ``_LONGEST`` seconds at most, and every ``again`` seconds after that
+    until it is set again or switched off, replacing any alarm set before.
+
+    It repeats because a SIGALRM can be lost.  CPython's blocking calls
+    (``time.sleep``, ``select``, ``waitpid``), woken by one, run its
+    handler and go back to their system call; one that lands after the
+    handler has run and before that call is entered again (the handler set
+    the timer again for a few hundred µs: ``lockstep._on_alarm``; a loaded
+    machine widens the gap) wakes nothing, and a hung call slept on for
+    good (seen in CI).  The next one wakes it.  The harness repeats it
+    after the call's own limit, so that a call still inside C code, where
+    no handler runs, is woken no more often than before (a C loop that
+    starts its whole wait again on EINTR would never end under a short
+    repeat)."""
+    global _calls, _shared_again
     seconds = min(seconds, _LONGEST) if seconds > 1e-6 else 1e-6
-    whole = int(seconds)
-    spec = _Itimerspec(it_interval=_Timespec(0, int(AGAIN_S * 1e9)),
+    again = min(max(again, 1e-3), _LONGEST)
+    whole, every = int(seconds), int(again)
+    spec = _Itimerspec(it_interval=_Timespec(every, int((again - every) * 1e9)),
                        it_value=_Timespec(whole, int((seconds - whole) * 1e9)))
     for _attempt in range(2):
         timer = _thread_timer()
@@ -162,7 +175,16 @@ def set_alarm(seconds: float) -> None:
         _forget()  # no such timer here after all: a new one
     else:
         _calls = None  # none will take: setitimer from now on, never untimed
-    signal.setitimer(signal.ITIMER_REAL, seconds, AGAIN_S)
+    signal.setitimer(signal.ITIMER_REAL, seconds, again)
+    _shared_again = signal.getitimer(signal.ITIMER_REAL)[1]  # as the kernel rounded it
+
+
+def shared_alarm_is_ours() -> bool:
+    """Whether setitimer's timer, shared with any other code, repeats as
+    ``set_alarm`` last set it to (other code that sets it again will
+    rarely choose the same repeat): the harness's own, to switch off even
+    where another SIGALRM handler has been installed since."""
+    return _calls is None and _shared_again > 0 and signal.getitimer(signal.ITIMER_REAL)[1] == _shared_again
 
 
 def cancel_alarm() -> None:
@@ -175,7 +197,8 @@ def cancel_alarm() -> None:
 
 
 def alarm_left() -> float:
-    """Seconds until the alarm is due; 0.0 where none is set."""
+    """Seconds until the alarm is next due (once due, until it repeats);
+    0.0 where none is set."""
     if _calls is None:
         return signal.getitimer(signal.ITIMER_REAL)[0]
     timer = _own_timer()

@@ -41,7 +41,7 @@ from reference_model.census import Census
 from state_machines import orphans
 from state_machines.config import Config
 from state_machines.harness import hooks
-from state_machines.harness.alarm import alarm_is_private, cancel_alarm, set_alarm
+from state_machines.harness.alarm import alarm_is_private, cancel_alarm, set_alarm, shared_alarm_is_ours
 from state_machines.harness.steps import EntryRef, ReqRef, Step, StepSpec, step
 from state_machines.orphans import calls_user_code, leave_if_a_copy
 from state_machines.targets import probe
@@ -271,10 +271,12 @@ def read_census(allocator, model=None) -> Census:
 
 
 # The deadline (``time.monotonic()``) of the outermost timed call running
-# now; None between calls (``_with_deadline``).
+# now, and its limit in seconds; None between calls (``_with_deadline``).
 _deadline: float | None = None
-# When the interval timer was last set to fire (``time.monotonic()``); None
-# once it has fired, or while ``_on_alarm`` is not the handler.
+_limit = CALL_TIMEOUT_S
+# When the timer is next due (``time.monotonic()``), as set for a call; None
+# where that is not known: off, or due once already (it then repeats every
+# call limit), or ``_on_alarm`` is not the handler.
 _fires_at: float | None = None
 
 
@@ -288,9 +290,11 @@ class CallTimedOut(TimeoutError):
 def _on_alarm(signum, frame):
     """SIGALRM: a timed call past its deadline raises ``CallTimedOut``.  The
     timer outlives the calls (``_with_deadline``): between calls it is
-    switched off (once due it fires again, ``alarm.AGAIN_S``), and inside a
+    switched off (once due, it repeats: ``alarm.set_alarm``), and inside a
     call whose deadline is still ahead (the timer set for an earlier call's)
-    it is set again for the rest."""
+    it is set again for the rest.  A call that catches ``CallTimedOut`` and
+    goes on gets it again every call limit, its clean-up code included,
+    until it returns."""
     global _fires_at
     _fires_at = None
     if _deadline is None:
@@ -299,7 +303,7 @@ def _on_alarm(signum, frame):
     left = _deadline - time.monotonic()
     if left > 0:
         _fires_at = _deadline
-        set_alarm(left)
+        set_alarm(left, _limit)
         return
     raise CallTimedOut(f"no return within {CALL_TIMEOUT_S:g} s")
 
@@ -317,17 +321,19 @@ def _with_deadline(seconds: float, fn, args: tuple):
     or would fire within half of ``seconds`` (then to ``seconds``), and is
     not switched off after the call (``fuzz`` and ``replay`` switch it off
     as they return, ``disarm_call_timer``, and the command as it ends and
-    after what it builds itself; a ``Lockstep`` driven directly leaves it
-    set until the interpreter exits): while calls come often it never
-    fires, and one that fires early is set again for the rest
-    (``_on_alarm``).  Its signal goes to the main thread, not to whichever
+    after what it builds itself, and the handler when it fires between
+    calls; a ``Lockstep`` driven directly leaves it set until then, or
+    until the interpreter exits): while calls come often it never fires,
+    and one that fires early is set again for the rest (``_on_alarm``).
+    Once due, it repeats every ``seconds`` (``alarm.set_alarm``: a
+    SIGALRM can be lost).  Its signal goes to the main thread, not to whichever
     thread the kernel picks (``alarm``).  A forked child, which inherits
     no timer, forgets it (``_forget_call_timer``).  Setting it on
     every call and switching it off after (as before) took 26 µs of a
     builtin:token walk step (183 µs against 157 µs with no timer, CPU time,
     median of 8 alternating runs on the 2-core bench machine, where a timer
     syscall costs several µs); setting it on every call alone, 12 µs."""
-    global _deadline, _fires_at
+    global _deadline, _limit, _fires_at
     if not _HAS_TIMER or threading.get_ident() != threading.main_thread().ident:
         return fn(*args)
     if _deadline is not None:
@@ -345,11 +351,11 @@ def _with_deadline(seconds: float, fn, args: tuple):
     try:
         # The deadline first: an alarm from here on finds the call running
         # and sets the timer again for the rest (``_on_alarm``).
-        _deadline = deadline
+        _deadline, _limit = deadline, seconds
         fires = _fires_at
         if fires is None or fires > deadline or fires - now < seconds / 2:
             _fires_at = deadline
-            set_alarm(seconds)
+            set_alarm(seconds, seconds)
         return fn(*args)
     finally:
         _deadline = None
@@ -364,12 +370,13 @@ def disarm_call_timer() -> None:
     back as it exits and which ends the process).  Where the timer is
     ``setitimer``'s (``alarm``: off 64-bit Linux, or where no timer of the
     harness's own could be made), which other code shares, it is left as
-    it is once another handler has been installed: it may be that
+    it is once another handler has been installed, unless it still repeats
+    as the harness set it (``shared_alarm_is_ours``): else it may be that
     handler's own."""
     global _fires_at
-    if alarm_is_private() or _signal.getsignal(signal.SIGALRM) is _on_alarm:
-        # Set or not (a stray SIGALRM between calls clears _fires_at, and
-        # left the timer set past this).
+    if alarm_is_private() or _signal.getsignal(signal.SIGALRM) is _on_alarm or shared_alarm_is_ours():
+        # Set or not (a SIGALRM between calls clears _fires_at, and the
+        # handler switched the timer off; it may be set since).
         cancel_alarm()
     _fires_at = None
 

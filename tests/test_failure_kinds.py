@@ -124,9 +124,9 @@ def test_a_call_within_its_limit_runs_on_when_an_earlier_calls_timer_fires_insid
     from state_machines.harness.lockstep import _with_deadline
 
     _with_deadline(1.0, lambda: None, ())  # the timer: 1 s from now
-    time.sleep(0.3)
-    # Deadline 1.3 s; the timer fires at 1 s, inside the call, which ends at 1.2 s.
-    _with_deadline(1.0, time.sleep, (0.9,))
+    # Deadline 1.8 s; the timer (at least half the limit ahead, so kept)
+    # fires at 1 s, inside the call, which ends at 1.2 s.
+    _with_deadline(1.8, time.sleep, (1.2,))
 
 
 @pytest.mark.skipif(not alarm_is_private(), reason="setitimer's alarm here: no timer aimed at one thread")

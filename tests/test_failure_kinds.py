@@ -121,12 +121,23 @@ def test_the_timer_left_by_a_call_does_nothing_when_it_fires_between_calls():
 def test_a_call_within_its_limit_runs_on_when_an_earlier_calls_timer_fires_inside_it():
     """A timer set for an earlier call's deadline fires inside a later call that is
     still within its own limit: the call is not cut, it runs to the end."""
-    from state_machines.harness.lockstep import _with_deadline
+    from state_machines.harness import alarm
+    from state_machines.harness.lockstep import _with_deadline, disarm_call_timer
 
-    _with_deadline(1.0, lambda: None, ())  # the timer: 1 s from now
-    # Deadline 1.8 s; the timer (at least half the limit ahead, so kept)
-    # fires at 1 s, inside the call, which ends at 1.2 s.
-    _with_deadline(1.8, time.sleep, (1.2,))
+    disarm_call_timer()  # none an earlier test left
+    _with_deadline(2.4, lambda: None, ())  # the timer: due at 2.4 s
+    time.sleep(0.8)
+    due = []
+
+    def call():
+        due.append(alarm.alarm_left())
+        time.sleep(2.0)
+
+    # Deadline 3.2 s.  The timer, kept (at least half the limit ahead, had
+    # the call started as late as 1.2 s), fires at 2.4 s, inside the call,
+    # which ends at 2.8 s: 0.4 s of margin each way.
+    _with_deadline(2.4, call, ())
+    assert due[0] < 2.0, f"the earlier call's timer was not kept: due in {due[0]:.2f} s"
 
 
 @pytest.mark.skipif(not alarm_is_private(), reason="setitimer's alarm here: no timer aimed at one thread")
@@ -246,6 +257,30 @@ def test_a_disarm_switches_off_setitimers_timer_it_set_though_another_handler_ca
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, before)
+
+
+def test_the_timer_repeats_at_the_limit_of_the_call_it_was_set_for(monkeypatch):
+    """Once due, the timer repeats every call limit (a SIGALRM can be lost);
+    a call under another limit sets it again, so a hang under the
+    shrinker's short limit is not reported one long limit late."""
+    import signal
+
+    from state_machines.harness import alarm
+    from state_machines.harness.lockstep import _with_deadline, disarm_call_timer
+
+    disarm_call_timer()
+    monkeypatch.setattr(alarm, "_calls", None)  # setitimer's, whose repeat getitimer shows
+    try:
+        _with_deadline(0.8, lambda: None, ())
+        assert signal.getitimer(signal.ITIMER_REAL)[1] == pytest.approx(0.8)
+        time.sleep(0.3)
+        # Due in 0.5 s, within this call's 0.6 s and at least half of it
+        # ahead: it would be kept, but for its repeat.
+        _with_deadline(0.6, lambda: None, ())
+        assert signal.getitimer(signal.ITIMER_REAL)[1] == pytest.approx(0.6)
+    finally:
+        disarm_call_timer()
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
 def test_a_timer_a_lockstep_left_set_does_not_end_the_interpreters_exit():

@@ -189,11 +189,13 @@ def shared_alarm_is_ours() -> bool:
 
 def cancel_alarm() -> None:
     """Switch the alarm off, where one can be set in this process."""
+    global _shared_again
     timer = _own_timer()
     if timer is not None:
         _calls[1](timer, 0, ctypes.byref(_Itimerspec()), None)
     elif _calls is None:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        _shared_again = 0.0  # a timer set from now on is another's
 
 
 def alarm_left() -> float:

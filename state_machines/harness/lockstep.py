@@ -276,8 +276,10 @@ _deadline: float | None = None
 _limit = CALL_TIMEOUT_S
 # When the timer is next due (``time.monotonic()``), as set for a call; None
 # where that is not known: off, or due once already (it then repeats every
-# call limit), or ``_on_alarm`` is not the handler.
+# call limit), or ``_on_alarm`` is not the handler.  ``_every``: the limit
+# it repeats at, set with it.
 _fires_at: float | None = None
+_every = 0.0
 
 
 class CallTimedOut(TimeoutError):
@@ -295,17 +297,17 @@ def _on_alarm(signum, frame):
     it is set again for the rest.  A call that catches ``CallTimedOut`` and
     goes on gets it again every call limit, its clean-up code included,
     until it returns."""
-    global _fires_at
+    global _fires_at, _every
     _fires_at = None
     if _deadline is None:
         cancel_alarm()
         return
     left = _deadline - time.monotonic()
     if left > 0:
-        _fires_at = _deadline
+        _fires_at, _every = _deadline, _limit
         set_alarm(left, _limit)
         return
-    raise CallTimedOut(f"no return within {CALL_TIMEOUT_S:g} s")
+    raise CallTimedOut(f"no return within {_limit:g} s")
 
 
 _HAS_TIMER = hasattr(signal, "setitimer")
@@ -333,7 +335,7 @@ def _with_deadline(seconds: float, fn, args: tuple):
     builtin:token walk step (183 µs against 157 µs with no timer, CPU time,
     median of 8 alternating runs on the 2-core bench machine, where a timer
     syscall costs several µs); setting it on every call alone, 12 µs."""
-    global _deadline, _limit, _fires_at
+    global _deadline, _limit, _fires_at, _every
     if not _HAS_TIMER or threading.get_ident() != threading.main_thread().ident:
         return fn(*args)
     if _deadline is not None:
@@ -353,8 +355,8 @@ def _with_deadline(seconds: float, fn, args: tuple):
         # and sets the timer again for the rest (``_on_alarm``).
         _deadline, _limit = deadline, seconds
         fires = _fires_at
-        if fires is None or fires > deadline or fires - now < seconds / 2:
-            _fires_at = deadline
+        if fires is None or fires > deadline or fires - now < seconds / 2 or _every != seconds:
+            _fires_at, _every = deadline, seconds
             set_alarm(seconds, seconds)
         return fn(*args)
     finally:

@@ -1469,38 +1469,40 @@ def test_emit_pytest_of_a_trace_whose_allocator_dies_still_reports_the_replay(po
     assert "1 failed, 1 passed" in session.stdout, session.stdout
 
 
-def _loading_torch(proc, within: float = WAIT_S) -> None:
-    """Wait until ``proc`` has begun to load torch's libraries: the command
-    imports torch in ``_main`` only, after ``main`` has set its SIGINT
-    handler."""
+def _loading(proc, library: str, within: float = WAIT_S) -> None:
+    """Wait until ``proc`` has mapped a library whose path holds ``library``."""
     deadline = time.monotonic() + within
-    while "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text():
-        assert proc.poll() is None and time.monotonic() < deadline, "the command never began to load torch"
+    while library not in Path(f"/proc/{proc.pid}/maps").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, f"the command never loaded {library}"
         time.sleep(0.002)
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="no /proc/PID/maps here")
-@pytest.mark.parametrize("delay", [0.0, 0.3, 0.5, 0.7, 1.5])
-def test_ctrl_c_while_the_command_starts_is_exit_130(tmp_path, delay):
+@pytest.mark.parametrize("library, delay", [("libtorch", 0.0), ("_multiarray_umath", 0.0), ("libtorch", 0.3),
+                                            ("libtorch", 0.7), ("libtorch", 1.5)])
+def test_ctrl_c_while_the_command_starts_is_exit_130(tmp_path, library, delay):
     """The command's imports (torch's) take a second or two: a Ctrl-C there
     ended in a KeyboardInterrupt traceback (rc -2), raised inside
     pybind11's C++ it aborted the process (rc -6), swallowed by an import
     it ran the command to its end, or it broke numpy's import into an
-    ImportError traceback (rc 1).  ``delay`` counts from torch's first
-    library loaded, not from the start: the first tenth of a second, before
-    the command's own code runs, is Python's, and under CI's load it took
-    0.4 s."""
+    ImportError traceback (rc 1).  ``delay`` counts from a library's first
+    mapping, not from the start: the first tenth of a second, before the
+    command's own code runs, is Python's (0.4 s under CI's load), and the
+    command imports torch (which maps ``libtorch`` first, then loads numpy's
+    C core) only in ``_main``, after ``main`` has set its SIGINT handler.
+    Without that handler, a Ctrl-C as numpy loads was swallowed every time."""
     run = subprocess.Popen([sys.executable, "-m", "state_machines.cli", "fuzz", "--max-examples", "100000",
-                            "--trace-dir", str(tmp_path / "traces")],
+                            "--trace-dir", str(tmp_path / "traces")], start_new_session=True,
                            cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _loading_torch(run)
-    except BaseException:
-        run.kill()
-        raise
-    time.sleep(delay)
-    run.send_signal(signal.SIGINT)
-    out, err = run.communicate(timeout=WAIT_S)
+        _loading(run, library)
+        time.sleep(delay)
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=WAIT_S)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)  # a command that ran on, and any child of it
+        run.communicate()
     assert run.returncode == 130, out + err
     # Still starting: main's word on stderr; once the run is under way, the run's report on stdout.
     assert "Traceback" not in out + err and "kv-lockstep: interrupted" in out + err, out + err

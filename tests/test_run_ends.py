@@ -105,8 +105,8 @@ BAD_POOLS = textwrap.dedent(
 
     class EatsAlarm(Pool):
         # Takes the harness's SIGALRM for itself, once, then hangs: as when
-        # CPython's sleep loses one (it landed while an earlier one's
-        # handler ran).
+        # CPython's sleep loses one (it landed after an earlier one's handler
+        # had run, before the sleep went back to its system call).
         def misbehave(self):
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
             signal.sigtimedwait({signal.SIGALRM}, 30)
@@ -298,7 +298,7 @@ def test_hang_sigalrm_cannot_reach_is_caught_by_the_watchdog(pools, mode):
 # thread, and only a signal sent to that thread cuts its sleep short).  On
 # 64-bit Linux it now goes to the main thread (harness/alarm.py); elsewhere
 # it is still setitimer's.  In CI it once slept on for good after CPython's
-# sleep lost a SIGALRM (alarm.AGAIN_S).  kv-lockstep's workers have their
+# sleep lost a SIGALRM (alarm.set_alarm).  kv-lockstep's workers have their
 # watchdog for such a hang; this test wants the timer.
 _SHRINK_A_HANG = """\
 import json
@@ -358,7 +358,7 @@ def test_a_lost_alarm_does_not_leave_a_hang_asleep(pools):
     of the one before had set the timer again and before the sleep went back
     to its system call, and a hang slept on for good."""
     run = subprocess.run([sys.executable, "-c", _EATS_ALARM], cwd=pools, env=_env(pools), capture_output=True,
-                         text=True, timeout=WAIT_S)
+                         text=True, timeout=60)  # 3 s here; without the repeat, asleep for good
     assert run.returncode == 0, run.stdout + run.stderr
     invariant, hangs = run.stdout.split(maxsplit=1)
     assert invariant == "allocator_hung"

@@ -103,7 +103,7 @@ BAD_POOLS = textwrap.dedent(
             finally:
                 hangs.append(time.monotonic() - started)
 
-    class EatsAlarm(Pool):
+    class EatsAlarm(Sleeps):
         # Takes the harness's SIGALRM for itself, once, then hangs: as when
         # CPython's sleep loses one (it landed after an earlier one's handler
         # had run, before the sleep went back to its system call).
@@ -111,11 +111,7 @@ BAD_POOLS = textwrap.dedent(
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
             signal.sigtimedwait({signal.SIGALRM}, 30)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
-            started = time.monotonic()
-            try:
-                time.sleep(3600)
-            finally:
-                hangs.append(time.monotonic() - started)
+            super().misbehave()
 
     class SlowToShrink(Pool):
         # A wrong answer found at once, but every example that reaches it costs

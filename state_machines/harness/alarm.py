@@ -47,6 +47,11 @@ class _Itimerspec(ctypes.Structure):
     _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
 
 
+def _timespec(seconds: float) -> _Timespec:
+    whole = int(seconds)
+    return _Timespec(whole, int((seconds - whole) * 1e9))
+
+
 class _Sigevent(ctypes.Structure):
     # struct sigevent: 64 bytes on every Linux ABI; the thread id sits where
     # the union of notification details starts.
@@ -163,9 +168,7 @@ def set_alarm(seconds: float, again: float) -> None:
     global _calls, _shared_again
     seconds = min(seconds, _LONGEST) if seconds > 1e-6 else 1e-6
     again = min(max(again, 1e-3), _LONGEST)
-    whole, every = int(seconds), int(again)
-    spec = _Itimerspec(it_interval=_Timespec(every, int((again - every) * 1e9)),
-                       it_value=_Timespec(whole, int((seconds - whole) * 1e9)))
+    spec = _Itimerspec(it_interval=_timespec(again), it_value=_timespec(seconds))
     for _attempt in range(2):
         timer = _thread_timer()
         if timer is None:

@@ -193,6 +193,21 @@ MORE_AFTER_FAILURE = 20
 # or two steps pays each lever's share of the draws (the Mamba group bugs
 # 2-2.3x the baseline's steps: about 0.68 of this walk's steps are uniform),
 # and the bugs the levers serve lose more when they go.
+#
+# Measured on 2026-12-03 and not kept, by the same ablation on fewer seeds
+# (bench/baseline.py's 0-29 and the walk's 0-29, 68 bugs; the 26 the
+# baseline meets within 20 steps, median, the other 42; bugs above 1): this
+# walk 0.635 (1.107, 0.451; 21).  Levers drawn per example after the first,
+# as swarm testing draws rules: each of steering, fill and POPULATE off with
+# chance a half 0.655 (1.112, 0.472; 21), with chance 0.3 0.649 (24);
+# POPULATE alone off with chance a half 0.656 (25), off in every second
+# example 0.649 (23).  An example's length drawn among 20, 40 and 80 steps
+# after the first 0.641 (22); growing from 10 steps by 5 an example up to 80
+# 0.650 (21).  The swarms gain where the levers cost a bug many examples
+# (unified-mamba clear-keeps-mamba, 7.5x the baseline's mean steps, comes
+# to 3.1-4.2x), but most bugs the levers cost are met in the first example,
+# where every lever is still on (extend-floor 4.3x, 4.0-4.5x), and the bugs
+# the levers serve lose what the swarms take from every example.
 
 class WalkFailures(Exception):
     """Distinct invariant violations one run met, first found first

@@ -1547,3 +1547,33 @@ def test_a_factory_that_raises_a_baseexception_of_its_own_is_bad_input(tmp_path)
     run = cli(tmp_path, "--target", "raising_pools:factory_raises_its_own", "--max-examples", "5")
     ended(run, 2)
     assert run.stderr == "kv-lockstep: error: cannot build raising_pools:factory_raises_its_own: Base: no pool\n"
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_to_the_whole_group_stops_a_long_run_without_a_death(tmp_path, sig, code):
+    """``timeout``, a CI job's cancel and ``docker stop`` send SIGTERM to
+    every process of the command (a terminal's Ctrl-C sends SIGINT so): the
+    workers and the forkserver end with the command, which is no worker's
+    death.  Exit 128 + the signal, the summary, no trace, no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "state_machines.cli", "fuzz", "--target", "builtin:token",
+                             "--duration", "10m", "-j", "2", "--trace-dir", str(tmp_path / "traces")],
+                            cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out = []
+        for line in proc.stdout:  # the workers are ready once the disabled rules are printed
+            out.append(line)
+            if line.startswith("rule "):
+                break
+        time.sleep(1.0)  # into the fuzzing
+        os.killpg(proc.pid, sig)
+        stdout, stderr = proc.communicate(timeout=WAIT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    stdout = "".join(out) + stdout
+    assert proc.returncode == code, stdout + stderr
+    assert "Traceback" not in stderr and "worker_died" not in stdout, stdout + stderr
+    assert f"interrupted ({signal.Signals(sig).name})" in stdout
+    assert not list((tmp_path / "traces").rglob("*.json"))

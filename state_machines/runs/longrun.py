@@ -306,6 +306,13 @@ def run(
                 drain_now()  # what it put just before it ended
                 if i not in done:
                     ended.add(i)
+                    if signals.got is not None:
+                        # The command was stopped by a signal, which went to
+                        # the whole process group (``timeout``, a CI job's
+                        # cancel, ``docker stop``): the worker, or the
+                        # forkserver that reports its exit (code 255 once the
+                        # server is gone), ended with it.  No death to judge.
+                        continue
                     if (line := build_death(config, beacon, w.exitcode)) is not None:
                         handle(("bad_input", i, line))
                         continue

@@ -1577,3 +1577,43 @@ def test_a_signal_to_the_whole_group_stops_a_long_run_without_a_death(tmp_path, 
     assert "Traceback" not in stderr and "worker_died" not in stdout, stdout + stderr
     assert f"interrupted ({signal.Signals(sig).name})" in stdout
     assert not list((tmp_path / "traces").rglob("*.json"))
+
+
+def _forkserver_of(proc, within: float = WAIT_S) -> int:
+    """The pid of ``proc``'s forkserver, once it runs."""
+    deadline = time.monotonic() + within
+    while True:
+        for entry in Path("/proc").iterdir():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                if (entry.name.isdigit() and int((entry / "stat").read_text().rpartition(")")[2].split()[1]) == proc.pid
+                        and b"forkserver" in (entry / "cmdline").read_bytes()):
+                    return int(entry.name)
+        assert proc.poll() is None and time.monotonic() < deadline, "the command started no forkserver"
+        time.sleep(0.01)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="no /proc/PID/maps here")
+def test_ctrl_c_while_the_forkserver_imports_torch_is_exit_130(tmp_path):
+    """A long run's forkserver imports torch and the harness before it
+    serves a worker, and it sets SIGINT aside only after that: a Ctrl-C
+    (to the whole group, as a terminal sends it) printed its
+    KeyboardInterrupt traceback, 40 lines, under the command's own
+    'interrupted'.  It now ignores SIGINT from its first preload."""
+    proc = subprocess.Popen([sys.executable, "-m", "state_machines.cli", "fuzz", "--target", "builtin:token",
+                             "--duration", "1m", "-j", "2", "--trace-dir", str(tmp_path / "traces")],
+                            cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        server = _forkserver_of(proc)
+        deadline = time.monotonic() + WAIT_S
+        while "libtorch" not in Path(f"/proc/{server}/maps").read_text():
+            assert time.monotonic() < deadline, "the forkserver never loaded libtorch"
+            time.sleep(0.002)
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=WAIT_S)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert proc.returncode == 130, stdout + stderr
+    assert "Traceback" not in stderr and "worker_died" not in stdout, stdout + stderr

@@ -97,8 +97,10 @@ def worker_context():
     methods = multiprocessing.get_all_start_methods()
     if "forkserver" in methods:
         ctx = multiprocessing.get_context("forkserver")
-        # Import torch and the harness once in the server, not once per worker.
-        ctx.set_forkserver_preload(["state_machines.runs.runner", "state_machines.runs.watchdog"])
+        # Import torch and the harness once in the server, not once per
+        # worker; first, set SIGINT aside there (``forkserver_start``).
+        ctx.set_forkserver_preload(["state_machines.runs.forkserver_start", "state_machines.runs.runner",
+                                    "state_machines.runs.watchdog"])
         return ctx
     return multiprocessing.get_context("spawn")
 

@@ -103,3 +103,16 @@ def test_the_matrix_gives_a_release_that_cannot_import_one_row_saying_why(tmp_pa
     assert (row["release"], row["target"]) == ("0.5.5", "all")
     assert row["result"].startswith(f"cannot import: sglang 0.5.5 needs the package {ABSENT}, which the import set lacks")
     assert got.stdout.splitlines()[2].startswith(f"| 0.5.5 | all | cannot import: sglang 0.5.5 needs the package {ABSENT}")
+
+
+@pytest.mark.parametrize("command", ["fuzz", "targets"])
+def test_a_release_that_exits_while_it_imports_is_bad_input(tmp_path, command):
+    """``sys.exit(0)`` at an allocator module's top level: the command
+    ended with exit 0 and no word, a failing trace's replay too (a pass).
+    Now exit 2, one line naming the release and the exit."""
+    needs_import_set_torch()
+    root = fake_sglang(tmp_path / "rel", layout=sglang.SINGLE_FILE, allocator_source="import sys\nsys.exit(0)\n")
+    args = ["--max-examples", "5"] if command == "fuzz" else []
+    got = run("state_machines.cli", command, "--target", "sglang:token", "--sglang-path", str(root), *args, cwd=tmp_path)
+    assert got.returncode == 2, got.stdout + got.stderr
+    assert got.stderr.splitlines() == ["kv-lockstep: error: sglang 0.5.5 not importable: SystemExit: 0 (at sglang/srt/mem_cache/allocator.py:2)"], got.stderr

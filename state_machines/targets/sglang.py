@@ -204,6 +204,15 @@ def release_files(sglang_path: str | None) -> list[Path]:
     return files + ([npu] if npu.is_file() else [])
 
 
+def _where(exc: BaseException, path: Path) -> str:
+    """`` (at FILE:LINE)``: the innermost line of the release at ``path``
+    that ``exc`` passed through, or ``""``."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        with contextlib.suppress(ValueError):
+            return f" (at {Path(frame.filename).resolve().relative_to(path)}:{frame.lineno})"
+    return ""
+
+
 def _missing_package(exc: BaseException, release: str | None, path: Path) -> str | None:
     """When an allocator module failed to import for want of a package
     outside sglang, one line naming it and the line of sglang that imports
@@ -212,13 +221,8 @@ def _missing_package(exc: BaseException, release: str | None, path: Path) -> str
     top = (missing or "").split(".")[0]
     if not top or top == "sglang":
         return None
-    where = ""
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        with contextlib.suppress(ValueError):
-            where = f" (at {Path(frame.filename).resolve().relative_to(path)}:{frame.lineno})"
-            break
     return (
-        f"{_named(release, path)} needs the package {top}, which the import set lacks: {one_line(exc)}{where};"
+        f"{_named(release, path)} needs the package {top}, which the import set lacks: {one_line(exc)}{_where(exc, path)};"
         f" add it to {CONSTRAINTS.relative_to(REPO_ROOT)} and rerun `make sglang V={release or '<version>'}`"
     )
 
@@ -292,10 +296,10 @@ def load_sglang(sglang_path: str | None = None) -> SglangInfo:
                 continue
             try:
                 modules[kind] = importlib.import_module(names[kind])
-            except Exception as exc:  # noqa: BLE001
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - sys.exit() at a module's top level too (it ended the command with exit 0 and no word); a Ctrl-C stays one
                 missing = _missing_package(exc, release, path)
                 if kind in REQUIRED:
-                    raise TargetError(missing or f"{_named(release, path)} not importable: {one_line(exc)}") from None
+                    raise TargetError(missing or f"{_named(release, path)} not importable: {one_line(exc)}{_where(exc, path)}") from None
                 unavailable[kind] = missing or one_line(exc)
 
     import sglang

@@ -241,6 +241,9 @@ def cmd_fuzz(args) -> int:
         row_dtype=args.row_dtype,
         latent=args.latent,
     )
+    if config.size is not None and config.size % config.page_size:
+        raise UsageError(f"--size {config.size} is not a whole number of pages of {config.page_size} slots (--page-size):"
+                         f" sglang builds its pools in whole pages; give a multiple of {config.page_size}")
     if args.latent and args.page_size != 1:
         raise UsageError(
             "--latent drives alloc_decode / alloc_extend at page size 1, where sglang's callers use alloc();"

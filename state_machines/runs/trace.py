@@ -285,6 +285,11 @@ def check_config(data, where: str = "config") -> Config:
     for key, value in data.items():
         _CONFIG_CHECKS[key](value, f"{where}.{key}")
     config = Config(**data)
+    if config.size is not None and config.size % config.page_size:
+        # sglang builds its pools in whole pages (pool_configurator rounds
+        # down); a model of ``size // page_size`` pages then disagrees with
+        # the allocator's own size_full: a false alarm.
+        raise TraceError(f"{where}.size is {config.size}, not a whole number of pages of {config.page_size} slots")
     slots = config.rows * config.row_pages * config.page_size
     if slots > MAX_SLOTS:
         raise TraceError(f"{where}: rows * row_pages * page_size is {slots}, more than {MAX_SLOTS}")

@@ -228,3 +228,43 @@ def test_an_emitted_file_names_the_release_by_its_full_path(tmp_path, monkeypatc
     config = Config(target="sglang:token", sglang_path=f".sglang/{release.name}")
     text = pytest_source(Trace(config, (Step("alloc", {"n": 1}, "req_0"),)), config, recorded=False)
     assert f"sglang_path={str(release)!r}" in text and "sglang_path='.sglang/" not in text
+
+
+@pytest.mark.sglang
+def test_the_merge_order_is_counted_on_0_5_23s_staged_pages():
+    """0.5.23's paged allocator keeps the frees need_sort holds back in
+    ``staged_pages`` (its ``release_pages`` is None): the coverage counter,
+    which read ``release_pages`` alone, said of every run "alloc_merged_release
+    NEVER REACHED" while the merge ran (helper-87)."""
+    from state_machines.config import Config
+    from state_machines.harness import build
+    from state_machines.runs.coverage import Coverage
+
+    config = Config(target="sglang:paged", page_size=4, need_sort=True, sglang_path=str(release_dir("0.5.23")))
+    state = build(config)
+    coverage = Coverage(config, use_hypothesis=False)
+    coverage._new_example(state)
+    first = state.alloc(n=4 * 6)
+    state.alloc(n=4 * 3)
+    state.free(req=first, n=4 * 6)  # six pages staged, three free
+    assert state.allocator.release_pages is None and sum(len(p) for p in state.allocator.staged_pages) == 6
+    assert list(coverage._interleavings(state, "alloc", {"n": 4 * 4})) == ["alloc_merged_release"]
+    assert list(coverage._interleavings(state, "alloc", {"n": 4 * 1})) == []
+
+
+@pytest.mark.sglang
+def test_the_merge_order_is_not_applicable_where_the_allocator_keeps_no_waiting_pages():
+    """0.5.23's SWA pair keeps its held-back frees in its inner pools, and
+    its own ``release_pages`` is None: the counter cannot see the merge
+    there, so the order is n/a, not "NEVER REACHED" (helper-87)."""
+    from state_machines.config import Config
+    from state_machines.harness import build
+    from state_machines.runs.coverage import Coverage, waiting_pages
+
+    config = Config(target="sglang:swa", page_size=4, need_sort=True, sglang_path=str(release_dir("0.5.23")))
+    state = build(config)
+    assert waiting_pages(state.allocator) is None
+    coverage = Coverage(config, use_hypothesis=False)
+    assert "alloc_merged_release" in coverage.applicable  # the configuration alone
+    coverage._new_example(state)
+    assert "alloc_merged_release" not in coverage.applicable

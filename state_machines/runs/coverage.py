@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 
 from attrs import frozen
 from hypothesis import currently_in_test_context, event, target
@@ -31,18 +32,35 @@ class Interleaving:
     needs: tuple = ()
     # A step it needs the target to run (``Lockstep.runs``), known once a state is built.
     step: str | None = None
+    # What it needs the allocator to show for the counter to see it, known
+    # once a state is built (a predicate on the allocator), or None.
+    shown_by: Callable | None = None
 
     def applies_to(self, config: Config) -> bool:
         # Each is an order of the simulated caller's steps; a --caller run has its own steps.
         return config.caller == "harness" and all(check(config) for check in self.needs)
 
 
+def waiting_pages(allocator) -> int | None:
+    """How many freed pages ``allocator`` keeps apart until an alloc runs
+    short and merges them: its ``release_pages`` (the built-ins, sglang to
+    0.5.22), or its ``staged_pages``, a list of tensors (0.5.23's
+    ``PagedTokenToKVPoolAllocator``, whose ``release_pages`` is None);
+    None where it keeps neither."""
+    release = getattr(allocator, "release_pages", None)
+    if release is not None:
+        return len(release)
+    staged = getattr(allocator, "staged_pages", None)
+    return None if staged is None else sum(len(part) for part in staged)
+
+
 def _applies(interleaving: Interleaving, config: Config, state) -> bool:
     """Whether ``interleaving`` can show in an example of ``config`` on
     ``state``'s target: its config needs hold, and the target runs the step
     it needs (``Lockstep.runs``)."""
-    step = interleaving.step
-    return interleaving.applies_to(config) and (step is None or (hasattr(state, "runs") and state.runs(step)))
+    step, shown_by = interleaving.step, interleaving.shown_by
+    return (interleaving.applies_to(config) and (step is None or (hasattr(state, "runs") and state.runs(step)))
+            and (shown_by is None or shown_by(getattr(state, "allocator", None))))
 
 
 # The steps that free a request's slots, a row view among them (``rematch``
@@ -61,7 +79,7 @@ INTERLEAVINGS = (
     Interleaving(
         "alloc_merged_release",
         "an alloc ran short of free pages and merged release pages",
-        needs=(lambda c: c.need_sort,),
+        needs=(lambda c: c.need_sort,), shown_by=lambda allocator: waiting_pages(allocator) is not None,
     ),
     Interleaving("alloc_short", "an alloc the pool could not serve"),
     Interleaving(
@@ -74,7 +92,7 @@ INTERLEAVINGS = (
 )
 NEEDS_TEXT = {
     "segment_ends_mid_page": "--page-size > 1",
-    "alloc_merged_release": "--need-sort",
+    "alloc_merged_release": "--need-sort, and an allocator that keeps those frees in release_pages or staged_pages",
     "extend_continues_partial_page": "--page-size > 1 and a target that runs extend",
     "extend_mixed_batch": "a target that runs extend",
 }
@@ -242,11 +260,9 @@ class Coverage:
                 if row in self._freed_rows:
                     self._overwritten.add(row)
             alloc = state.allocator
-            release = getattr(alloc, "release_pages", None)
             free = getattr(alloc, "free_pages", None)
-            if state.config.need_sort and release is not None and free is not None:
-                if len(release) > 0 and len(free) < want:
-                    yield "alloc_merged_release"
+            if state.config.need_sort and free is not None and (waiting_pages(alloc) or 0) > 0 and len(free) < want:
+                yield "alloc_merged_release"
 
     def _count_blocked(self, machine) -> None:
         if self._rules is None:

@@ -677,6 +677,44 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("stdout", "stderr"):
         if getattr(sys, name) is None:  # its descriptor closed (>&-): what it says goes nowhere
             setattr(sys, name, open(os.devnull, "w"))
+    stdout = sys.stdout
+    sys.stdout = _ReaderMayLeave(stdout)
+    try:
+        return _main_guarded(argv)
+    finally:
+        if isinstance(sys.stdout, _ReaderMayLeave):
+            sys.stdout = stdout
+
+
+class _ReaderMayLeave:
+    """``sys.stdout`` for the command: once its reader has gone (``| head
+    -1``, ``| grep -m1``), a write's ``BrokenPipeError`` points it at
+    /dev/null, and the command goes on as with a closed stdout, its words
+    going nowhere, to its own end and exit code.  It ended at once with
+    141: a failure found was not shrunk and its trace not written."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            _silence_stdout()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            _silence_stdout()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _main_guarded(argv: list[str] | None) -> int:
+    """``main``'s body, its stdout set (``_ReaderMayLeave``)."""
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         # Noted, not raised, until ``_main``'s imports are done: raised
         # inside torch's import it landed in pybind11's C++ (terminate,

@@ -1617,3 +1617,20 @@ def test_ctrl_c_while_the_forkserver_imports_torch_is_exit_130(tmp_path):
         proc.communicate()
     assert proc.returncode == 130, stdout + stderr
     assert "Traceback" not in stderr and "worker_died" not in stdout, stdout + stderr
+
+
+def test_a_reader_that_leaves_does_not_cut_the_run_short(tmp_path):
+    """``kv-lockstep fuzz | head -1``: the first write after the reader left
+    raised BrokenPipeError and the command ended at once with 141, the
+    failure unshrunk and its trace not written.  Now its words go nowhere
+    from there, as with a closed stdout, and it ends as it would have."""
+    read, write = os.pipe()
+    os.close(read)  # the reader gone before the first word
+    try:
+        run = subprocess.run([sys.executable, "-m", "state_machines.cli", "fuzz", "--mutant", "alias", "--seed", "2",
+                              "--trace-dir", str(tmp_path / "traces")],
+                             cwd=tmp_path, env=_env(tmp_path), stdout=write, stderr=subprocess.PIPE, text=True, timeout=WAIT_S)
+    finally:
+        os.close(write)
+    assert (run.returncode, run.stderr) == (1, ""), run.stderr
+    assert len(list((tmp_path / "traces").glob("*.json"))) == 2  # both failures, shrunk

@@ -100,6 +100,9 @@ def _known(names) -> str:
          "config.size is 4194305, outside 1..4194304: beyond what a trace carries, so no failure found could be replayed"),
         # Hypothesis's database saves nothing there, without a word.
         (["fuzz", "--db", "/proc/kv-lockstep-db"], "--db /proc/kv-lockstep-db: cannot write there: No such file or directory"),
+        # Path("") is the current folder: traces went there without a word (helper-88).
+        (["fuzz", "--trace-dir", ""], "--trace-dir is empty: give a folder (created if missing)"),
+        (["fuzz", "--stats-json", " ", "--duration", "1"], "--stats-json is empty: give a file"),
         # Each was taken without a word (helper-80): a built-in target's run named the release in its header,
         # its trace's name and replay's hint; the listing of every target ignored the flags.
         (["fuzz", "--target", "builtin:token", "--sglang-path", "."],
@@ -121,7 +124,7 @@ def _known(names) -> str:
         (["fuzz", "--duration", "-j", "2"], "argument --duration: expected one argument (see `kv-lockstep fuzz --help`)"),
     ],
     ids=["target-form", "builtin", "mutant", "page-size", "import", "argument", "trace-missing", "target-empty",
-         "page-size-past-a-trace", "size-not-whole-pages", "size-under-a-page", "size-past-a-trace", "db-unwritable", "sglang-path-with-builtin",
+         "page-size-past-a-trace", "size-not-whole-pages", "size-under-a-page", "size-past-a-trace", "db-unwritable", "trace-dir-empty", "stats-json-empty", "sglang-path-with-builtin",
          "targets-sglang-path-with-builtin",
          "targets-mutant-alone", "targets-page-size-alone", "targets-need-sort-alone", "kind-miscased",
          "value-like-an-option", "value-like-an-option-abbreviated", "value-forgotten", "value-forgotten-before-an-option"],

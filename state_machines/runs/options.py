@@ -133,6 +133,8 @@ def check_output_paths(trace_dir: str | None = None, stats_json: str | None = No
 def check_folder(value: str, flag: str) -> None:
     from state_machines.runs.trace import shown
 
+    if not value.strip():  # Path("") is the current folder: traces went there without a word
+        raise BadOption(f"{flag} is empty: give a folder (created if missing)")
     path, value = Path(value), shown(value)
     if path.is_dir():
         if not os.access(path, os.W_OK | os.X_OK):
@@ -169,6 +171,8 @@ def _try_writing(folder: Path, flag: str, value: str) -> None:
 def check_file(value: str, flag: str) -> None:
     from state_machines.runs.trace import shown
 
+    if not value.strip():  # Path("") is the current folder: "--emit-pytest  is a folder"
+        raise BadOption(f"{flag} is empty: give a file")
     path, value = Path(value), shown(value)
     if path.is_dir():
         raise BadOption(f"{flag} {value} is a folder, not a file")

@@ -1038,3 +1038,22 @@ def test_a_release_whose_req_lacks_what_every_generation_calls_says_so_once():
     with pytest.raises(TargetError) as refused:
         adapters.generation_of(m)
     assert str(refused.value) == "sglang test: its Req predates the API --caller drives (it lacks Req.update_finish_state)"
+
+
+@pytest.mark.sglang
+def test_arrive_long_is_counted_as_itself():
+    """``arrive_long`` runs the ``arrive`` step with a longer prompt: the
+    coverage counted it as ``arrive``, so every SWA-cache run said
+    "arrive_long ran 0" and "rules 8/9" while it ran (helper-87)."""
+    from state_machines.config import Config
+    from state_machines.harness.machines import RunRecord
+    from state_machines.runs.coverage import Coverage
+    from state_machines.runs.runner import fuzz
+
+    config = Config(target="sglang:swa", page_size=4, caller="unified-swa", sglang_path=str(release_dir("0.5.23")))
+    coverage = Coverage(config, use_hypothesis=False)
+    record = RunRecord(probe=coverage)
+    outcome = fuzz(config, max_examples=10, seed=0, database=None, record=record)
+    assert outcome.ok, outcome.failures
+    assert coverage.ran["arrive_long"] > 0 and record.rule_counts["arrive_long"] == coverage.ran["arrive_long"]
+    assert coverage.ran["arrive"] == record.rule_counts["arrive"] > 0

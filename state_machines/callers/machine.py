@@ -32,7 +32,7 @@ class CallerMachine(RuleBasedStateMachine):
 
     # Counting, the probe and the teardown are the core machine's; so are
     # the pool shapes (``machine_for`` offers a caller none but its own).
-    _do = FreeGroupMachine._do
+    _do, _do_as = FreeGroupMachine._do, FreeGroupMachine._do_as
     teardown = FreeGroupMachine.teardown
     draws_shape = False
     shapes = FreeGroupMachine.__dict__["shapes"]
@@ -50,7 +50,7 @@ class CallerMachine(RuleBasedStateMachine):
     def arrive_long(self, first, second, out):
         # An SWA cache's request long enough for its window to slide past what the tree holds.
         prompt = first * 10 + second if second else first
-        self._do("arrive", prompt, min(out, max_new_tokens(self.state.page_size, swa=True)))
+        self._do_as("arrive_long", "arrive", prompt, min(out, max_new_tokens(self.state.page_size, swa=True)))
 
     @draws(guard=lambda s: s.runs("chunked_prefill") and s._why_not_chunk(1) is None, pages=(1, 3))
     def chunked_prefill(self, pages):

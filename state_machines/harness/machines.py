@@ -201,13 +201,19 @@ class FreeGroupMachine(RuleBasedStateMachine):
 
     def _do(self, name: str, *args, **kwargs):
         """Run the harness step ``name``, counted and shown to the probe."""
+        return self._do_as(name, name, *args, **kwargs)
+
+    def _do_as(self, rule: str, name: str, *args, **kwargs):
+        """``_do(name, ...)`` for the machine rule ``rule``, which runs the
+        step ``name`` (``arrive_long``, an ``arrive`` with a longer prompt):
+        counted and shown to the probe as ``rule``."""
         self.record.steps += 1
-        self.record.rule_counts[name] = self.record.rule_counts.get(name, 0) + 1
+        self.record.rule_counts[rule] = self.record.rule_counts.get(rule, 0) + 1
         probe = self.record.probe
         if probe is not None:
             # Binding the arguments by name costs a few µs a step: only for a probe that reads them.
             reads = getattr(probe, "reads_call", True) and name in STEPS
-            probe.before(self, name, STEPS[name].bind(args, kwargs) if reads else {})
+            probe.before(self, rule, STEPS[name].bind(args, kwargs) if reads else {})
         try:
             result = getattr(self.state, name)(*args, **kwargs)
         except InvariantViolation as exc:
@@ -217,7 +223,7 @@ class FreeGroupMachine(RuleBasedStateMachine):
                 probe.failed(self, exc)
             raise
         if probe is not None:
-            probe.after(self, name)
+            probe.after(self, rule)
         return result
 
     @draws(pages=(1, MAX_PAGES), who=(0, 8))

@@ -171,6 +171,15 @@ BAD_POOLS = textwrap.dedent(
             if MODE["hang"]:
                 time.sleep(3600)
 
+    class CrashesAsCtrlCComes(Pool):
+        # Ctrl-C to the command's group, then a crash of its own: the
+        # command is interrupted, and the crash is still a death.
+        def misbehave(self):
+            import signal
+            os.killpg(0, signal.SIGINT)
+            time.sleep(0.5)  # the command's handler has run
+            os.kill(os.getpid(), signal.SIGSEGV)
+
     MODE = {"slow": False, "hang": False, "wrong": False}
     hangs = []
 
@@ -182,6 +191,7 @@ BAD_POOLS = textwrap.dedent(
     exits_at_build, raises_at_build, census_exits = map(_factory, (ExitsAtBuild, RaisesAtBuild, CensusExits))
     hangs_at_build, exits_in_hook_probe = _factory(HangsAtBuild), _factory(ExitsInHookProbe)
     lost, eats_alarm = _factory(Lost), _factory(EatsAlarm)
+    crashes_as_ctrl_c_comes = _factory(CrashesAsCtrlCComes)
     '''
 )
 
@@ -1634,3 +1644,22 @@ def test_a_reader_that_leaves_does_not_cut_the_run_short(tmp_path):
         os.close(write)
     assert (run.returncode, run.stderr) == (1, ""), run.stderr
     assert len(list((tmp_path / "traces").glob("*.json"))) == 2  # both failures, shrunk
+
+
+def test_a_crash_as_ctrl_c_comes_is_still_a_death(pools):
+    """A worker that crashed as the command was interrupted died of its
+    own: its end is judged (worker_died, a trace) though the command was
+    told to stop, where only an end the signal explains is not."""
+    proc = subprocess.Popen([sys.executable, "-m", "state_machines.cli", "fuzz", "--target", "bad_pools:crashes_as_ctrl_c_comes",
+                             "--seed", "0", *LONG, "--trace-dir", str(pools / "traces")],
+                            cwd=pools, env=_env(pools), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=WAIT_S)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert proc.returncode == 130, stdout + stderr
+    assert "Traceback" not in stderr and "was killed by SIGSEGV" in stdout, stdout + stderr
+    assert kept(pools, "worker_died").invariant == "worker_died"

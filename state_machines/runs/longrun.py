@@ -306,12 +306,13 @@ def run(
                 drain_now()  # what it put just before it ended
                 if i not in done:
                     ended.add(i)
-                    if signals.got is not None:
+                    if signals.got is not None and w.exitcode in (-signals.got, 255):
                         # The command was stopped by a signal, which went to
                         # the whole process group (``timeout``, a CI job's
-                        # cancel, ``docker stop``): the worker, or the
-                        # forkserver that reports its exit (code 255 once the
-                        # server is gone), ended with it.  No death to judge.
+                        # cancel, ``docker stop``): the worker ended of it,
+                        # or the forkserver that reports its end did (code
+                        # 255: the server gone).  Any other end, a crash
+                        # met before or after the signal, is judged.
                         continue
                     if (line := build_death(config, beacon, w.exitcode)) is not None:
                         handle(("bad_input", i, line))

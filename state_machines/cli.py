@@ -664,7 +664,7 @@ def cmd_devices(args) -> int:
 
 # What writing the command's output raises where it cannot be written
 # (``>/dev/full``, a full disk, a closed or dead terminal); a broken pipe is
-# ``main``'s own case (141).
+# ``_ReaderMayLeave``'s case.
 _OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EIO, errno.EBADF, errno.EFBIG, errno.EDQUOT})
 
 
@@ -677,21 +677,25 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("stdout", "stderr"):
         if getattr(sys, name) is None:  # its descriptor closed (>&-): what it says goes nowhere
             setattr(sys, name, open(os.devnull, "w"))
-    stdout = sys.stdout
-    sys.stdout = _ReaderMayLeave(stdout)
+    streams = {name: getattr(sys, name) for name in ("stdout", "stderr")}
+    wrapped = {name: _ReaderMayLeave(stream) for name, stream in streams.items()}
+    for name, wrapper in wrapped.items():
+        setattr(sys, name, wrapper)
     try:
         return _main_guarded(argv)
     finally:
-        if isinstance(sys.stdout, _ReaderMayLeave):
-            sys.stdout = stdout
+        for name, wrapper in wrapped.items():
+            if getattr(sys, name) is wrapper:  # not another's since (a main() in another thread)
+                setattr(sys, name, streams[name])
 
 
 class _ReaderMayLeave:
-    """``sys.stdout`` for the command: once its reader has gone (``| head
-    -1``, ``| grep -m1``), a write's ``BrokenPipeError`` points it at
-    /dev/null, and the command goes on as with a closed stdout, its words
-    going nowhere, to its own end and exit code.  It ended at once with
-    141: a failure found was not shrunk and its trace not written."""
+    """``sys.stdout`` or ``sys.stderr`` for the command: once its reader
+    has gone (``| head -1``, ``2>&1 | grep -m1``), a write's
+    ``BrokenPipeError`` points it at /dev/null, and the command goes on as
+    with a closed stream, its words going nowhere, to its own end and exit
+    code.  It ended at once with 141, a failure found unshrunk and its trace
+    not written; on stderr, bad input ended with exit 1, a failure's."""
 
     def __init__(self, stream) -> None:
         self._stream = stream
@@ -700,14 +704,14 @@ class _ReaderMayLeave:
         try:
             return self._stream.write(text)
         except BrokenPipeError:
-            _silence_stdout()
+            _silence(self._stream)
             return len(text)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
         except BrokenPipeError:
-            _silence_stdout()
+            _silence(self._stream)
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
@@ -766,8 +770,13 @@ def _say(line: str) -> None:
 def _silence_stdout() -> None:
     """Point stdout at /dev/null: what it still buffers would fail again as
     the interpreter exits (exit status 120, and a word on stderr)."""
+    _silence(sys.stdout)
+
+
+def _silence(stream) -> None:
+    """Point ``stream``'s descriptor at /dev/null (``_silence_stdout``)."""
     try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
     except (OSError, ValueError):
         pass
 
@@ -816,7 +825,8 @@ def _main(argv: list[str] | None = None) -> int:
         print("kv-lockstep: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        # The reader went away (`| head`): nothing more can be said; no traceback at exit either.
+        # A write past ``_ReaderMayLeave`` (to the raw buffer) whose reader went
+        # away: nothing more can be said; no traceback at exit either.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     finally:

@@ -1663,3 +1663,17 @@ def test_a_crash_as_ctrl_c_comes_is_still_a_death(pools):
     assert proc.returncode == 130, stdout + stderr
     assert "Traceback" not in stderr and "was killed by SIGSEGV" in stdout, stdout + stderr
     assert kept(pools, "worker_died").invariant == "worker_died"
+
+
+def test_bad_input_to_a_stderr_whose_reader_left_is_still_exit_2(tmp_path):
+    """``kv-lockstep fuzz --target nosuch:thing 2>&1 | true``: the one line's
+    write raised BrokenPipeError inside the handler of the bad input, and
+    the command ended with exit 1, a failure's (helper-89)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        run = subprocess.run([sys.executable, "-m", "state_machines.cli", "fuzz", "--target", "nosuch:thing"],
+                             cwd=tmp_path, env=_env(tmp_path), stdout=write, stderr=write, timeout=WAIT_S)
+    finally:
+        os.close(write)
+    assert run.returncode == 2

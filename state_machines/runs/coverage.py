@@ -92,7 +92,7 @@ INTERLEAVINGS = (
 )
 NEEDS_TEXT = {
     "segment_ends_mid_page": "--page-size > 1",
-    "alloc_merged_release": "--need-sort, and an allocator that keeps those frees in release_pages or staged_pages",
+    "alloc_merged_release": "--need-sort, and an allocator whose held-back frees the counter reads: release_pages or staged_pages",
     "extend_continues_partial_page": "--page-size > 1 and a target that runs extend",
     "extend_mixed_batch": "a target that runs extend",
 }

@@ -718,7 +718,7 @@ class _ReaderMayLeave:
 
 
 def _main_guarded(argv: list[str] | None) -> int:
-    """``main``'s body, its stdout set (``_ReaderMayLeave``)."""
+    """``main``'s body, its stdout and stderr set (``_ReaderMayLeave``)."""
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         # Noted, not raised, until ``_main``'s imports are done: raised
         # inside torch's import it landed in pybind11's C++ (terminate,

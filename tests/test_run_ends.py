@@ -1559,17 +1559,31 @@ def test_a_factory_that_raises_a_baseexception_of_its_own_is_bad_input(tmp_path)
     assert run.stderr == "kv-lockstep: error: cannot build raising_pools:factory_raises_its_own: Base: no pool\n"
 
 
+def _in_a_session(tmp_path, args: list, act=None) -> tuple[str, str, int]:
+    """``kv-lockstep fuzz ARGS`` in a session of its own (a signal to its
+    group reaches no test): ``act(proc)``, when given, while it runs, then
+    what ``act`` read of its stdout and the rest, its stderr and its exit
+    code; it and its children are killed at the end, whatever came."""
+    proc = subprocess.Popen([sys.executable, "-m", "state_machines.cli", "fuzz", *args, "--trace-dir", str(tmp_path / "traces")],
+                            cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        read = act(proc) if act is not None else ""
+        stdout, stderr = proc.communicate(timeout=WAIT_S)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    return read + stdout, stderr, proc.returncode
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_to_the_whole_group_stops_a_long_run_without_a_death(tmp_path, sig, code):
     """``timeout``, a CI job's cancel and ``docker stop`` send SIGTERM to
     every process of the command (a terminal's Ctrl-C sends SIGINT so): the
     workers and the forkserver end with the command, which is no worker's
     death.  Exit 128 + the signal, the summary, no trace, no traceback."""
-    proc = subprocess.Popen([sys.executable, "-m", "state_machines.cli", "fuzz", "--target", "builtin:token",
-                             "--duration", "10m", "-j", "2", "--trace-dir", str(tmp_path / "traces")],
-                            cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
+    def signal_the_group(proc) -> str:
         out = []
         for line in proc.stdout:  # the workers are ready once the disabled rules are printed
             out.append(line)
@@ -1577,13 +1591,11 @@ def test_a_signal_to_the_whole_group_stops_a_long_run_without_a_death(tmp_path, 
                 break
         time.sleep(1.0)  # into the fuzzing
         os.killpg(proc.pid, sig)
-        stdout, stderr = proc.communicate(timeout=WAIT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    stdout = "".join(out) + stdout
-    assert proc.returncode == code, stdout + stderr
+        return "".join(out)
+
+    stdout, stderr, code_got = _in_a_session(tmp_path, ["--target", "builtin:token", "--duration", "10m", "-j", "2"],
+                                             signal_the_group)
+    assert code_got == code, stdout + stderr
     assert "Traceback" not in stderr and "worker_died" not in stdout, stdout + stderr
     assert f"interrupted ({signal.Signals(sig).name})" in stdout
     assert not list((tmp_path / "traces").rglob("*.json"))
@@ -1609,23 +1621,18 @@ def test_ctrl_c_while_the_forkserver_imports_torch_is_exit_130(tmp_path):
     (to the whole group, as a terminal sends it) printed its
     KeyboardInterrupt traceback, 40 lines, under the command's own
     'interrupted'.  It now ignores SIGINT from its first preload."""
-    proc = subprocess.Popen([sys.executable, "-m", "state_machines.cli", "fuzz", "--target", "builtin:token",
-                             "--duration", "1m", "-j", "2", "--trace-dir", str(tmp_path / "traces")],
-                            cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
+    def ctrl_c_as_torch_loads(proc) -> str:
         server = _forkserver_of(proc)
         deadline = time.monotonic() + WAIT_S
         while "libtorch" not in Path(f"/proc/{server}/maps").read_text():
             assert time.monotonic() < deadline, "the forkserver never loaded libtorch"
             time.sleep(0.002)
         os.killpg(proc.pid, signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=WAIT_S)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-    assert proc.returncode == 130, stdout + stderr
+        return ""
+
+    stdout, stderr, code = _in_a_session(tmp_path, ["--target", "builtin:token", "--duration", "1m", "-j", "2"],
+                                         ctrl_c_as_torch_loads)
+    assert code == 130, stdout + stderr
     assert "Traceback" not in stderr and "worker_died" not in stdout, stdout + stderr
 
 
@@ -1650,17 +1657,8 @@ def test_a_crash_as_ctrl_c_comes_is_still_a_death(pools):
     """A worker that crashed as the command was interrupted died of its
     own: its end is judged (worker_died, a trace) though the command was
     told to stop, where only an end the signal explains is not."""
-    proc = subprocess.Popen([sys.executable, "-m", "state_machines.cli", "fuzz", "--target", "bad_pools:crashes_as_ctrl_c_comes",
-                             "--seed", "0", *LONG, "--trace-dir", str(pools / "traces")],
-                            cwd=pools, env=_env(pools), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=WAIT_S)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-    assert proc.returncode == 130, stdout + stderr
+    stdout, stderr, code = _in_a_session(pools, ["--target", "bad_pools:crashes_as_ctrl_c_comes", "--seed", "0", *LONG])
+    assert code == 130, stdout + stderr
     assert "Traceback" not in stderr and "was killed by SIGSEGV" in stdout, stdout + stderr
     assert kept(pools, "worker_died").invariant == "worker_died"
 

@@ -733,7 +733,7 @@ def _main_guarded(argv: list[str] | None) -> int:
     except Exception as exc:
         if not isinstance(exc, OSError) or exc.errno not in _OUTPUT_ERRNOS:
             raise
-        _silence_stdout()
+        _silence(sys.stdout)
         _say(f"kv-lockstep: error: cannot write the output: {exc.strerror or type(exc).__name__}")
         return 2
     finally:
@@ -767,14 +767,10 @@ def _say(line: str) -> None:
         pass
 
 
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null: what it still buffers would fail again as
-    the interpreter exits (exit status 120, and a word on stderr)."""
-    _silence(sys.stdout)
-
-
 def _silence(stream) -> None:
-    """Point ``stream``'s descriptor at /dev/null (``_silence_stdout``)."""
+    """Point ``stream``'s descriptor at /dev/null: what it still buffers
+    would fail again as the interpreter exits (exit status 120, and a word
+    on stderr)."""
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
     except (OSError, ValueError):
@@ -827,7 +823,7 @@ def _main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         # A write past ``_ReaderMayLeave`` (to the raw buffer) whose reader went
         # away: nothing more can be said; no traceback at exit either.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _silence(sys.stdout)
         return 141
     finally:
         # What this process built itself (a --caller header, a description)

@@ -252,7 +252,7 @@ def test_a_trace_keeps_the_caller_and_refuses_an_unknown_placement():
     config = check_config({"target": "sglang:paged", "page_size": 4, "caller": "radix", "groups": "all"})
     assert (config.caller, config.groups) == ("radix", "all")
     assert "caller=radix groups=all" in config.label()
-    with pytest.raises(TraceError, match="config.groups is 'some', not release, all or none"):
+    with pytest.raises(TraceError, match='config.groups is "some", not release, all or none'):
         check_config({"target": "sglang:paged", "groups": "some"})
 
 

@@ -195,7 +195,10 @@ def _show(value) -> str:
         return "a JSON array"
     if isinstance(value, dict):
         return "a JSON object"
-    text = repr(value)  # repr escapes newlines: one line
+    try:  # as the file writes it (true, null, "text"), escaped to one line
+        text = json.dumps(value)
+    except (TypeError, ValueError):  # not from JSON: a Python object
+        text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -383,7 +386,7 @@ def check_trace(data) -> tuple[Config, tuple[Step, ...], str | None, str | None]
     it checked; ``TraceError`` names the first thing wrong."""
     _object(data, "the trace", ("format", "config", "steps"), ("format", "config", "steps", "failure"))
     if data["format"] != FORMAT:
-        raise TraceError(f"format is {_show(data['format'])}, not {FORMAT!r}")
+        raise TraceError(f"format is {_show(data['format'])}, not {_show(FORMAT)}")
     config = check_config(data["config"])
     raw_steps = data["steps"]
     if type(raw_steps) is not list:

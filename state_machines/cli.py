@@ -77,6 +77,16 @@ def _target_spec(text: str) -> str:
     return text
 
 
+def _caller_spec(text: str) -> str:
+    """``--caller``: a name or ``MODULE:ATTR``, as a trace carries it (an
+    unknown name was refused later, as ``config.caller``)."""
+    from state_machines.runs.trace import CALLER_SPEC, CALLER_SPEC_SHOWN
+
+    if not CALLER_SPEC.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {CALLER_SPEC_SHOWN}")
+    return text
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -170,7 +180,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _caller_options(parser, defaults: bool = True) -> None:
     group = parser.add_argument_group("the real caller (see README, The real caller)")
-    group.add_argument("--caller", default="harness" if defaults else None, metavar="CALLER",
+    group.add_argument("--caller", type=_caller_spec, default="harness" if defaults else None, metavar="CALLER",
                        help="harness (the simulated caller), radix, unified, unified-swa, swa-radix, or MODULE:ATTR (a cache class):"
                             " sglang's own prefix cache and scheduler helpers drive the allocator"
                             + (" (default %(default)s)" if defaults else " (default: the trace's)"))
@@ -213,7 +223,12 @@ def _fits_a_trace(config: Config) -> None:
     try:
         check_config(config.to_dict())
     except TraceError as exc:
-        raise UsageError(f"{exc}: beyond what a trace carries, so no failure found could be replayed") from None
+        # Name the option the user typed, not the trace's field.
+        message = re.sub(r"^config\.(\w+)", lambda m: _OPTION_OF.get(m[1], f"--{m[1].replace('_', '-')}"), str(exc))
+        raise UsageError(f"{message}: beyond what a trace carries, so no failure found could be replayed") from None
+
+
+_OPTION_OF = {"call_timeout_s": "--call-timeout"}
 
 
 def cmd_fuzz(args) -> int:

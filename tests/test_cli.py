@@ -88,7 +88,7 @@ def _known(names) -> str:
                                    " (see `kv-lockstep fuzz --help`)"),
         # Runs whose traces replay refused: the run must refuse them first.
         (["fuzz", "--target", "builtin:paged", "--page-size", "2048"],
-         "config.page_size is 2048, outside 1..1024: beyond what a trace carries, so no failure found could be replayed"),
+         "--page-size is 2048, outside 1..1024: beyond what a trace carries, so no failure found could be replayed"),
         # sglang builds whole pages; its size_full then disagreed with the model's pages (helper-87).
         (["fuzz", "--target", "builtin:paged", "--page-size", "4", "--size", "6"],
          "--size 6 is not a whole number of pages of 4 slots (--page-size): sglang builds its pools in whole pages;"
@@ -97,7 +97,10 @@ def _known(names) -> str:
          "--size 8 is not a whole number of pages of 16 slots (--page-size): sglang builds its pools in whole pages;"
          " give a multiple of 16"),
         (["fuzz", "--size", "4194305"],
-         "config.size is 4194305, outside 1..4194304: beyond what a trace carries, so no failure found could be replayed"),
+         "--size is 4194305, outside 1..4194304: beyond what a trace carries, so no failure found could be replayed"),
+        # It named the trace's field (config.caller), past the checks of the other options (helper-88).
+        (["fuzz", "--caller", "nope"], "argument --caller: 'nope' is not harness, radix, unified, unified-swa, swa-radix"
+                                       " or MODULE:ATTR (see `kv-lockstep fuzz --help`)"),
         # Hypothesis's database saves nothing there, without a word.
         (["fuzz", "--db", "/proc/kv-lockstep-db"], "--db /proc/kv-lockstep-db: cannot write there: No such file or directory"),
         # Path("") is the current folder: traces went there without a word (helper-88).
@@ -124,7 +127,7 @@ def _known(names) -> str:
         (["fuzz", "--duration", "-j", "2"], "argument --duration: expected one argument (see `kv-lockstep fuzz --help`)"),
     ],
     ids=["target-form", "builtin", "mutant", "page-size", "import", "argument", "trace-missing", "target-empty",
-         "page-size-past-a-trace", "size-not-whole-pages", "size-under-a-page", "size-past-a-trace", "db-unwritable", "trace-dir-empty", "stats-json-empty", "sglang-path-with-builtin",
+         "page-size-past-a-trace", "size-not-whole-pages", "size-under-a-page", "size-past-a-trace", "caller-unknown", "db-unwritable", "trace-dir-empty", "stats-json-empty", "sglang-path-with-builtin",
          "targets-sglang-path-with-builtin",
          "targets-mutant-alone", "targets-page-size-alone", "targets-need-sort-alone", "kind-miscased",
          "value-like-an-option", "value-like-an-option-abbreviated", "value-forgotten", "value-forgotten-before-an-option"],

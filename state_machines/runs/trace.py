@@ -44,7 +44,8 @@ _IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,99}"
 _DOTTED = rf"{_IDENT}(?:\.{_IDENT}){{0,15}}"
 _TARGET = re.compile(rf"builtin:[a-z0-9][a-z0-9_-]{{0,63}}|sglang:[a-z0-9][a-z0-9_-]{{0,63}}|{_DOTTED}:{_DOTTED}", re.ASCII)
 _MUTANT = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}", re.ASCII)
-_CALLER = re.compile(rf"harness|radix|unified|unified-swa|swa-radix|{_DOTTED}:{_DOTTED}", re.ASCII)
+CALLER_SPEC = re.compile(rf"harness|radix|unified|unified-swa|swa-radix|{_DOTTED}:{_DOTTED}", re.ASCII)
+CALLER_SPEC_SHOWN = "harness, radix, unified, unified-swa, swa-radix or MODULE:ATTR"
 _GROUPS = re.compile(r"release|all|none", re.ASCII)
 _DEVICE = re.compile(r"(cpu|cuda|npu)(:[0-9]{1,3})?", re.ASCII)
 _ROW_DTYPE = re.compile(r"int32|int64", re.ASCII)
@@ -267,7 +268,7 @@ _CONFIG_CHECKS = {
     "call_timeout_s": lambda v, w: _seconds(v, w),
     "row_dtype": lambda v, w: _text(v, w, _ROW_DTYPE, "int32 or int64"),
     "latent": _bool,
-    "caller": lambda v, w: _text(v, w, _CALLER, "harness, radix, unified, unified-swa, swa-radix or MODULE:ATTR"),
+    "caller": lambda v, w: _text(v, w, CALLER_SPEC, CALLER_SPEC_SHOWN),
     "groups": lambda v, w: _text(v, w, _GROUPS, "release, all or none"),
 }
 

@@ -121,8 +121,25 @@ def _build_timeout(parser) -> None:
                              " apart from --call-timeout, as a device's first build is slow (default %(default)g)")
 
 
+def _version() -> str:
+    """``kv-lockstep 0.1.0 (hypothesis 6.x, torch 2.x, Python 3.x)``: read
+    from the installed packages' metadata, nothing imported."""
+    from importlib import metadata
+
+    def of(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"kv-lockstep {of('kv-lockstep')} (hypothesis {of('hypothesis')}, torch {of('torch')}, Python {python})"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kv-lockstep", description=__doc__.splitlines()[0].replace("``", ""))
+    parser.add_argument("--version", action="version", version=_version(),
+                        help="print this version and those of what it runs on (for a bug report), then exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     fuzz = sub.add_parser("fuzz", help="run a target in lockstep with the ownership model")

@@ -66,6 +66,12 @@ def test_mutant_run_fails_with_a_trace_that_replays(tmp_path):
     ]
 
 
+def test_version_names_what_a_bug_report_needs():
+    run = kv_lockstep("--version")
+    assert (run.returncode, run.stderr) == (0, ""), run.stdout + run.stderr
+    assert re.fullmatch(r"kv-lockstep \d+\.\d+\.\d+ \(hypothesis \d\S*, torch \d\S*, Python 3\.\d+\.\d+\)\n", run.stdout), run.stdout
+
+
 def _known(names) -> str:
     return ", ".join(sorted(names))
 

@@ -66,8 +66,8 @@ def test_mutant_run_fails_with_a_trace_that_replays(tmp_path):
     ]
 
 
-def test_version_names_what_a_bug_report_needs():
-    run = kv_lockstep("--version")
+def test_version_names_what_a_bug_report_needs(tmp_path):
+    run = kv_lockstep("--version", cwd=tmp_path)
     assert (run.returncode, run.stderr) == (0, ""), run.stdout + run.stderr
     assert re.fullmatch(r"kv-lockstep \d+\.\d+\.\d+ \(hypothesis \d\S*, torch \d\S*, Python 3\.\d+\.\d+\)\n", run.stdout), run.stdout
 

@@ -255,6 +255,7 @@ def cmd_fuzz(args) -> int:
     from state_machines import targets
     from state_machines.runs.options import open_database
     from state_machines.targets import devices
+    from state_machines.targets.base import is_passed
 
     target = args.target if args.target is not None else DEFAULT_TARGET
     if args.caller != "harness" and args.target is None:
@@ -303,7 +304,11 @@ def cmd_fuzz(args) -> int:
         duration_s = longrun.parse_duration(args.duration)
     # Bad input fails here, before any output; what only building the
     # allocator can tell, the worker reports the same way.
-    targets.resolve(config.target, config.mutant, config.sglang_path)
+    target = targets.resolve(config.target, config.mutant, config.sglang_path)
+    if config.size is not None and not is_passed(target.factory, "size"):
+        # It sizes its pool itself (the harness reads what it built): --size was ignored without a word (helper-88).
+        raise UsageError(f"--size {config.size}: {config.target} takes no size parameter, so it builds a pool of its own"
+                         " size; give its factory a `size` parameter, or leave --size out")
     devices.require(config.device)
     _fits_a_trace(config)
     open_database(args.db)

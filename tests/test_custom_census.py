@@ -203,3 +203,18 @@ def test_targets_on_a_pool_wrong_from_the_start_names_the_fuzz_that_writes_its_t
     assert said[0] == "FAILED before any step: fresh_pool_lists_every_page"
     assert said[-1] == ("  a trace: kv-lockstep fuzz --target census_pools:LeaksWhenSorted --need-sort"
                         " (its failure shrinks to building the pool)")
+
+
+def test_size_on_a_factory_that_takes_none_is_bad_input(pools, tmp_path, capsys):
+    """A factory without ``size`` builds its own pool: ``--size`` was
+    ignored without a word (helper-88).  Refused before anything runs; with
+    no --size, the run takes the factory's pool."""
+    from state_machines.cli import main
+
+    assert main(["fuzz", "--target", "census_pools:sixteen_slots", "--size", "32", "--trace-dir", str(tmp_path / "t")]) == 2
+    said = capsys.readouterr()
+    assert (said.out, said.err) == ("", "kv-lockstep: error: --size 32: census_pools:sixteen_slots takes no size parameter,"
+                                        " so it builds a pool of its own size; give its factory a `size` parameter,"
+                                        " or leave --size out\n")
+    assert main(["fuzz", "--target", "census_pools:sixteen_slots", "--max-examples", "5", "--seed", "0",
+                 "--trace-dir", str(tmp_path / "t")]) == 0

@@ -1,7 +1,7 @@
 """``kv-lockstep``: fuzz a target, replay a trace, list targets.
 
 Exit codes: 0 no failure, 1 a failure (with a trace), 2 bad input,
-130 on SIGINT, 143 on SIGTERM.
+130 on SIGINT, 143 on SIGTERM, 129 on SIGHUP.
 """
 
 from __future__ import annotations

@@ -470,9 +470,12 @@ def test_killing_a_worker_fails_the_run(tmp_path, jobs):
     ([], signal.SIGINT, 130),
     ([], signal.SIGTERM, 143),
     (LONG, signal.SIGTERM, 143),  # tests/test_longrun.py sends a long run SIGINT
-], ids=["plain-SIGINT", "plain-SIGTERM", "long-SIGTERM"])
+    # A terminal that hangs up (a closed ssh session): exit 129, no summary, before (helper-88).
+    ([], signal.SIGHUP, 129),
+    (LONG, signal.SIGHUP, 129),
+], ids=["plain-SIGINT", "plain-SIGTERM", "long-SIGTERM", "plain-SIGHUP", "long-SIGHUP"])
 def test_signal_during_shrinking_keeps_the_failure(pools, mode, sig, code):
-    """Ctrl-C or SIGTERM while a failure shrinks: exit 130 / 143, no
+    """Ctrl-C, SIGTERM or SIGHUP while a failure shrinks: exit 130 / 143 / 129, no
     traceback, and the failure as first seen is kept, unshrunk."""
     proc = popen(pools, "--target", "bad_pools:slow_to_shrink", "--seed", "0", *mode)
     out = []
@@ -1577,7 +1580,7 @@ def _in_a_session(tmp_path, args: list, act=None) -> tuple[str, str, int]:
     return read + stdout, stderr, proc.returncode
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
 def test_a_signal_to_the_whole_group_stops_a_long_run_without_a_death(tmp_path, sig, code):
     """``timeout``, a CI job's cancel and ``docker stop`` send SIGTERM to
     every process of the command (a terminal's Ctrl-C sends SIGINT so): the

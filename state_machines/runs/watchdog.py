@@ -349,9 +349,16 @@ def kill(process) -> None:
     process.join(timeout=5)
 
 
+# What stops a run: Ctrl-C, a kill or a CI cancel, and a terminal that
+# hangs up (a closed ssh session: it ended the command with 129 and no
+# summary, helper-88).
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 class Signals:
-    """SIGINT and SIGTERM raise ``KeyboardInterrupt`` in the parent, which
-    remembers which came (the exit code is 128 + its number)."""
+    """SIGINT, SIGTERM and SIGHUP (``STOPS``) raise ``KeyboardInterrupt`` in
+    the parent, which remembers which came (the exit code is 128 + its
+    number)."""
 
     def __init__(self) -> None:
         self.got: int | None = None
@@ -359,7 +366,7 @@ class Signals:
 
     def install(self) -> None:
         # Installed explicitly: a shell starts background jobs with SIGINT ignored.
-        self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in STOPS}
 
     def _handle(self, signum, frame):
         self.got = signum
@@ -379,9 +386,9 @@ class Signals:
 
 
 def start_blocked(process) -> None:
-    """Start a worker with SIGINT and SIGTERM blocked, so that none reaches
-    it before it sets its own handlers (``worker_signals``)."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    """Start a worker with ``STOPS`` blocked, so that none reaches it before
+    it sets its own handlers (``worker_signals``)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOPS))
     try:
         process.start()
     finally:
@@ -389,9 +396,10 @@ def start_blocked(process) -> None:
 
 
 def worker_signals() -> None:
-    """In a worker: Ctrl-C reaches the whole process group, and the parent
-    alone decides what it means; SIGTERM ends the worker."""
+    """In a worker: Ctrl-C and a hangup reach the whole process group, and
+    the parent alone decides what they mean; SIGTERM ends the worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # When its parent dies, however (kill -9 too), the kernel SIGKILLs it:
     # no one is left to report to, and a target's code may ignore SIGTERM.
@@ -402,7 +410,7 @@ def worker_signals() -> None:
     if parent_died_first():
         # The command died before the kernel was asked: it will send nothing.
         os.kill(os.getpid(), signal.SIGKILL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(STOPS))
 
 
 def start_worker(config: Config, beacon: Beacon, messages, index: int):
@@ -554,7 +562,7 @@ def fuzz_watched(config: Config, *, max_examples: int, seed: int | None, db_spec
                  out=None, err=None, cover=None, on_cover=None, build_timeout_s: float = BUILD_TIMEOUT_S) -> int:
     """``kv-lockstep fuzz`` without ``--duration``: Hypothesis runs in one
     worker, watched from here.  Returns the exit code: 0 no failure, 1 a
-    failure, 2 bad input, 128 + the signal on SIGINT / SIGTERM.
+    failure, 2 bad input, 128 + the signal on SIGINT / SIGTERM / SIGHUP.
     ``build_timeout_s``: the build limit (``build_hang``).
 
     ``cover`` (``runs.cover.Recorder``) records statement coverage in the

@@ -491,6 +491,26 @@ def test_signal_during_shrinking_keeps_the_failure(pools, mode, sig, code):
     assert kept(pools, "allocator_raised").steps[-1].rule == "end"
 
 
+def test_a_run_under_nohup_outlives_a_hangup(tmp_path):
+    """nohup starts the command with SIGHUP ignored, so that a run outlives
+    its terminal: the run keeps that (SIGHUP stops a run otherwise)."""
+    proc = subprocess.Popen([sys.executable, "-m", "state_machines.cli", "fuzz", "--target", "builtin:token",
+                             "--max-examples", "100000", "--trace-dir", str(tmp_path / "traces")],
+                            cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    for line in proc.stdout:
+        if line.startswith("kv-lockstep fuzz:"):
+            break
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(1.0)
+    assert proc.poll() is None, "a hangup stopped a run under nohup"
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=WAIT_S)
+    assert proc.returncode == 130, stdout + stderr
+    assert "Traceback" not in stderr and "interrupted (SIGINT)" in stdout
+
+
 def test_ctrl_c_on_a_clean_run_exits_130(tmp_path):
     """Ctrl-C before any failure: exit 130, one line, no traceback."""
     proc = popen(tmp_path, "--target", "builtin:token", "--max-examples", "100000")

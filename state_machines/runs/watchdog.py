@@ -365,8 +365,10 @@ class Signals:
         self.previous: dict = {}
 
     def install(self) -> None:
-        # Installed explicitly: a shell starts background jobs with SIGINT ignored.
-        self.previous = {sig: signal.signal(sig, self._handle) for sig in STOPS}
+        # Installed explicitly: a shell starts background jobs with SIGINT
+        # ignored.  SIGHUP ignored is nohup's ask: the run outlives its terminal.
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in STOPS
+                         if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN}
 
     def _handle(self, signum, frame):
         self.got = signum

@@ -66,6 +66,35 @@ def test_the_progress_line_says_starting_only_while_workers_start():
     assert _progress_line(0, 5, none, 0, 0) == "[    0s/5s] 0 failure(s), 0 worker(s)"
 
 
+def test_a_run_stopped_before_any_worker_was_ready_says_nothing_ran():
+    """Ctrl-C while the workers still start: the summary's table listed every
+    interleaving n/a, "(needs ?)", as if the target could not reach them."""
+    import io
+
+    from state_machines.runs.coverage import merge
+    from state_machines.runs.longrun import _summary
+
+    out = io.StringIO()
+    _summary(out, Config(), 2, 1.5, merge([]), [], [], [], True, signum=signal.SIGINT, fuzzing_s=0.0)
+    assert out.getvalue().splitlines()[1:] == [
+        "summary: builtin:token page_size=1, 2 worker(s), 1.5 s, interrupted (SIGINT)",
+        "  0 examples, 0 steps, 0 failure(s)",
+        "  nothing ran: stopped before any worker was ready",
+    ]
+
+
+def test_the_interleaving_counts_line_up():
+    """extend_continues_partial_page ran into its count column."""
+    from state_machines.runs.coverage import INTERLEAVINGS, merge, summary_table
+
+    total = merge([{"examples": 1, "steps": 1, "checks": 1, "rules": {"alloc": {"ran": 1, "blocked": 0}},
+                    "interleavings": {i.name: 0 for i in INTERLEAVINGS[::2]}}])
+    rows = summary_table(total, Config()).splitlines()
+    start = next(i for i, row in enumerate(rows) if row.lstrip().startswith("interleaving"))
+    ends = {re.match(r" +\S+ +\S+", row).end() for row in rows[start:start + 1 + len(INTERLEAVINGS)]}
+    assert len(ends) == 1, rows  # each count ends in one column, the header's "count" too
+
+
 def _open_files(soft: int, hard: int):
     import resource
 

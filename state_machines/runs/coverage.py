@@ -338,14 +338,15 @@ def summary_table(total: dict, config: Config, disabled: dict[str, str] | None =
             f"  {rule:<{width}}{c['ran']:>10,}{100 * c['ran'] / steps:>7.1f}%{c['blocked']:>10,}{100 * c['blocked'] / checks:>10.1f}%"
         )
     examples = max(total["examples"], 1)
-    lines.append(f"  {'interleaving':<28}{'count':>10}{'per 1k examples':>17}")
+    named = max([28, *(len(i.name) + 1 for i in INTERLEAVINGS)])  # extend_continues_partial_page ran into its count
+    lines.append(f"  {'interleaving':<{named}}{'count':>10}{'per 1k examples':>17}")
     for inter in INTERLEAVINGS:
         if inter.name in total["interleavings"]:
             count = total["interleavings"][inter.name]
-            lines.append(f"  {inter.name:<28}{count:>10,}{1000 * count / examples:>17.1f}")
+            lines.append(f"  {inter.name:<{named}}{count:>10,}{1000 * count / examples:>17.1f}")
         else:
             need = "--caller harness: an order of its steps" if config.caller != "harness" else NEEDS_TEXT.get(inter.name, "?")
-            lines.append(f"  {inter.name:<28}{'n/a':>10}  (needs {need})")
+            lines.append(f"  {inter.name:<{named}}{'n/a':>10}  (needs {need})")
     missing = never_reached(total)
     if missing:
         lines.append("  NEVER REACHED: " + ", ".join(missing) + " (this run proves nothing about them)")

@@ -429,7 +429,10 @@ def _summary(out, config, jobs, elapsed, total, found, failures, errors, interru
         f" {(len(failures) or len({f[1] for f in found})) + len(verdicts)} failure(s)",
         file=out,
     )
-    print(summary_table(total, config, disabled), file=out)
+    if total["rules"] or disabled:
+        print(summary_table(total, config, disabled), file=out)
+    else:  # no worker said what it runs: a table would call every order n/a, "needs ?"
+        print("  nothing ran: stopped before any worker was ready", file=out)
     for text in errors:
         print(f"harness error in {text}", file=out)
     for trace_json, path in failures:

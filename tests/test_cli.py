@@ -448,6 +448,15 @@ def test_a_trace_naming_a_miscased_kind_is_refused_as_such(tmp_path):
     assert run.stderr == "kv-lockstep: error: target 'BUILTIN:TOKEN': kinds are lower case: did you mean builtin:token?\n"
 
 
+def test_a_module_of_the_users_named_builtin_is_its_own(tmp_path):
+    """The mis-cased kind check refused a module of the user's named
+    ``Builtin`` (or ``SGLang``): that name is the user's, and runs."""
+    (tmp_path / "Builtin.py").write_text("from allocators.token import TokenAllocator as token\n")
+    run = kv_lockstep("fuzz", "--target", "Builtin:token", "--max-examples", "3", "--seed", "0", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.startswith("kv-lockstep fuzz: Builtin:token page_size=1"), run.stdout
+
+
 def test_an_emitted_file_pytest_would_pass_by_is_named_so(tmp_path):
     """--emit-pytest x.txt was written without a word: pytest run on its
     folder collects nothing, and a CI gate passes (helper-80)."""

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 import allocators
 from state_machines.targets.base import Target, TargetError, construct, import_death, one_line
@@ -92,9 +93,15 @@ def _custom(spec: str) -> Target:
 def miscased(spec: str) -> str | None:
     """Why ``spec`` is refused where its kind is ``builtin`` or ``sglang``
     in other letters (``BUILTIN:TOKEN``), or None: taken for a module of
-    the user's, it was an import error, or a trace's custom target."""
+    the user's, it was an import error, or a trace's custom target.  A
+    module of the user's that is named so (``Builtin.py``) is its own."""
     kind, _, name = spec.partition(":")
     if kind.lower() in ("builtin", "sglang") and kind not in ("builtin", "sglang"):
+        try:
+            if importlib.util.find_spec(kind) is not None:  # finds, imports nothing
+                return None
+        except (ImportError, ValueError):
+            pass
         return f"target '{spec}': kinds are lower case: did you mean {kind.lower()}:{name.lower()}?"
     return None
 

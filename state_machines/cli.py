@@ -13,11 +13,11 @@ import re
 import shlex
 import signal
 import sys
-import threading
 
 import attrs
 
 from state_machines.config import Config
+from state_machines.early import imports_done, note_interrupts
 
 DEFAULT_TARGET = "builtin:token"
 DEFAULT_TRACE_DIR = ".kv-lockstep/traces"
@@ -756,12 +756,7 @@ class _ReaderMayLeave:
 
 def _main_guarded(argv: list[str] | None) -> int:
     """``main``'s body, its stdout and stderr set (``_ReaderMayLeave``)."""
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        # Noted, not raised, until ``_main``'s imports are done: raised
-        # inside torch's import it landed in pybind11's C++ (terminate,
-        # abort: rc -6), was swallowed by an import (the command ran to its
-        # end), or broke numpy's into an ImportError traceback.
-        signal.signal(signal.SIGINT, _interrupted_early)
+    note_interrupts()  # noted, not raised, until _main's imports are done (``early``)
     try:
         return _main(argv)
     except KeyboardInterrupt:
@@ -774,26 +769,7 @@ def _main_guarded(argv: list[str] | None) -> int:
         _say(f"kv-lockstep: error: cannot write the output: {exc.strerror or type(exc).__name__}")
         return 2
     finally:
-        _imports_done(raising=False)  # where _main ended before it (an import that raised)
-
-
-_early_interrupts: list[int] = []
-
-
-def _interrupted_early(signum, frame):
-    _early_interrupts.append(signum)
-
-
-def _imports_done(raising: bool = True) -> None:
-    """After ``_main``'s imports: SIGINT's default back, and a Ctrl-C that
-    came during them raised again (``raising``), should an import have
-    swallowed it."""
-    if signal.getsignal(signal.SIGINT) is _interrupted_early:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    came = bool(_early_interrupts)
-    _early_interrupts.clear()
-    if came and raising:
-        raise KeyboardInterrupt
+        imports_done(raising=False)  # where _main ended before it (an import that raised)
 
 
 def _say(line: str) -> None:
@@ -825,7 +801,7 @@ def _main(argv: list[str] | None = None) -> int:
     from state_machines.runs.watchdog import Interrupted, WorkerError, signal_name
     from state_machines.targets import TargetError
 
-    _imports_done()
+    imports_done()
     if getattr(signal, "SIGCHLD", None) and signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
         # Ignored by whatever started this (it carries over exec): the
         # kernel would then reap its children itself, and no worker's or

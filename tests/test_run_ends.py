@@ -491,6 +491,30 @@ def test_signal_during_shrinking_keeps_the_failure(pools, mode, sig, code):
     assert kept(pools, "allocator_raised").steps[-1].rule == "end"
 
 
+def test_ctrl_c_while_the_command_module_imports_is_exit_130(tmp_path):
+    """The console script imported ``state_machines.cli`` (argparse, attrs)
+    before ``main`` set SIGINT aside: a Ctrl-C in those first tens of
+    milliseconds was a KeyboardInterrupt traceback.  Here the Ctrl-C comes
+    as that module is looked up, through the entry pyproject.toml names."""
+    entry = re.search(r'^kv-lockstep = "([\w.]+):(\w+)"', (REPO / "pyproject.toml").read_text(), re.M)
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+
+        class CtrlC:
+            def find_spec(self, name, path=None, target=None):
+                if name == "state_machines.cli":
+                    os.kill(os.getpid(), signal.SIGINT)
+
+        sys.meta_path.insert(0, CtrlC())
+        from {entry[1]} import {entry[2]} as main
+        sys.argv = ["kv-lockstep", "fuzz", "--max-examples", "1", "--trace-dir", "traces"]
+        sys.exit(main())
+    """)
+    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,
+                         timeout=WAIT_S)
+    assert (run.returncode, run.stdout, run.stderr) == (130, "", "kv-lockstep: interrupted\n"), run.stdout + run.stderr
+
+
 def test_a_run_under_nohup_outlives_a_hangup(tmp_path):
     """nohup starts the command with SIGHUP ignored, so that a run outlives
     its terminal: the run keeps that (SIGHUP stops a run otherwise)."""

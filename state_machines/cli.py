@@ -422,6 +422,9 @@ def _replay_config(trace, args) -> Config:
     if args.target:
         config = attrs.evolve(config, target=args.target, mutant=args.mutant)
     elif args.mutant:
+        if not config.target.startswith("builtin:"):  # the target is the trace's: say so (helper-88)
+            raise UsageError(f"--mutant applies to builtin targets only, and trace {shown(args.trace)} runs {config.target}:"
+                             " give --target builtin:NAME with it")
         config = attrs.evolve(config, mutant=args.mutant)
     kind = config.target.partition(":")[0]
     from state_machines.targets import miscased

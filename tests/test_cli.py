@@ -448,6 +448,21 @@ def test_a_trace_naming_a_miscased_kind_is_refused_as_such(tmp_path):
     assert run.stderr == "kv-lockstep: error: target 'BUILTIN:TOKEN': kinds are lower case: did you mean builtin:token?\n"
 
 
+def test_a_mutant_on_a_traces_sglang_target_names_where_the_target_came_from(tmp_path):
+    """``replay --mutant`` of a trace of sglang:paged said the mutant applies to
+    builtin targets only, "not 'sglang:paged'": a target the user never typed (helper-88)."""
+    from state_machines.config import Config
+    from state_machines.harness import Step
+    from state_machines.runs.trace import Trace
+
+    path = tmp_path / "trace.json"
+    path.write_text(Trace(Config(target="sglang:paged", page_size=4), (Step("begin", {}),)).to_json())
+    run = kv_lockstep("replay", str(path), "--mutant", "alias", cwd=tmp_path)
+    assert (run.returncode, run.stdout) == (2, ""), run.stdout + run.stderr
+    assert run.stderr == (f"kv-lockstep: error: --mutant applies to builtin targets only, and trace {path} runs"
+                          " sglang:paged: give --target builtin:NAME with it\n")
+
+
 def test_a_module_of_the_users_named_builtin_is_its_own(tmp_path):
     """The mis-cased kind check refused a module of the user's named
     ``Builtin`` (or ``SGLang``): that name is the user's, and runs."""

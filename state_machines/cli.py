@@ -116,7 +116,7 @@ def _build_timeout(parser) -> None:
     from state_machines.config import BUILD_TIMEOUT_S
 
     parser.add_argument("--build-timeout", type=_seconds, default=BUILD_TIMEOUT_S, metavar="SECONDS",
-                        help="the target's factory (or a probe of its methods, or its module's import) running longer"
+                        help="the target's factory (or a probe of its methods, its module's import, or an sglang release's) running longer"
                              " is bad input, exit 2;"
                              " apart from --call-timeout, as a device's first build is slow (default %(default)g)")
 

@@ -1060,7 +1060,7 @@ def test_a_worker_whose_command_died_before_it_set_its_signals_ends(tmp_path, me
 def _import_limit(answer) -> None:
     from state_machines.targets import base
 
-    answer.put(base._import_limit_s())
+    answer.put(base.import_limit_s())
 
 
 def test_a_fresh_worker_checks_imports_under_the_commands_build_timeout(monkeypatch):
@@ -1076,7 +1076,7 @@ def test_a_fresh_worker_checks_imports_under_the_commands_build_timeout(monkeypa
     from state_machines.targets import base
 
     monkeypatch.setenv(base._IMPORT_LIMIT_ENV, "not a number")  # restored after the test, whatever it was
-    assert base._import_limit_s() == base.BUILD_TIMEOUT_S
+    assert base.import_limit_s() == base.BUILD_TIMEOUT_S
     base.limit_imports(600)
     ctx = multiprocessing.get_context("spawn")
     answer = ctx.Queue()

@@ -40,9 +40,9 @@ def needs_import_set_torch():
         pytest.skip(f"the loader imports sglang only with torch {need} (sglang's import set), this venv has {torch.__version__}")
 
 
-def run(module: str, *args, cwd: Path):
+def run(module: str, *args, cwd: Path, timeout: float = 300):
     return subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
         env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
 
@@ -116,3 +116,17 @@ def test_a_release_that_exits_while_it_imports_is_bad_input(tmp_path, command):
     got = run("state_machines.cli", command, "--target", "sglang:token", "--sglang-path", str(root), *args, cwd=tmp_path)
     assert got.returncode == 2, got.stdout + got.stderr
     assert got.stderr.splitlines() == ["kv-lockstep: error: sglang 0.5.5 not importable: SystemExit: 0 (at sglang/srt/mem_cache/allocator.py:2)"], got.stderr
+
+
+def test_a_release_whose_import_never_returns_is_bad_input_within_the_build_timeout(tmp_path):
+    """An allocator module that waits forever at its top level hung
+    ``targets`` (and ``fuzz``, ``replay``): --build-timeout covered a custom
+    module's import only.  Exit 2, one line naming the release, the limit
+    and the line it waited on."""
+    needs_import_set_torch()
+    root = fake_sglang(tmp_path / "rel", layout=sglang.SINGLE_FILE, allocator_source="import time\ntime.sleep(600)\n")
+    got = run("state_machines.cli", "targets", "--target", "sglang:token", "--sglang-path", str(root), "--build-timeout", "3",
+              cwd=tmp_path, timeout=120)  # without the clock: TimeoutExpired
+    assert got.returncode == 2, got.stdout + got.stderr
+    assert got.stderr.splitlines() == ["kv-lockstep: error: sglang 0.5.5: importing its allocators did not return within 3 s"
+                                       " (--build-timeout) (at sglang/srt/mem_cache/allocator.py:2)"], got.stderr

@@ -146,7 +146,7 @@ def limit_imports(seconds: float) -> None:
     os.environ[_IMPORT_LIMIT_ENV] = repr(float(seconds))
 
 
-def _import_limit_s() -> float:
+def import_limit_s() -> float:
     """``limit_imports``'s seconds, or ``BUILD_TIMEOUT_S`` where none (or no
     positive number) was set."""
     try:
@@ -193,7 +193,7 @@ def import_death(module_name: str) -> str | None:
                 word[0] = _RETURNED
         finally:
             os._exit(0)  # not exit(): the parent's buffers and exit handlers are the parent's
-    limit = _import_limit_s()
+    limit = import_limit_s()
     status = None
     try:
         status = _ended_within(pid, limit)

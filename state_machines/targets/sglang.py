@@ -18,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
+import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
 from types import ModuleType
@@ -106,7 +108,7 @@ CLASSES = {
 }
 
 
-from state_machines.targets.base import Target, TargetError, construct, one_line, quiet
+from state_machines.targets.base import Target, TargetError, construct, import_limit_s, one_line, quiet
 from state_machines.targets.cpu_paths import cpu_kernels, unified_cpu_kernels
 
 
@@ -213,6 +215,39 @@ def _where(exc: BaseException, path: Path) -> str:
     return ""
 
 
+class _ImportHung(BaseException):
+    """Raised by ``_import_clock`` when it is due: not an ``Exception``, so
+    that no ``except Exception`` of the release's takes it."""
+
+
+@contextlib.contextmanager
+def _import_clock(seconds: float):
+    """``_ImportHung`` raised where the block runs past ``seconds``: a
+    release whose import never returns (a lock, a wait on a device or a
+    server) hung the command, ``targets`` and ``replay`` too, as
+    ``--build-timeout`` covered a custom module's import only.  Checking
+    the import in a fork, as those are, would pay sglang's (about 10 s)
+    twice.  SIGALRM reaches Python code, and a sleep or a lock's wait; a
+    call into C that never returns stays hung.  Only in the main thread,
+    and where no other code handles SIGALRM or has a timer set (a worker's
+    call timer): there the block runs unclocked."""
+    if (threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL
+            or signal.getitimer(signal.ITIMER_REAL)[0]):
+        yield
+        return
+
+    def due(signum, frame):
+        raise _ImportHung
+
+    signal.signal(signal.SIGALRM, due)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+
 def _missing_package(exc: BaseException, release: str | None, path: Path) -> str | None:
     """When an allocator module failed to import for want of a package
     outside sglang, one line naming it and the line of sglang that imports
@@ -289,18 +324,23 @@ def load_sglang(sglang_path: str | None = None) -> SglangInfo:
     names = LAYOUTS[layout]
     modules: dict[str, ModuleType] = {}
     unavailable: dict[str, str] = {}
-    with quiet():
-        for kind in MODULES:
-            if kind not in names:
-                unavailable[kind] = f"this release keeps its allocators in one file, mem_cache/allocator.py, with no {kind} allocator"
-                continue
-            try:
-                modules[kind] = importlib.import_module(names[kind])
-            except (Exception, SystemExit) as exc:  # noqa: BLE001 - sys.exit() at a module's top level too (it ended the command with exit 0 and no word); a Ctrl-C stays one
-                missing = _missing_package(exc, release, path)
-                if kind in REQUIRED:
-                    raise TargetError(missing or f"{_named(release, path)} not importable: {one_line(exc)}{_where(exc, path)}") from None
-                unavailable[kind] = missing or one_line(exc)
+    limit = import_limit_s()
+    try:
+        with quiet(), _import_clock(limit):
+            for kind in MODULES:
+                if kind not in names:
+                    unavailable[kind] = f"this release keeps its allocators in one file, mem_cache/allocator.py, with no {kind} allocator"
+                    continue
+                try:
+                    modules[kind] = importlib.import_module(names[kind])
+                except (Exception, SystemExit) as exc:  # noqa: BLE001 - sys.exit() at a module's top level too (it ended the command with exit 0 and no word); a Ctrl-C stays one
+                    missing = _missing_package(exc, release, path)
+                    if kind in REQUIRED:
+                        raise TargetError(missing or f"{_named(release, path)} not importable: {one_line(exc)}{_where(exc, path)}") from None
+                    unavailable[kind] = missing or one_line(exc)
+    except _ImportHung as exc:
+        raise TargetError(f"{_named(release, path)}: importing its allocators did not return within {limit:g} s"
+                          f" (--build-timeout){_where(exc, path)}") from None
 
     import sglang
 

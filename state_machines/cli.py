@@ -463,7 +463,7 @@ def cmd_replay(args) -> int:
     crashes or hangs where SIGALRM cannot reach it is a failure the replay
     reports (exit 1), and one that dies while it is built is bad input."""
     from state_machines.runs.options import check_output_paths
-    from state_machines.runs.trace import Trace, counted, shown, step_source
+    from state_machines.runs.trace import Trace, counted, needs_latent, shown, step_source
     from state_machines.runs.watchdog import replay_watched, signal_name
 
     check_output_paths(emit_pytest=args.emit_pytest)
@@ -498,7 +498,7 @@ def cmd_replay(args) -> int:
     where = f"step {index}, {step_source(step)}" if step else "building the target"
     print(f"FAILED at {where}: {failure.invariant}")
     print(_indent(failure.detail))
-    if config.latent:
+    if needs_latent(config, failure.steps):
         print("  (latent: the trace drives what no sglang caller does; a finding, not a gate failure)")
     recorded = len(trace.steps) - 1
     if trace.invariant is not None and (trace.invariant, recorded) != (failure.invariant, index):

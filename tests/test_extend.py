@@ -181,3 +181,23 @@ def test_sglang_0_5_23_paged_alloc_decode_at_page_size_1_is_a_latent_finding(tmp
     assert re.search(r"^failure 1: \w+ \[latent: outside the caller's contract, not a gate failure\]$", run.stdout, re.M)
     assert "state.decode(" in run.stdout
     assert all("latent" in p.name for p in tmp_path.glob("*.json"))
+
+
+def test_a_latent_runs_failure_with_no_latent_step_is_a_gate_failure(tmp_path):
+    """--latent labeled every failure latent, "not a gate failure": the
+    aliasing bug (alloc, begin, finish, overwrite, end) too, which no
+    decode or extend reaches (helper-90).  A CI job that kept --latent on
+    read its seed bug as a finding."""
+    run = subprocess.run(
+        [sys.executable, "-m", "state_machines.cli", "fuzz", "--target", "builtin:token", "--mutant", "alias", "--latent",
+         "--max-examples", "5", "--seed", "2", "--trace-dir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert re.search(r"^FAILED: first failure after", run.stdout, re.M), run.stdout
+    assert re.search(r"^failure 1: \w+ \[a gate failure: no step of it needs --latent\]$", run.stdout, re.M), run.stdout
+    assert "decode" not in run.stdout.partition("failure 1:")[2]
+    [path] = tmp_path.glob("*.json")
+    replayed = subprocess.run([sys.executable, "-m", "state_machines.cli", "replay", str(path)], cwd=REPO,
+                              capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert replayed.returncode == 1 and "latent" not in replayed.stdout.partition("FAILED at")[2], replayed.stdout

@@ -100,6 +100,9 @@ HOSTILE = {
     "unknown top field": (hostile(("extra", 1)), "unknown field"),
     "no steps": (hostile(("steps", DELETE)), "lacks the field 'steps'"),
     "page_size true": (hostile(("config.page_size", True)), "config.page_size is true, not a whole number"),
+    # fuzz refuses --latent at page size 4; a trace carrying it was replayed, its failure called latent (helper-90).
+    "latent at page 4": (hostile(("config.latent", True), ("config.page_size", 4)),
+                         "config.latent is true at page size 4: latent drives alloc_decode / alloc_extend at page size 1 only"),
     # Values as the file writes them, not as Python prints them (None, True).
     "target null": (hostile(("config.target", None)), "config.target is null, not a string"),
     "page_size 0": (hostile(("config.page_size", 0)), "config.page_size is 0, outside"),

@@ -289,6 +289,12 @@ def check_config(data, where: str = "config") -> Config:
     for key, value in data.items():
         _CONFIG_CHECKS[key](value, f"{where}.{key}")
     config = Config(**data)
+    if config.latent and config.page_size != 1:
+        # As fuzz refuses --latent there: at page size > 1 the callers send
+        # those steps to alloc_decode / alloc_extend themselves, and a
+        # failure replayed so was called latent, not a gate failure.
+        raise TraceError(f"{where}.latent is true at page size {config.page_size}: latent drives alloc_decode /"
+                         " alloc_extend at page size 1 only, where sglang's callers use alloc()")
     if config.size is not None and config.size % config.page_size:
         # sglang builds its pools in whole pages (pool_configurator rounds
         # down); a model of ``size // page_size`` pages then disagrees with
@@ -298,6 +304,17 @@ def check_config(data, where: str = "config") -> Config:
     if slots > MAX_SLOTS:
         raise TraceError(f"{where}: rows * row_pages * page_size is {slots}, more than {MAX_SLOTS}")
     return config
+
+
+def needs_latent(config: Config, steps) -> bool:
+    """Whether ``steps`` on ``config`` ran what only ``--latent`` drives: a
+    decode or an extend at page size 1, which ``--latent`` sends to
+    ``alloc_decode`` / ``alloc_extend`` where every caller sends it to
+    ``alloc()`` (``probe.caller_sends``).  A latent run's failure without
+    one is a gate failure: every one of its calls is a caller's."""
+    from state_machines.targets.probe import OPTIONAL
+
+    return config.latent and config.page_size == 1 and any(step.rule in OPTIONAL for step in steps)
 
 
 def _ref_name(value, kind: str, where: str, defined: dict[str, str] | None) -> str:

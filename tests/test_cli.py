@@ -463,6 +463,33 @@ def test_a_mutant_on_a_traces_sglang_target_names_where_the_target_came_from(tmp
                           " sglang:paged: give --target builtin:NAME with it\n")
 
 
+@pytest.mark.parametrize("family", ["swa", "unified", "page_interleave"])
+def test_a_custom_target_that_says_a_family_it_is_not_is_bad_input(tmp_path, family):
+    """A token pool with ``family = "swa"`` ended in a harness traceback (no
+    full_attn_allocator); one saying "unified" failed at its first step, as
+    if the allocator had raised (helper-90).  One line, exit 2; a subclass
+    of a built-in of the family is one."""
+    (tmp_path / "fams.py").write_text(textwrap.dedent(f"""
+        from allocators.swa import SWAAllocator
+        from allocators.token import TokenAllocator
+
+        class Says(TokenAllocator):
+            family = {family!r}
+
+        class MySWA(SWAAllocator):
+            pass
+    """))
+    run = kv_lockstep("fuzz", "--target", "fams:Says", "--max-examples", "5", cwd=tmp_path)
+    assert (run.returncode, run.stdout) == (2, ""), run.stdout + run.stderr
+    assert run.stderr.startswith(f"kv-lockstep: error: fams:Says says family {family!r}, but its Says is not one: that harness"
+                                 " drives "), run.stderr
+    assert run.stderr.count("\n") == 1
+    if family == "swa":
+        run = kv_lockstep("fuzz", "--target", "fams:MySWA", "--page-size", "4", "--max-examples", "5", "--seed", "0",
+                          cwd=tmp_path)
+        assert run.returncode == 0, run.stdout + run.stderr
+
+
 def test_a_module_of_the_users_named_builtin_is_its_own(tmp_path):
     """The mis-cased kind check refused a module of the user's named
     ``Builtin`` (or ``SGLang``): that name is the user's, and runs."""

@@ -76,8 +76,23 @@ def family_of(target: targets.Target, allocator) -> Family:
             raise targets.TargetError(
                 f"{target.spec} says family {target.family!r}; known families: {', '.join(sorted(FAMILIES))}"
             )
-        return FAMILIES[target.family]
+        family = FAMILIES[target.family]
+        if target.spec.partition(":")[0] not in ("builtin", "sglang") and not (
+                family.recognizes(allocator) or _a_builtin_of(allocator, family.name)):
+            # A token pool that says "swa" was a harness traceback (no
+            # full_attn_allocator), or allocator_raised at its first step (helper-90).
+            raise targets.TargetError(
+                f"{target.spec} says family {target.family!r}, but its {type(allocator).__name__} is not one: that harness"
+                f" drives {family.summary}, named as sglang's classes name them (or subclass a built-in of the family)")
+        return family
     return next(f for f in FAMILIES.values() if f.recognizes(allocator))
+
+
+def _a_builtin_of(allocator, family: str) -> bool:
+    """Whether ``allocator`` is an instance of a built-in allocator class of ``family``."""
+    import allocators
+
+    return any(isinstance(allocator, cls) and getattr(cls, "family", None) == family for cls, _ in allocators.BUILTINS.values())
 
 
 def build(config: Config | None = None, **overrides) -> Lockstep:

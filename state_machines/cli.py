@@ -36,7 +36,13 @@ class _Parser(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
     def error(self, message):  # one line instead of usage + message
-        raise UsageError(f"{message}{self._dash_value_hint(message)} (see `{self.prog} --help`)")
+        prog = self.prog
+        if message.startswith("unrecognized arguments") and self._args and self._args[0] in self._subcommands():
+            prog = f"{prog} {self._args[0]}"  # the top parser reports them: point at the command's own help
+        raise UsageError(f"{message}{self._dash_value_hint(message)} (see `{prog} --help`)")
+
+    def _subcommands(self) -> tuple[str, ...]:
+        return tuple(name for action in self._actions if isinstance(action, argparse._SubParsersAction) for name in action.choices)
 
     def _dash_value_hint(self, message: str) -> str:
         """argparse takes ``--trace-dir -out`` for two options: name the
@@ -118,7 +124,8 @@ def _build_timeout(parser) -> None:
     parser.add_argument("--build-timeout", type=_seconds, default=BUILD_TIMEOUT_S, metavar="SECONDS",
                         help="the target's factory (or a probe of its methods, its module's import, or an sglang release's) running longer"
                              " is bad input, exit 2;"
-                             " apart from --call-timeout, as a device's first build is slow (default %(default)g)")
+                             " apart from the allocator calls' limit (a trace's call_timeout_s, fuzz's --call-timeout),"
+                             " as a device's first build is slow (default %(default)g)")
 
 
 def _version() -> str:
@@ -285,7 +292,8 @@ def cmd_fuzz(args) -> int:
     config = _caller_config(args, config)
     _no_release_for_a_builtin(config)
     if (args.jobs or args.stats_json) and not args.duration:
-        raise UsageError("-j and --stats-json go with --duration (e.g. --duration 10m)")
+        given = " and ".join(flag for flag, on in (("-j", args.jobs), ("--stats-json", args.stats_json)) if on)
+        raise UsageError(f"{given} {'go' if ' and ' in given else 'goes'} with --duration (e.g. --duration 10m)")
     if args.duration and args.max_examples is not None:
         raise UsageError("--duration and --max-examples are two budgets: give one")
     if args.max_examples is None:
@@ -683,8 +691,9 @@ def cmd_targets(args) -> int:
     print("families (a target's `family` attribute, else the first that recognizes its allocator):")
     from state_machines.harness import FAMILIES
 
+    width = max(len(name) for name in FAMILIES) + 1  # dsv4_hisparse ran into its summary
     for family in FAMILIES.values():
-        print(f"  {family.name:<11} {family.summary}")
+        print(f"  {family.name:<{width}} {family.summary}")
     print("devices (--device D), every target:")
     _print_devices()
     return 0

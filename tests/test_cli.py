@@ -87,7 +87,8 @@ def _known(names) -> str:
         (["fuzz", "--page-size", "0"], "argument --page-size: must be at least 1, got 0 (see `kv-lockstep fuzz --help`)"),
         (["fuzz", "--target", "no_such_module_xyz:make"],
          "cannot import target module 'no_such_module_xyz': ModuleNotFoundError: No module named 'no_such_module_xyz'"),
-        (["fuzz", "--bogus"], "unrecognized arguments: --bogus (see `kv-lockstep --help`)"),
+        # The command's own help, not the top one's (helper-90).
+        (["fuzz", "--bogus"], "unrecognized arguments: --bogus (see `kv-lockstep fuzz --help`)"),
         (["replay", "missing.json"], "cannot read trace missing.json: No such file or directory"),
         # An empty --target ran the default target.
         (["fuzz", "--target", ""], "argument --target: is empty: give builtin:NAME, sglang:NAME or MODULE:ATTR"

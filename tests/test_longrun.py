@@ -41,7 +41,9 @@ def test_durations_read_like_a_person_writes_them():
 
 @pytest.mark.parametrize("args, message", [
     (["--duration", "soon"], "--duration"),
-    (["-j", "2"], "go with --duration"),
+    (["-j", "2"], "-j goes with --duration"),
+    (["--stats-json", "s.json"], "--stats-json goes with --duration"),  # it named -j too, which was not given (helper-90)
+    (["-j", "2", "--stats-json", "s.json"], "-j and --stats-json go with --duration"),
     (["--duration", "5s", "--db", "redis://127.0.0.1:1"], "redis"),
     (["--duration", "2s", "--max-examples", "20"], "--duration and --max-examples are two budgets: give one"),
     (["--duration", "2s", "-j", "100000"], "-j 100000: at most"),

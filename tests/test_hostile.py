@@ -103,6 +103,10 @@ HOSTILE = {
     # fuzz refuses --latent at page size 4; a trace carrying it was replayed, its failure called latent (helper-90).
     "latent at page 4": (hostile(("config.latent", True), ("config.page_size", 4)),
                          "config.latent is true at page size 4: latent drives alloc_decode / alloc_extend at page size 1 only"),
+    # A growth alloc names what it made: taken, and a step naming it refused mid-replay (helper-90).
+    "growth alloc returns": (hostile(("steps", [{"rule": "alloc", "args": {"n": 1}, "returns": "req_0"},
+                                                {"rule": "alloc", "args": {"n": 1, "req": "req_0"}, "returns": "req_1"}])),
+                             'steps[1]: alloc with req grows that request and returns nothing, but the step names "req_1"'),
     # Values as the file writes them, not as Python prints them (None, True).
     "target null": (hostile(("config.target", None)), "config.target is null, not a string"),
     "page_size 0": (hostile(("config.page_size", 0)), "config.page_size is 0, outside"),

@@ -391,6 +391,9 @@ def check_step(raw, index: int, config: Config, defined: dict[str, str] | None =
     if returns is not None:
         if returns_kind is None:
             raise TraceError(f"{where}: {rule} returns nothing, but the step names {_show(returns)}")
+        if rule == "alloc" and args.get("req") is not None:
+            # It was taken, and a later step naming it refused mid-replay as made by no step (helper-90).
+            raise TraceError(f"{where}: alloc with req grows that request and returns nothing, but the step names {_show(returns)}")
         _ref_name(returns, returns_kind, f"{where}.returns", None)
         if defined is not None:
             if returns in defined:

@@ -235,6 +235,11 @@ NOT_APPLICABLE = {
     "admit with every row taken": ({**BASE, "steps": [{"rule": "admit", "args": {}, "returns": f"req_{i}"} for i in range(5)]},
                                    "rows is in use"),
     "slide off the SWA harness": (hostile(("steps.1", {"rule": "slide", "args": {"req": "req_0", "pages": 1}})), "does not exist for"),
+    # A --caller step in a harness trace "did not exist for builtin:token": it does, under --caller (helper-90).
+    "a caller's step in a harness trace": (
+        hostile(("steps.0", {"rule": "arrive", "args": {"prompt": 1, "out": 1}, "returns": "req_0"})),
+        "step 0: rule 'arrive' is not a step of caller harness on builtin:token: it is a --caller's own;"
+        " a trace replays under the caller it was recorded with"),
 }
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from attrs import fields, frozen
 
 from state_machines.config import MAX_CALL_TIMEOUT_S, MIN_CALL_TIMEOUT_S, Config, call_limit_holds
-from state_machines.harness import STEPS, EntryRef, InvariantViolation, Lockstep, ReqRef, Step, build
+from state_machines.harness import FAMILIES, STEPS, EntryRef, InvariantViolation, Lockstep, ReqRef, Step, build
 from state_machines.harness import steps as seam
 from state_machines.harness.lockstep import disarm_call_timer
 
@@ -729,6 +729,15 @@ def run_steps(state: Lockstep, steps) -> None:
     names: dict[str, ReqRef | EntryRef | None] = {}
     for index, step in enumerate(steps):
         if step.rule not in _rules() or not callable(getattr(state, step.rule, None)):
+            # A harness trace replayed under --caller (or the other way) named a rule
+            # "that does not exist for sglang:token": it does, under the other caller (helper-90).
+            caller = state.config.caller
+            harness = any(callable(getattr(f.lockstep, step.rule, None)) for name, f in FAMILIES.items() if name != "caller")
+            callers = "caller" in FAMILIES and callable(getattr(FAMILIES["caller"].lockstep, step.rule, None))
+            if (caller == "harness" and callers and not harness) or (caller != "harness" and harness and not callers):
+                raise TraceError(f"step {index}: rule {step.rule!r} is not a step of caller {caller} on {state.config.target}:"
+                                 f" it is {'a --caller' if caller == 'harness' else 'the harness'}'s own; a trace replays under"
+                                 " the caller it was recorded with")
             raise TraceError(f"step {index}: rule {step.rule!r} does not exist for {state.config.target}")
         if (why := state.why_not(step.rule)) is not None:
             raise TraceError(f"step {index}: rule {step.rule} does not run on {state.config.target} here: {why}")

@@ -193,9 +193,12 @@ def _parser() -> argparse.ArgumentParser:
     targets = sub.add_parser("targets", help="list targets and mutants, or what one target can run here")
     targets.add_argument("--target", type=_target_spec, help="show this target's family, steps and disabled steps (with reasons)")
     targets.add_argument("--mutant")
-    targets.add_argument("--page-size", type=_positive, help="the page size to describe at (default 1; for a release's"
-                         " kinds that take any, 4)")
+    targets.add_argument("--page-size", type=_positive, help="the page size to describe at (default: with --target, the"
+                         " least the target and its mutant take, most often 1; listing a release's kinds, each at the page"
+                         " sizes the gate runs it at)")
     targets.add_argument("--need-sort", action="store_true")
+    targets.add_argument("--row-dtype", choices=("int32", "int64"),
+                         help=f"req_to_token's dtype to describe at (default {Config().row_dtype}; a mutant may need int64)")
     targets.add_argument("--sglang-path", help="without --target: list this sglang's kinds, each described")
     _build_timeout(targets)
     sub.add_parser("devices", help="which devices (cpu, cuda, npu) can run here, and why not")
@@ -585,9 +588,12 @@ def _describe_target(args) -> int:
     from state_machines.harness import InvariantViolation
 
     config = Config(target=args.target, mutant=args.mutant, page_size=args.page_size or 1, need_sort=args.need_sort,
-                    sglang_path=args.sglang_path)
+                    sglang_path=args.sglang_path, row_dtype=args.row_dtype or Config().row_dtype)
     _no_release_for_a_builtin(config)
-    targets.resolve(config.target, config.mutant, config.sglang_path)  # loaded here once: a fork shares it
+    target = targets.resolve(config.target, config.mutant, config.sglang_path)  # loaded here once: a fork shares it
+    if args.page_size is None:
+        # The least page size the target (and its mutant) takes: "takes page size 4, not 1" named a 1 nobody typed (helper-90).
+        config = attrs.evolve(config, page_size=_least_page_size(target))
     try:
         print("\n".join(_build_here_or_watched(config, _describe, args.build_timeout)))
     except InvariantViolation as exc:
@@ -596,6 +602,14 @@ def _describe_target(args) -> int:
         print(f"  a trace: {_fuzz_for_a_trace(config, args.page_size)}")
         return 1
     return 0
+
+
+def _least_page_size(target) -> int:
+    """The least page size ``target`` takes: 1, or its own least, or what its mutant needs."""
+    least = min(target.page_sizes) if target.page_sizes else max(1, target.min_page_size)
+    if "page_size" in target.needs:
+        return target.needs["page_size"]
+    return max(least, target.needs.get("min_page_size", 1))
 
 
 def _fuzz_for_a_trace(config: Config, page_size: int | None) -> str:
@@ -639,7 +653,8 @@ def _describe_release(args) -> int:
                  else f"page size {target.min_page_size} or more" if target.min_page_size > 1 else "any page size")
         print(f"  {spec}: {cls.__name__} ({cls.__module__}), {pages}")
         for page_size in gate_page_sizes:
-            config = Config(target=spec, page_size=page_size, need_sort=args.need_sort, sglang_path=args.sglang_path)
+            config = Config(target=spec, page_size=page_size, need_sort=args.need_sort, sglang_path=args.sglang_path,
+                            row_dtype=args.row_dtype or Config().row_dtype)
             try:
                 lines = _describe(config)
             except InvariantViolation as exc:
@@ -673,8 +688,10 @@ def cmd_targets(args) -> int:
         raise UsageError("--mutant goes with --target")
     if args.sglang_path:
         return _describe_release(args)
-    if args.page_size or args.need_sort:  # the listing of every target takes neither
-        raise UsageError("--page-size and --need-sort go with --target or --sglang-path")
+    given = [flag for flag, on in (("--page-size", args.page_size), ("--need-sort", args.need_sort),
+                                   ("--row-dtype", args.row_dtype)) if on]
+    if given:  # the listing of every target takes none
+        raise UsageError(f"{' and '.join(given)} {'go' if len(given) > 1 else 'goes'} with --target or --sglang-path")
     print("built-in targets (--target builtin:NAME [--mutant M]):")
     width = max(map(len, allocators.BUILTINS))
     named = max(len(m) for _, mutants in allocators.BUILTINS.values() for m in mutants)  # a column past the longest

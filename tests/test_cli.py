@@ -120,8 +120,8 @@ def _known(names) -> str:
         (["targets", "--target", "builtin:token", "--sglang-path", "."],
          "--sglang-path goes with an sglang: target, a MODULE:ATTR one or --caller: builtin:token runs no sglang code"),
         (["targets", "--mutant", "alias"], "--mutant goes with --target"),
-        (["targets", "--page-size", "4"], "--page-size and --need-sort go with --target or --sglang-path"),
-        (["targets", "--need-sort"], "--page-size and --need-sort go with --target or --sglang-path"),
+        (["targets", "--page-size", "4"], "--page-size goes with --target or --sglang-path"),
+        (["targets", "--need-sort", "--row-dtype", "int64"], "--need-sort and --row-dtype go with --target or --sglang-path"),
         # An import error of a module 'BUILTIN' (helper-80).
         (["fuzz", "--target", "BUILTIN:TOKEN"], "target 'BUILTIN:TOKEN': kinds are lower case: did you mean builtin:token?"),
         # argparse takes a value that begins with '-' for an option: its message alone hid why (helper-80).
@@ -489,6 +489,21 @@ def test_a_custom_target_that_says_a_family_it_is_not_is_bad_input(tmp_path, fam
         run = kv_lockstep("fuzz", "--target", "fams:MySWA", "--page-size", "4", "--max-examples", "5", "--seed", "0",
                           cwd=tmp_path)
         assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_targets_describes_a_target_at_what_it_and_its_mutant_take(tmp_path):
+    """``targets --target`` described at page size 1, which a page-size-4
+    target refuses ("takes page size 2 or more, not 1": a 1 nobody typed), and a
+    mutant needing --row-dtype int64 could not be described: targets took
+    no --row-dtype (helper-90)."""
+    run = kv_lockstep("targets", "--target", "builtin:page-interleave", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.startswith("builtin:page-interleave page_size=2: "), run.stdout
+    run = kv_lockstep("targets", "--target", "builtin:dsv4-hisparse", "--mutant", "last-loc-floor", cwd=tmp_path)
+    assert run.returncode == 0 and run.stdout.startswith("builtin:dsv4-hisparse mutant=last-loc-floor page_size=8: "), run.stdout + run.stderr
+    run = kv_lockstep("targets", "--target", "builtin:multi-ended", "--mutant", "segment-view", "--row-dtype", "int64", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "rows=int64" in run.stdout.splitlines()[0], run.stdout
 
 
 def test_a_module_of_the_users_named_builtin_is_its_own(tmp_path):

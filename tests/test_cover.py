@@ -185,3 +185,19 @@ def test_a_caller_runs_table_says_it_counts_the_caches_code_too(tmp_path):
     assert cover.heading(Config(target="builtin:paged"), files[:1]) == (
         f"statement coverage of builtin:paged's allocator code under {cover.REPO_ROOT} (1 file;"
         " a file never imported counts at 0%):")
+
+
+def test_a_custom_class_is_measured_with_the_code_it_inherits_under_its_own_folder(tmp_path, monkeypatch):
+    """``--cover`` on an empty subclass of TokenAllocator counted its own
+    file alone (the code that ran is allocators/token.py and base.py), and
+    the heading said "under" this repository, not the target's folder
+    (helper-90).  Read without coverage.py: the files and the folder."""
+    from state_machines.config import Config
+    from state_machines.runs.cover import measured_files, root_of
+
+    (tmp_path / "plain_pool.py").write_text("from allocators.token import TokenAllocator\n\nclass Plain(TokenAllocator):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = Config(target="plain_pool:Plain")
+    files = measured_files(config)
+    assert files == [tmp_path.resolve() / "plain_pool.py", REPO / "allocators" / "token.py", REPO / "allocators" / "base.py"]
+    assert root_of(config, files) == tmp_path.resolve()

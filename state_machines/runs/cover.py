@@ -26,6 +26,7 @@ import json
 import os
 import re
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -59,9 +60,18 @@ def measured_files(config: Config) -> list[Path]:
         return sorted((REPO_ROOT / "allocators").glob("*.py"))
     from state_machines.targets import resolve
 
-    source = sys.modules.get(getattr(resolve(config.target).factory, "__module__", ""), None)
-    path = getattr(source, "__file__", None)
-    return [Path(path).resolve()] if path else []
+    factory = resolve(config.target).factory
+    # A class's own module and those of the classes it inherits from: an
+    # empty subclass of TokenAllocator ran allocators/token.py and base.py,
+    # and the table counted its own file alone (helper-90).
+    owners = [c for c in factory.__mro__ if c is not object] if isinstance(factory, type) else [factory]
+    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()  # abc.ABC's abc.py is no allocator code
+    files = []
+    for owner in owners:
+        path = getattr(sys.modules.get(getattr(owner, "__module__", ""), None), "__file__", None)
+        if path and Path(path).suffix == ".py" and (file := Path(path).resolve()) not in files and stdlib not in file.parents:
+            files.append(file)
+    return files
 
 
 # What a ``--caller`` run drives besides the allocator: the prefix caches and the
@@ -82,7 +92,11 @@ def root_of(config: Config, files: list[Path]) -> Path:
     if config.target.startswith("sglang:") and files:
         # .../ROOT/sglang/srt/mem_cache/...: shown from sglang/ on.
         return next(p for p in files[0].parents if p.name == "sglang").parent
-    return REPO_ROOT
+    if config.target.startswith("builtin:") or not files:
+        return REPO_ROOT
+    # A custom target's folder, with the files it inherits from: it named this repository (helper-90).
+    common = Path(os.path.commonpath([f.parent for f in files]))
+    return files[0].parent if common == Path(common.anchor) else common  # the others then shown whole
 
 
 def heading(config: Config, files: list[Path]) -> str:

@@ -151,6 +151,7 @@ def test_the_coverage_runs_bad_input_is_one_line_before_any_run(args, said, caps
 def test_a_kind_that_fails_makes_the_coverage_run_fail_and_names_its_trace(tmp_path, monkeypatch):
     """A failing kind printed its FAILED line and the table, and the run
     exited 0 with the trace written where no line said."""
+    pytest.importorskip("coverage", reason="--cover needs coverage.py: pip install 'kv-lockstep[cover]'")
     import io
 
     from state_machines.runs import cover, watchdog

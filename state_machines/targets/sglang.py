@@ -215,6 +215,12 @@ def _where(exc: BaseException, path: Path) -> str:
     return ""
 
 
+# The least and the most a release's import is given (``_import_clock``):
+# the ceiling keeps setitimer in range (1e12 s was an OverflowError traceback).
+IMPORT_FLOOR_S = 300.0
+IMPORT_CEILING_S = 86400.0
+
+
 class _ImportHung(BaseException):
     """Raised by ``_import_clock`` when it is due: not an ``Exception``, so
     that no ``except Exception`` of the release's takes it."""
@@ -324,7 +330,9 @@ def load_sglang(sglang_path: str | None = None) -> SglangInfo:
     names = LAYOUTS[layout]
     modules: dict[str, ModuleType] = {}
     unavailable: dict[str, str] = {}
-    limit = import_limit_s()
+    # --build-timeout is sized for a factory (a test gives 1 s); sglang's own
+    # import takes about 10 s here, more under load: never less than the floor.
+    limit = min(max(import_limit_s(), IMPORT_FLOOR_S), IMPORT_CEILING_S)
     try:
         with quiet(), _import_clock(limit):
             for kind in MODULES:

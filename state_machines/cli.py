@@ -795,6 +795,9 @@ def _main_guarded(argv: list[str] | None) -> int:
         if not isinstance(exc, OSError) or exc.errno not in _OUTPUT_ERRNOS:
             raise
         _silence(sys.stdout)
+        watchdog = sys.modules.get("state_machines.runs.watchdog")
+        if watchdog is not None and watchdog.RECEIVED:  # stopped by a signal (a hangup: the terminal went, EIO)
+            return 128 + watchdog.RECEIVED[-1]
         _say(f"kv-lockstep: error: cannot write the output: {exc.strerror or type(exc).__name__}")
         return 2
     finally:

@@ -515,6 +515,34 @@ def test_ctrl_c_while_the_command_module_imports_is_exit_130(tmp_path):
     assert (run.returncode, run.stdout, run.stderr) == (130, "", "kv-lockstep: interrupted\n"), run.stdout + run.stderr
 
 
+@pytest.mark.parametrize("mode", [[], LONG], ids=["plain", "long"])
+def test_a_terminal_that_hangs_up_ends_a_run_with_129(tmp_path, mode):
+    """A closed terminal: SIGHUP, then every write to it fails (EIO).  The
+    summary's write was taken for an output the command cannot write, exit
+    2, the code of bad input (helper-91)."""
+    import pty
+    import select
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the command, on the pty as its terminal
+        os.chdir(tmp_path)
+        os.environ.update(_env(tmp_path))
+        os.execv(sys.executable, [sys.executable, "-m", "state_machines.cli", "fuzz", "--target", "builtin:token",
+                                  *(mode or ["--max-examples", "1000000"]), "--trace-dir", str(tmp_path / "traces")])
+    said = b""
+    deadline = time.monotonic() + WAIT_S
+    while b"kv-lockstep fuzz:" not in said and time.monotonic() < deadline:
+        if select.select([fd], [], [], 1)[0]:
+            try:
+                said += os.read(fd, 4096)
+            except OSError:
+                break
+    time.sleep(1.0)
+    os.close(fd)  # the terminal goes: the kernel sends SIGHUP
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 129, said
+
+
 def test_a_run_under_nohup_outlives_a_hangup(tmp_path):
     """nohup starts the command with SIGHUP ignored, so that a run outlives
     its terminal: the run keeps that (SIGHUP stops a run otherwise)."""

@@ -355,6 +355,12 @@ def kill(process) -> None:
 STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+# Each stop signal the command took (``Signals``): an output it can no
+# longer write (a terminal that hung up: EIO) still ends it with 128 + the
+# signal, not as bad input (exit 2), helper-91.
+RECEIVED: list[int] = []
+
+
 class Signals:
     """SIGINT, SIGTERM and SIGHUP (``STOPS``) raise ``KeyboardInterrupt`` in
     the parent, which remembers which came (the exit code is 128 + its
@@ -372,6 +378,7 @@ class Signals:
 
     def _handle(self, signum, frame):
         self.got = signum
+        RECEIVED.append(signum)
         raise KeyboardInterrupt
 
     def ignore(self) -> None:

@@ -68,7 +68,7 @@ def test_the_progress_line_says_starting_only_while_workers_start():
     assert _progress_line(0, 5, none, 0, 0) == "[    0s/5s] 0 failure(s), 0 worker(s)"
 
 
-def test_a_run_stopped_before_any_worker_was_ready_says_nothing_ran():
+def test_a_run_stopped_before_any_worker_reported_says_nothing_was_counted():
     """Ctrl-C while the workers still start: the summary's table listed every
     interleaving n/a, "(needs ?)", as if the target could not reach them."""
     import io
@@ -81,7 +81,7 @@ def test_a_run_stopped_before_any_worker_was_ready_says_nothing_ran():
     assert out.getvalue().splitlines()[1:] == [
         "summary: builtin:token page_size=1, 2 worker(s), 1.5 s, interrupted (SIGINT)",
         "  0 examples, 0 steps, 0 failure(s)",
-        "  nothing ran: stopped before any worker was ready",
+        "  nothing counted: no worker reported what it ran before the stop",
     ]
 
 

@@ -432,7 +432,7 @@ def _summary(out, config, jobs, elapsed, total, found, failures, errors, interru
     if total["rules"] or disabled:
         print(summary_table(total, config, disabled), file=out)
     else:  # no worker said what it runs: a table would call every order n/a, "needs ?"
-        print("  nothing ran: stopped before any worker was ready", file=out)
+        print("  nothing counted: no worker reported what it ran before the stop", file=out)
     for text in errors:
         print(f"harness error in {text}", file=out)
     for trace_json, path in failures:

@@ -94,9 +94,9 @@ def root_of(config: Config, files: list[Path]) -> Path:
         return next(p for p in files[0].parents if p.name == "sglang").parent
     if config.target.startswith("builtin:") or not files:
         return REPO_ROOT
-    # A custom target's folder, with the files it inherits from: it named this repository (helper-90).
-    common = Path(os.path.commonpath([f.parent for f in files]))
-    return files[0].parent if common == Path(common.anchor) else common  # the others then shown whole
+    # A custom target's own folder: it named this repository (helper-90).  The
+    # files it inherits from elsewhere are shown whole.
+    return files[0].parent
 
 
 def heading(config: Config, files: list[Path]) -> str:

@@ -245,6 +245,14 @@ def _no_release_for_a_builtin(config: Config) -> None:
                          f" {config.target} runs no sglang code")
 
 
+def _only_with(*flags: tuple[str, object], needs: str) -> None:
+    """Refuse the ``(flag, value)`` pairs given a value, naming only those,
+    as options that mean something only beside ``needs``."""
+    given = [flag for flag, value in flags if value]
+    if given:
+        raise UsageError(f"{' and '.join(given)} {'go' if len(given) > 1 else 'goes'} with {needs}")
+
+
 def _indent(text: str, by: str = "    ") -> str:
     return "\n".join(by + line for line in text.splitlines())
 
@@ -302,9 +310,8 @@ def cmd_fuzz(args) -> int:
         )
     config = _caller_config(args, config)
     _no_release_for_a_builtin(config)
-    if (args.jobs or args.stats_json) and not args.duration:
-        given = " and ".join(flag for flag, on in (("-j", args.jobs), ("--stats-json", args.stats_json)) if on)
-        raise UsageError(f"{given} {'go' if ' and ' in given else 'goes'} with --duration (e.g. --duration 10m)")
+    if not args.duration:
+        _only_with(("-j", args.jobs), ("--stats-json", args.stats_json), needs="--duration (e.g. --duration 10m)")
     if args.duration and args.max_examples is not None:
         raise UsageError("--duration and --max-examples are two budgets: give one")
     if args.max_examples is None:
@@ -696,10 +703,9 @@ def cmd_targets(args) -> int:
         raise UsageError("--mutant goes with --target")
     if args.sglang_path:
         return _describe_release(args)
-    given = [flag for flag, on in (("--page-size", args.page_size), ("--need-sort", args.need_sort),
-                                   ("--row-dtype", args.row_dtype)) if on]
-    if given:  # the listing of every target takes none
-        raise UsageError(f"{' and '.join(given)} {'go' if len(given) > 1 else 'goes'} with --target or --sglang-path")
+    # The listing of every target takes none of these.
+    _only_with(("--page-size", args.page_size), ("--need-sort", args.need_sort), ("--row-dtype", args.row_dtype),
+               needs="--target or --sglang-path")
     print("built-in targets (--target builtin:NAME [--mutant M]):")
     width = max(map(len, allocators.BUILTINS))
     named = max(len(m) for _, mutants in allocators.BUILTINS.values() for m in mutants)  # a column past the longest

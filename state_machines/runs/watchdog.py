@@ -642,14 +642,12 @@ def fuzz_watched(config: Config, *, max_examples: int, seed: int | None, db_spec
         signals.restore()
 
 
-def latent_tag(trace) -> str:
-    """How a failure of a ``--latent`` run that needs it is labeled
-    (``trace.needs_latent``): outside the caller's contract, a latent
-    finding rather than a gate failure.  One that does not (the aliasing
+def _latent_tag(trace, needed: bool) -> str:
+    """How a failure of a ``--latent`` run is labeled.  One that ``needed``
+    it (``trace.needs_latent``) is outside the caller's contract, a latent
+    finding rather than a gate failure.  One that did not (the aliasing
     bug: alloc, finish, overwrite, end) is a gate failure, and says so."""
-    from state_machines.runs.trace import needs_latent
-
-    if needs_latent(trace.config, trace.steps):
+    if needed:
         return " [latent: outside the caller's contract, not a gate failure]"
     return " [a gate failure: no step of it needs --latent]" if trace.config.latent else ""
 
@@ -682,13 +680,14 @@ def _plain_report(out, err, config, got, interrupted, signals, trace_dir) -> int
             when = (f"first failure after {rec['first_failure_s']:.2f} s"
                     f" ({rec['examples_to_failure']} example{'' if rec['examples_to_failure'] == 1 else 's'}); "
                     if rec["first_failure_s"] is not None else "")
+            needed = [needs_latent(trace.config, trace.steps) for trace, _ in failures]
             print(
-                f"{'LATENT FINDING' if all(needs_latent(t.config, t.steps) for t, _ in failures) else 'FAILED'}: {when}"
+                f"{'LATENT FINDING' if all(needed) else 'FAILED'}: {when}"
                 f"{len(failures)} distinct failure(s), shrunk in {rec['elapsed_s']:.1f} s total",
                 file=out,
             )
-            for number, (trace, path) in enumerate(failures, 1):
-                print(f"\nfailure {number}: {trace.invariant}{latent_tag(trace)}", file=out)
+            for number, ((trace, path), latent) in enumerate(zip(failures, needed), 1):
+                print(f"\nfailure {number}: {trace.invariant}{_latent_tag(trace, latent)}", file=out)
                 print_trace(out, trace, path, shrunk=True)
     if verdict is not None:
         print(f"\nFAILED: {verdict.invariant} (seen by the watchdog, not shrunk)", file=out)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from allocators.base import Mutant
-from allocators.unified_swa import FULL_SLOT_BYTES, ArenaSubPool, page_tokens
+from allocators.unified_swa import FULL_SLOT_BYTES, ArenaSubPool, most_that_fit, page_tokens
 
 MAMBA_SLOT_BYTES = 32
 
@@ -57,10 +57,7 @@ class MambaSlots:
 
     def schedulable_available_size(self) -> int:
         """Slots an ``alloc`` can take now: free ids the arena's bytes hold."""
-        pool, room = self.owner.mamba_allocator, 0
-        while room < len(pool.free_virtual_ids) and self.owner.arena.fits(0, room + 1):
-            room += 1
-        return room
+        return most_that_fit(len(self.owner.mamba_allocator.free_virtual_ids), lambda k: self.owner.arena.fits(0, k))
 
     def alloc_group_begin(self, num_reqs: int) -> None:
         got = self.alloc(num_reqs) if num_reqs > 0 else None
@@ -107,10 +104,7 @@ class UnifiedMambaAllocator:
         return self.full_attn_allocator, self.mamba_allocator
 
     def available_size(self) -> int:
-        pages = 0
-        while pages < len(self.full_attn_allocator.free_virtual_ids) and self._fits(pages + 1):
-            pages += 1
-        return pages * self.page_size
+        return most_that_fit(len(self.full_attn_allocator.free_virtual_ids), self._fits) * self.page_size
 
     def _fits(self, pages: int) -> bool:
         return self.arena.fits(pages, 0)

@@ -35,6 +35,7 @@ instead of a free list per pool:
 
 from __future__ import annotations
 
+import bisect
 import inspect
 
 import torch
@@ -730,7 +731,7 @@ class UnifiedMambaLockstep(FreesNothing, Clears, Lockstep):
             self._judge(ru.allocator_accounting_clean, self._call("verify_byte_accounting()", verify),
                         name="composite_accounting_clean")
         full_live = set(self.universe) - self.model.free_pages
-        full_room = self._room(lambda k: self.model.num_free >= k and self._fits(k, 0))
+        full_room = self._room(self.model.num_free, lambda k: self._fits(k, 0))
         if hasattr(a, "full_available_size"):
             available = self._count("available_size()", a.available_size)
             self._judge(ru.size_balances, self._count("size", lambda: a.size), available, len(full_live) * ps)
@@ -766,15 +767,15 @@ class UnifiedMambaLockstep(FreesNothing, Clears, Lockstep):
         return self.model.num_free < pages or not self._fits(pages, 0)
 
     @staticmethod
-    def _room(fits) -> int:
-        """The most ``k`` with ``fits(k)`` (fits is monotone)."""
-        room = 0
-        while fits(room + 1):
-            room += 1
-        return room
+    def _room(most: int, fits) -> int:
+        """The most ``k`` of ``0..most`` with ``fits(k)``: fits holds up to
+        some ``k`` and not past it, so a bisection finds it exactly, in
+        log(most) calls (counting up took 33 ms a step on a pool of 16,384
+        slots)."""
+        return bisect.bisect_left(range(1, most + 1), True, key=lambda k: not fits(k))
 
     def _mamba_room(self) -> int:
-        return self._room(lambda k: self.mamba.num_free >= k and self._fits(0, k))
+        return self._room(self.mamba.num_free, lambda k: self._fits(0, k))
 
     # -- Mamba steps --
 

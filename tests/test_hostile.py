@@ -103,6 +103,11 @@ HOSTILE = {
     # fuzz refuses --latent at page size 4; a trace carrying it was replayed, its failure called latent (helper-90).
     "latent at page 4": (hostile(("config.latent", True), ("config.page_size", 4)),
                          "config.latent is true at page size 4: latent drives alloc_decode / alloc_extend at page size 1 only"),
+    # fuzz refuses --latent and --row-dtype with --caller; replay refused such a trace naming those flags (helper-90).
+    "latent with a real caller": (hostile(("config.latent", True), ("config.caller", "radix")),
+                                  'config.latent is true with caller "radix": only the harness\'s own caller takes it'),
+    "int64 rows with a real caller": (hostile(("config.row_dtype", "int64"), ("config.caller", "radix")),
+                                      'config.row_dtype is "int64" with caller "radix": only the harness\'s own caller'),
     # A growth alloc names what it made: taken, and a step naming it refused mid-replay (helper-90).
     "growth alloc returns": (hostile(("steps", [{"rule": "alloc", "args": {"n": 1}, "returns": "req_0"},
                                                 {"rule": "alloc", "args": {"n": 1, "req": "req_0"}, "returns": "req_1"}])),

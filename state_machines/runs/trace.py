@@ -295,6 +295,14 @@ def check_config(data, where: str = "config") -> Config:
         # failure replayed so was called latent, not a gate failure.
         raise TraceError(f"{where}.latent is true at page size {config.page_size}: latent drives alloc_decode /"
                          " alloc_extend at page size 1 only, where sglang's callers use alloc()")
+    if config.caller != "harness" and (config.latent or config.row_dtype != "int32"):
+        # As fuzz refuses --latent and --row-dtype with --caller; replay named
+        # those flags, which the user never gave (helper-90).
+        field_, value, flag = (("latent", "true", "--latent") if config.latent
+                               else ("row_dtype", _show(config.row_dtype), "--row-dtype"))
+        raise TraceError(f"{where}.{field_} is {value} with caller {_show(config.caller)}: only the harness's own"
+                         f" caller takes it (the release's caller keeps its own rows and calls; fuzz refuses {flag}"
+                         " with --caller)")
     if config.size is not None and config.size % config.page_size:
         # sglang builds its pools in whole pages (pool_configurator rounds
         # down); a model of ``size // page_size`` pages then disagrees with

@@ -468,6 +468,11 @@ def _replay_config(trace, args) -> Config:
             f" names: pass --caller {config.caller} to run it"
         )
     config = _caller_config(args, config)
+    if config.caller != "harness" and (config.latent or config.row_dtype != "int32"):
+        # The trace's own caller is the harness's (a real caller's trace carries neither: ``check_trace``).
+        what = "latent" if config.latent else f"{config.row_dtype} rows"
+        raise UsageError(f"--caller {config.caller}: trace {shown(args.trace)} was recorded with {what}, which only"
+                         " the harness's own caller takes")
     if args.sglang_path:
         config = attrs.evolve(config, sglang_path=args.sglang_path)
         _no_release_for_a_builtin(config)

@@ -768,3 +768,13 @@ def test_a_trace_of_many_keys_one_given_twice_is_refused_in_one_line(tmp_path, c
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and len(err) < 300, err
     assert err.endswith(f"key 'a', '{'k' * 37}...' given twice in one object\n"), err
+
+
+@pytest.mark.parametrize("field, value, said", [("latent", True, "latent"), ("row_dtype", "int64", "int64 rows")])
+def test_a_harness_trace_with_latent_or_int64_rows_under_a_real_caller_says_the_trace_has_them(
+        field, value, said, tmp_path, capsys):
+    # The builder's refusal named --latent / --row-dtype, which came from the trace, not the command line (helper-92).
+    path = write_json(tmp_path / "t.json", hostile((f"config.{field}", value)))
+    code, out, err = cli(["replay", path, "--caller", "radix"], capsys)
+    assert_bad_input(code, out, err, f"--caller radix: trace {path} was recorded with {said}, which only the"
+                                     " harness's own caller takes")

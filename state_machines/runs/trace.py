@@ -295,14 +295,6 @@ def check_config(data, where: str = "config") -> Config:
         # failure replayed so was called latent, not a gate failure.
         raise TraceError(f"{where}.latent is true at page size {config.page_size}: latent drives alloc_decode /"
                          " alloc_extend at page size 1 only, where sglang's callers use alloc()")
-    if config.caller != "harness" and (config.latent or config.row_dtype != "int32"):
-        # As fuzz refuses --latent and --row-dtype with --caller; replay named
-        # those flags, which the user never gave (helper-90).
-        field_, value, flag = (("latent", "true", "--latent") if config.latent
-                               else ("row_dtype", _show(config.row_dtype), "--row-dtype"))
-        raise TraceError(f"{where}.{field_} is {value} with caller {_show(config.caller)}: only the harness's own"
-                         f" caller takes it (the release's caller keeps its own rows and calls; fuzz refuses {flag}"
-                         " with --caller)")
     if config.size is not None and config.size % config.page_size:
         # sglang builds its pools in whole pages (pool_configurator rounds
         # down); a model of ``size // page_size`` pages then disagrees with
@@ -410,6 +402,18 @@ def check_step(raw, index: int, config: Config, defined: dict[str, str] | None =
     return Step(rule, {k: v for k, v in args.items() if v is not None}, returns)
 
 
+def _real_caller_fields(config: Config) -> None:
+    """A trace of a real caller carries neither latent nor int64 rows: fuzz
+    refuses --latent and --row-dtype with --caller, and replay refused such
+    a trace naming those flags, which the user never gave (helper-90)."""
+    if config.caller != "harness" and (config.latent or config.row_dtype != "int32"):
+        field_, value, flag = (("latent", "true", "--latent") if config.latent
+                               else ("row_dtype", _show(config.row_dtype), "--row-dtype"))
+        raise TraceError(f"config.{field_} is {value} with caller {_show(config.caller)}: only the harness's own"
+                         f" caller takes it (the release's caller keeps its own rows and calls; fuzz refuses {flag}"
+                         " with --caller)")
+
+
 def check_trace(data) -> tuple[Config, tuple[Step, ...], str | None, str | None]:
     """(config, steps, invariant, detail) from a trace's JSON form, all of
     it checked; ``TraceError`` names the first thing wrong."""
@@ -417,6 +421,7 @@ def check_trace(data) -> tuple[Config, tuple[Step, ...], str | None, str | None]
     if data["format"] != FORMAT:
         raise TraceError(f"format is {_show(data['format'])}, not {_show(FORMAT)}")
     config = check_config(data["config"])
+    _real_caller_fields(config)
     raw_steps = data["steps"]
     if type(raw_steps) is not list:
         raise TraceError(f"steps is {_show(raw_steps)}, not a list")

@@ -144,4 +144,4 @@ def _costs(config: Config, job: dict) -> dict:
     return {"steps": timer.steps, "step_us": step_us, "us_per_step": us}
 
 
-_RUNNERS = {"ablation": _ablation, "harness": _harness, "baseline": _baseline, "baseline_again": _baseline, "shrink": _shrink, "throughput": _throughput, "costs": _costs}
+_RUNNERS = {"ablation": _ablation, "harness": _harness, "ci": _harness, "baseline": _baseline, "baseline_again": _baseline, "shrink": _shrink, "throughput": _throughput, "costs": _costs}

@@ -37,6 +37,36 @@ def test_the_lever_table_names_each_lever_whose_absence_cuts_the_steps():
     assert "won" not in text and "harness's 5 seeds" in text
 
 
+def test_the_harness_runs_each_bug_within_the_ci_budget_on_20_seeds_and_the_bar_names_the_misses():
+    """Runs of the ``ci`` profile's budget alone (its walk takes 7/8 of 200 examples, not of the cap): ``collect``
+    counts the seeds each bug was found on; the bar's line counts the bugs found on all and names the rest."""
+    from bench.report import _within_ci
+    from bench.run import CI_BUDGET, CI_SEEDS, collect, plan
+    from state_machines.config import Config
+
+    config = Config()
+    ci = [j for j in plan([config], [], seeds=3, shrink_seeds=0) if j["kind"] == "ci"]
+    assert CI_SEEDS == 20 and sorted(j["seed"] for j in ci) == list(range(20))
+    assert {j["max_examples"] for j in ci} == {CI_BUDGET}
+    results = [{**j, "found": j["seed"] not in (4, 9), "examples": 3 + j["seed"], "steps": 1, "seconds": 0.1,
+                "invariant": "x", "length": 1, "elapsed_s": 0.1}
+               for j in plan([config], [], seeds=1, shrink_seeds=0)]
+    (row,), _ = collect([config], [], results)
+    assert row["ci"] == {"seeds": 20, "found": 18, "examples": {"median": 14.5, "min": 3, "max": None}, "missed_seeds": [4, 9]}
+
+    def bug(name, found, most):
+        return {"name": name, "ci": {"seeds": 20, "found": found, "examples": {"max": most},
+                                     "missed_seeds": list(range(20 - found))}}
+
+    data = {"settings": {"ci_budget_examples": 200}, "bugs": [bug("a", 20, 7), bug("b", 20, 115)]}
+    (line,) = _within_ci(data)
+    assert "on every one of 20 seeds: **2 of 2** bugs; the most examples any took: 115 (b)" in line
+    data["bugs"].append(bug("c", 18, None))
+    (line,) = _within_ci(data)
+    assert "**2 of 3** bugs (not: c (missed on seeds 0, 1))" in line
+    assert _within_ci({"settings": {}, "bugs": [{"name": "old", "shrink": {}}]}) == []  # a results.json from before
+
+
 def test_the_bar_counts_the_bugs_every_shrink_took_to_the_known_shortest():
     """A bug counts only where its longest shrunk trace is no longer than the known shortest; the others are named."""
     from bench.report import _shortest_reached
@@ -89,7 +119,7 @@ def test_the_baseline_runs_again_on_as_many_other_seeds_and_its_ratios_are_colle
                 "length": steps, "elapsed_s": steps / 100}
 
     steps = {"harness": [10, 20, 30], "baseline": [10, 20, 30], "baseline_again": [20, 40, 60]}
-    results = [ran(j, steps[j["kind"]][j["seed"] % 3]) for j in jobs]
+    results = [ran(j, steps[j["kind"]][j["seed"] % 3]) for j in jobs if j["kind"] in steps]
     (row,), _ = collect([config], [], results)
     assert row["baseline_again"]["ratio_steps"] == 2.0 and row["baseline_again"]["ratio_seconds"] == 2.0
     assert [r["seed"] for r in row["baseline_again"]["runs"]] == [3, 4, 5]

@@ -442,7 +442,7 @@ def _replay_config(trace, args) -> Config:
     choices over it.  A trace builds built-in and ``sglang:`` targets by
     itself; a custom ``MODULE:ATTR`` target, or a folder to put on
     ``sys.path``, runs only when the command line names it."""
-    from state_machines.runs.trace import shown
+    from state_machines.runs.trace import harness_only_field, shown
 
     config = trace.config
     if args.target:
@@ -468,9 +468,9 @@ def _replay_config(trace, args) -> Config:
             f" names: pass --caller {config.caller} to run it"
         )
     config = _caller_config(args, config)
-    if config.caller != "harness" and (config.latent or config.row_dtype != "int32"):
+    if field_ := harness_only_field(config):
         # The trace's own caller is the harness's (a real caller's trace carries neither: ``check_trace``).
-        what = "latent" if config.latent else f"{config.row_dtype} rows"
+        what = "latent" if field_ == "latent" else f"{config.row_dtype} rows"
         raise UsageError(f"--caller {config.caller}: trace {shown(args.trace)} was recorded with {what}, which only"
                          " the harness's own caller takes")
     if args.sglang_path:
@@ -704,8 +704,7 @@ def cmd_targets(args) -> int:
 
     if args.target:
         return _describe_target(args)
-    if args.mutant:
-        raise UsageError("--mutant goes with --target")
+    _only_with(("--mutant", args.mutant), needs="--target")
     if args.sglang_path:
         return _describe_release(args)
     # The listing of every target takes none of these.

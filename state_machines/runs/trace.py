@@ -402,13 +402,21 @@ def check_step(raw, index: int, config: Config, defined: dict[str, str] | None =
     return Step(rule, {k: v for k, v in args.items() if v is not None}, returns)
 
 
+def harness_only_field(config: Config) -> str | None:
+    """The field of ``config`` only the harness's own caller takes (latent,
+    or rows other than int32) that it sets with a real caller; else None."""
+    if config.caller == "harness":
+        return None
+    return "latent" if config.latent else "row_dtype" if config.row_dtype != "int32" else None
+
+
 def _real_caller_fields(config: Config) -> None:
     """A trace of a real caller carries neither latent nor int64 rows: fuzz
     refuses --latent and --row-dtype with --caller, and replay refused such
     a trace naming those flags, which the user never gave (helper-90)."""
-    if config.caller != "harness" and (config.latent or config.row_dtype != "int32"):
-        field_, value, flag = (("latent", "true", "--latent") if config.latent
-                               else ("row_dtype", _show(config.row_dtype), "--row-dtype"))
+    field_ = harness_only_field(config)
+    if field_ is not None:
+        value, flag = ("true", "--latent") if field_ == "latent" else (_show(config.row_dtype), "--row-dtype")
         raise TraceError(f"config.{field_} is {value} with caller {_show(config.caller)}: only the harness's own"
                          f" caller takes it (the release's caller keeps its own rows and calls; fuzz refuses {flag}"
                          " with --caller)")

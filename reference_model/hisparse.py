@@ -11,10 +11,12 @@ free, and more are taken if the buffer needs them.  Frees are never deferred.
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
 
 from attrs import define, field
 
+from reference_model import mirrors
 from reference_model.ledger import FREED
 from reference_model.model import CACHE, REQUEST, Owner
 from reference_model.swa import SWASide
@@ -25,16 +27,27 @@ class DeviceSide(SWASide):
     """Device pages: free, the peer of a held logical page (``mapping``), or
     in a live request's device buffer (``buffers``)."""
 
-    # Request -> the device pages of its buffer, in buffer order.
+    # Request -> the device pages of its buffer, in buffer order.  Changed
+    # by give_buffer and drop_buffer only, which keep ``_in_buffers``.
     buffers: dict[int, list[int]] = field(factory=dict)
+    # Per page id, how many buffer places hold it (None: an id no flat array holds).
+    _in_buffers: array | None = field(factory=lambda: array("q"), eq=False, repr=False)
 
-    @property
-    def owner(self) -> dict[int, Owner]:
-        out = SWASide.owner.fget(self)
+    def owner_map(self) -> dict[int, Owner]:
+        out = SWASide.owner_map(self)
         for rid, pages in self.buffers.items():
             for p in pages:
                 out[p] = Owner(REQUEST, rid)
         return out
+
+    def _held_lanes(self) -> list:
+        return [self.mapping.held, self._in_buffers]
+
+    def _buffered(self) -> int:
+        return sum(map(len, self.buffers.values()))
+
+    def _count_buffer(self, pages: list[int], step: int) -> None:
+        self._in_buffers = mirrors.count(self._in_buffers, pages, step, self._most)
 
     def unmap(self, logical_pages) -> list[int]:
         """The peers of ``logical_pages`` leave the mapping (they stay held,
@@ -45,7 +58,9 @@ class DeviceSide(SWASide):
         """Request ``rid``'s device buffer is ``kept`` (unmapped peers it
         keeps) then ``extra`` (pages taken from the free set); the
         ``surplus`` peers go free."""
+        self._count_buffer(self.buffers.get(rid, []), -1)
         self.buffers[rid] = list(kept) + list(extra)
+        self._count_buffer(self.buffers[rid], 1)
         self.free.difference_update(extra)
         self.ledger.allocated += len(extra)
         self._to_free(surplus, FREED)
@@ -53,10 +68,17 @@ class DeviceSide(SWASide):
     def drop_buffer(self, rid: int) -> list[int]:
         """The request's buffer goes free (``free_hisparse_indices``)."""
         pages = self.buffers.pop(rid, [])
+        self._count_buffer(pages, -1)
         self._to_free(pages, FREED)
         return pages
 
     def violations(self) -> list[str]:
+        if (self._partition_counts() is not None and self.full.requests.keys() >= self.buffers.keys()
+                and self.ledger.balance_problem(len(self.free), "device ") is None):
+            return []
+        return self.violations_found()
+
+    def violations_found(self) -> list[str]:
         out = []
         buffered = [p for pages in self.buffers.values() for p in pages]
         # Queued: released inside a free group (a wrapper that defers frees).

@@ -273,14 +273,19 @@ def hybrid_available_size_agrees(available: int, full_available: int, swa_availa
     return f"available_size() {available} / min(full {full_available}, SWA {swa_available})"
 
 
-def swa_mapping_consistent(mapping: list[int], page_size: int, full, swa, swa_free: set[int]) -> str | None:
+def swa_mapping_consistent(mapping: list[int], page_size: int, full, swa, swa_free: Census | set[int],
+                           pages: list[int] | None = None) -> str | None:
     """Every live full page with a live window maps, slot by slot, to its SWA
     page, which is not free (a partly used page only the slots its tokens
     use, the rest to nothing); a page whose release (or whose SWA peer's) is
     queued in the open group maps to that queued SWA page or to nothing;
     every other full page maps to nothing.  ``full`` is the full pool's
-    ``OwnershipModel``, ``swa`` its ``SWASide``."""
+    ``OwnershipModel``, ``swa`` its ``SWASide``, ``swa_free`` the SWA pool's
+    census.  ``pages``: the full pages to read (None: every one); a harness
+    passes fewer only where it has seen the rest hold."""
     ps = page_size
+    if isinstance(swa_free, Census):
+        swa_free = swa_free.distinct()
 
     def maps_to(page: int, got: list[int], swa_page: int, alternative: str) -> str | None:
         want = _page_map(swa_page, swa.filled_slots(page, ps), ps)
@@ -290,7 +295,7 @@ def swa_mapping_consistent(mapping: list[int], page_size: int, full, swa, swa_fr
             return f"full page {page} ({full.owner[page]}) maps to SWA page {swa_page}, free in the SWA pool / {alternative}its SWA page, held"
         return None
 
-    for page in sorted(full.owner):
+    for page in sorted(full.owner) if pages is None else pages:
         got = mapping[page * ps : (page + 1) * ps]
         if page in swa.mapping:
             problem = maps_to(page, got, swa.mapping[page], "")
@@ -338,15 +343,17 @@ def hisparse_available_size_agrees(available: int, logical_available: int, devic
     return f"available_size() {available} / min(logical {logical_available}, device {device_available})"
 
 
-def hisparse_mapping_consistent(mapping: list[int], page_size: int, logical, device) -> str | None:
+def hisparse_mapping_consistent(mapping: list[int], page_size: int, logical, device,
+                                pages: list[int] | None = None) -> str | None:
     """Every logical page with a device peer maps, slot by slot, onto it;
     every other logical page maps to nothing; the entry past the pool
     (what a ``last_loc`` of -1 reads) stays -1.  ``logical`` is the logical
-    pool's ``OwnershipModel``, ``device`` its ``DeviceSide``."""
+    pool's ``OwnershipModel``, ``device`` its ``DeviceSide``; ``pages`` as
+    ``swa_mapping_consistent``'s."""
     ps = page_size
     if mapping[-1] != -1:
         return f"the mapping's last entry is {mapping[-1]} / -1, what a last_loc of -1 translates to"
-    for page in sorted(logical.owner):
+    for page in sorted(logical.owner) if pages is None else pages:
         got = mapping[page * ps : (page + 1) * ps]
         if page in device.mapping:
             peer = device.mapping[page]
@@ -383,18 +390,19 @@ def compressed_new_pages_mapped(what: str, pages: list[int], got: list[list[int]
     return None
 
 
-def compressed_mapping_consistent(mapping: list[int], c4_page_size: int, logical, device) -> str | None:
+def compressed_mapping_consistent(mapping: list[int], c4_page_size: int, logical, device,
+                                  pages: list[int] | None = None) -> str | None:
     """Every logical page with a device peer maps its first ``filled``
     compressed slots onto it, slot by slot, the rest onto nothing; a page
     whose release is queued in the open group maps to its queued peer or to
     nothing; every other page maps to nothing; the entry past the pool stays
     -1 (what a ``last_loc`` of -1 translates to).  ``logical`` is the full
     pool's ``OwnershipModel``, ``device`` its ``DeviceSide`` (in compressed
-    pages)."""
+    pages); ``pages`` as ``swa_mapping_consistent``'s."""
     hps = c4_page_size
     if mapping[-1] != -1:
         return f"the mapping's last entry is {mapping[-1]} / -1, what a last_loc of -1 translates to"
-    for page in sorted(logical.owner):
+    for page in sorted(logical.owner) if pages is None else pages:
         got = mapping[page * hps : (page + 1) * hps]
         peer = device.mapping.get(page)
         if peer is None and any(got):

@@ -35,6 +35,15 @@ class Owner:
 
 FREE_OWNER = Owner(FREE)
 
+# ``OwnerMap.codes``: a byte per kind (0: no owner); any other kind is OTHER_CODE.
+KIND_CODES = {FREE: 1, REQUEST: 2, CACHE: 3, QUEUED: 4}
+OTHER_CODE = 5
+_FREE_CODE = KIND_CODES[FREE]
+
+
+def kind_code(kind: str) -> int:
+    return KIND_CODES.get(kind, OTHER_CODE)
+
 
 @lru_cache(maxsize=1024)
 def owner(kind: str, ident: int | None = None) -> Owner:
@@ -62,9 +71,13 @@ class OwnerMap(dict):
       counts per id when it lists each once (a tensor census compares its
       counts against it without a Python loop).  None when an id is
       negative or far past the rest.
+    - ``codes``: a byte per page id, as long as ``flags``: its owner's kind
+      (``KIND_CODES``), 0 for an id the map lacks; what a side pool's
+      model counts its peers' kinds by without a Python loop.  None with
+      ``flags``.
     """
 
-    __slots__ = ("free", "held", "kinds", "flags")
+    __slots__ = ("free", "held", "kinds", "flags", "codes")
 
     # Ids past this many times the map's size give up on ``flags``.
     _SPARSE = 4
@@ -74,7 +87,7 @@ class OwnerMap(dict):
         if not self:
             # Empty (a harness's model before its first census): what the
             # passes below make of no pages, without them.
-            self.kinds, self.free, self.held, self.flags = {}, set(), set(), array("q")
+            self.kinds, self.free, self.held, self.flags, self.codes = {}, set(), set(), array("q"), bytearray()
             return
         # Built once per example, for every page of the pool: C-level passes
         # (map, set, Counter, slices) wherever the pages allow.
@@ -86,18 +99,24 @@ class OwnerMap(dict):
             self.free = {p for p, who in dict.items(self) if who.kind == FREE}
         self.held: set[int] = dict.keys(self) - self.free
         self.flags: array | None = None
+        self.codes: bytearray | None = None
         if set(map(type, dict.keys(self))) <= {int} and (not self or min(self) >= 0):
             top = max(self, default=-1)
             if top < self._SPARSE * len(self) + 1024:
                 flags = array("q", bytes(8 * (top + 1)))
+                codes = bytearray(top + 1)
                 low = min(self.free, default=0)
                 if self.free and max(self.free) - low + 1 == len(self.free):
                     # A run of free ids (a fresh pool's): one slice assignment.
                     flags[low : low + len(self.free)] = array("q", [1]) * len(self.free)
+                    codes[low : low + len(self.free)] = bytes([_FREE_CODE]) * len(self.free)
                 else:
                     for p in self.free:
                         flags[p] = 1
-                self.flags = flags
+                        codes[p] = _FREE_CODE
+                for p in self.held:
+                    codes[p] = kind_code(dict.__getitem__(self, p).kind)
+                self.flags, self.codes = flags, codes
 
     def __setitem__(self, page: int, who: Owner) -> None:
         # The old owner's accounting undone and the new one's done in one
@@ -116,21 +135,23 @@ class OwnerMap(dict):
         kinds[who.kind] = kinds.get(who.kind, 0) + 1
         if who.kind == FREE:
             self.free.add(page)
-            self._flag(page, 1)
+            self._flag(page, 1, _FREE_CODE)
         else:
             self.held.add(page)
-            self._flag(page, 0)
+            self._flag(page, 0, KIND_CODES.get(who.kind, OTHER_CODE))
 
-    def _flag(self, page: int, value: int) -> None:
+    def _flag(self, page: int, value: int, code: int) -> None:
         flags = self.flags
         if flags is None:
             return
         if not isinstance(page, int) or page < 0 or page >= self._SPARSE * len(self) + 1024:
-            self.flags = None
+            self.flags = self.codes = None
             return
         if page >= len(flags):
             flags.frombytes(bytes(8 * (page + 1 - len(flags))))
+            self.codes.extend(bytes(page + 1 - len(self.codes)))
         flags[page] = value
+        self.codes[page] = code
 
     __delitem__ = pop = popitem = clear = update = setdefault = __ior__ = _refused
 

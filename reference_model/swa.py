@@ -9,12 +9,49 @@ counters), so every check on the full pool runs on the SWA pool too.
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
+from collections.abc import Iterator, Mapping
 
 from attrs import define, field
 
+from reference_model import mirrors
 from reference_model.ledger import Ledger
-from reference_model.model import CACHE, FREE_OWNER, QUEUED, REQUEST, Owner, OwnershipModel
+from reference_model.mirrors import FlagSet, PeerMap
+from reference_model.model import CACHE, FREE, FREE_OWNER, KIND_CODES, QUEUED, REQUEST, Owner, OwnershipModel
+
+# ``bytes.translate`` tables: an owner code to 1 where it is that kind, else 0.
+_IS = {kind: bytes(int(code == KIND_CODES[kind]) for code in range(256)) for kind in (REQUEST, CACHE)}
+
+
+class SideOwners(Mapping):
+    """A side pool's ``page -> Owner``, built only when a page's owner is
+    read (a message); membership of a pool page, what the checks ask
+    after every alloc, answers from the pool's pages without building it."""
+
+    def __init__(self, side: SWASide):
+        self._side = side
+        self._built: dict[int, Owner] | None = None
+
+    def _dict(self) -> dict[int, Owner]:
+        if self._built is None:
+            self._built = self._side.owner_map()
+        return self._built
+
+    def __contains__(self, page) -> bool:
+        return page in self._side.universe or page in self._dict()
+
+    def __getitem__(self, page) -> Owner:
+        return self._dict()[page]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._dict())
+
+    def __len__(self) -> int:
+        return len(self._dict())
+
+    def keys(self):
+        return self._dict().keys()
 
 
 @define
@@ -23,12 +60,12 @@ class SWASide:
 
     full: OwnershipModel
     universe: frozenset[int]
-    free: set[int]
-    # Full page -> its live SWA page.  A full page whose window slid, or
-    # which is free or queued, maps to nothing.
+    free: FlagSet = field(converter=lambda pages: pages if isinstance(pages, FlagSet) else FlagSet(pages))
     # The SWA pool's counts and open group; it defers when the full pool does.
     ledger: Ledger
-    mapping: dict[int, int] = field(factory=dict)
+    # Full page -> its live SWA page.  A full page whose window slid, or
+    # which is free or queued, maps to nothing.
+    mapping: PeerMap = field(factory=PeerMap)
     # Full page -> the SWA page its queued release will free.  Until the group
     # ends an allocator may still read that mapping (sglang <= 0.5.18 do).
     pending_map: dict[int, int] = field(factory=dict)
@@ -37,11 +74,22 @@ class SWASide:
     # tokens use, and the rest must map to nothing until a decode or an
     # extend fills them.
     filled: dict[int, int] = field(factory=dict)
+    # The pool's pages as lanes (``mirrors.lanes``): what free, held and
+    # queued pages sum to, id by id, when each page is exactly one of them.
+    _universe_lanes: int | None = field(default=None, init=False, eq=False, repr=False)
+    # The ids the mirrors hold (``mirrors.limit`` of the largest page).
+    _most: int = field(default=0, init=False, eq=False, repr=False)
 
     @classmethod
     def from_census(cls, full: OwnershipModel, free_pages: list[int]) -> SWASide:
         ledger = Ledger(len(set(free_pages)), defers=full.defers_frees)
-        return cls(full=full, universe=frozenset(free_pages), free=set(free_pages), ledger=ledger)
+        free = FlagSet(free_pages)
+        top, peer_top = (len(ids) - 1 if ids else 0 for ids in (full.owner.codes, free.flags))
+        mapping = PeerMap(top=top, peer_top=peer_top)
+        side = cls(full=full, universe=frozenset(free), free=free, ledger=ledger, mapping=mapping)
+        side._universe_lanes = mirrors.lanes(free.flags)
+        side._most = free.most
+        return side
 
     # -- the views the invariants read --
 
@@ -58,7 +106,16 @@ class SWASide:
         return len(self.free)
 
     @property
-    def owner(self) -> dict[int, Owner]:
+    def free_flags(self):
+        """Per page id, 1 when free, else 0 (``FlagSet.flags``)."""
+        return self.free.flags
+
+    @property
+    def owner(self) -> SideOwners:
+        return SideOwners(self)
+
+    def owner_map(self) -> dict[int, Owner]:
+        """Each page's owner: a peer's is its full page's."""
         out = {p: FREE_OWNER for p in self.universe}
         for full_page, swa_page in self.mapping.items():
             out[swa_page] = self.full.owner.get(full_page, Owner("unknown"))
@@ -67,7 +124,41 @@ class SWASide:
         return out
 
     def counts(self) -> Counter:
-        return Counter(o.kind for o in self.owner.values())
+        if (fast := self._partition_counts()) is not None:
+            return fast
+        return Counter(o.kind for o in self.owner_map().values())
+
+    # -- the fast path: the mirrors, summed in C --
+
+    def _held_lanes(self) -> list:
+        """Per page id, how many holders a page has besides the free set and the group."""
+        return [self.mapping.held]
+
+    def _buffered(self) -> int:
+        """Pages held for a request outside the mapping (a device buffer's)."""
+        return 0
+
+    def _partition_counts(self) -> Counter | None:
+        """``counts()`` from the mirrors, where every page of the pool is
+        exactly one of free, held or queued and every peer's page is a
+        request's or the cache's; None otherwise (the slow way then says
+        what is wrong, by the same counts it always gave)."""
+        queued = self.ledger.queued_pages()
+        codes = self.full.owner.codes
+        if self._universe_lanes is None or codes is None or self.mapping.mapped is None:
+            return None
+        queued_lanes = mirrors.count(array("q"), queued, 1, self._most)
+        if queued_lanes is None:
+            return None
+        if mirrors.lanes(self.free.flags, *self._held_lanes(), queued_lanes) != self._universe_lanes:
+            return None
+        mapped = int.from_bytes(self.mapping.mapped, "little")
+        kinds = {kind: (mapped & int.from_bytes(codes.translate(_IS[kind]), "little")).bit_count() for kind in _IS}
+        if kinds[REQUEST] + kinds[CACHE] != len(self.mapping):
+            return None
+        kinds[REQUEST] += self._buffered()
+        counts = Counter({FREE: len(self.free), QUEUED: len(queued), **kinds})
+        return +counts
 
     def live(self, full_page: int) -> bool:
         return full_page in self.mapping
@@ -129,6 +220,12 @@ class SWASide:
     # -- self-check --
 
     def violations(self) -> list[str]:
+        if self._partition_counts() is not None and self.ledger.balance_problem(len(self.free), "SWA ") is None:
+            return []
+        return self.violations_found()
+
+    def violations_found(self) -> list[str]:
+        """``violations()``, page by page: what says what is wrong."""
         out = []
         queued = self.ledger.queued_pages()
         mapped = list(self.mapping.values())

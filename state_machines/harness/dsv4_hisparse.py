@@ -93,15 +93,16 @@ class DSV4HiSparseLockstep(PrefillOnly, ReleasesDevicePeers, SWALockstep):
     def check_joint(self, censuses: list[Census]) -> None:
         """Both mappings, the SWA pair's available size and the wrapper's."""
         a, logical = self.allocator, self.logical
-        swa_free = censuses[1].distinct()
-        self._judge(invariants.swa_mapping_consistent, ids(a.full_to_swa_index_mapping), self.page_size, self.model, self.swa, swa_free)
+        self._judge_mapping(invariants.swa_mapping_consistent, a.full_to_swa_index_mapping, self.page_size, self.swa,
+                            censuses[1], free_census=censuses[1])
         logical_available = self._count("logical available_size()", logical.available_size)
         self._judge(
             invariants.hybrid_available_size_agrees, logical_available,
             self._count("full available_size()", logical.full_attn_allocator.available_size),
             self._count("SWA available_size()", logical.swa_attn_allocator.available_size),
         )
-        self._judge(invariants.compressed_mapping_consistent, ids(a.full_to_hisparse_device_index_mapping), self.c4_page_size, self.model, self.device)
+        self._judge_mapping(invariants.compressed_mapping_consistent, a.full_to_hisparse_device_index_mapping,
+                            self.c4_page_size, self.device, sentinel=True)
         self._judge(
             invariants.compressed_available_size_agrees, self._count("available_size()", a.available_size), logical_available,
             self._count("C4 device available_size()", a.hisparse_attn_allocator.available_size), self.ratio,

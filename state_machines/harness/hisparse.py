@@ -85,7 +85,7 @@ class HiSparseLockstep(PrefillOnly, ReleasesDevicePeers, Lockstep):
     def check_joint(self, censuses: list[Census]) -> None:
         """The mapping between the pools, and the joint available size."""
         a = self.allocator
-        self._judge(invariants.hisparse_mapping_consistent, ids(self.mapping), self.page_size, self.model, self.device)
+        self._judge_mapping(invariants.hisparse_mapping_consistent, self.mapping, self.page_size, self.device, sentinel=True)
         self._judge(
             invariants.hisparse_available_size_agrees,
             self._count("available_size()", a.available_size),

@@ -250,6 +250,54 @@ class TensorCensus(Census):
 TENSOR_CENSUS_PAGES = 512
 
 
+def rows_to_read(got: torch.Tensor, page_size: int, full, side, *, sentinel: bool,
+                 free_census: Census | None = None) -> list[int] | None:
+    """Which of ``full``'s pages a mapping predicate must still read in
+    ``got`` (a full-to-side mapping: ``page_size`` entries per page, and
+    with ``sentinel`` a -1 past them), from the model's mirrors in torch:
+
+    - ``[]``: every page's entries are what ``side`` says (its peer's
+      slots, up to its ``filled`` count, then 0; 0 for a page with no
+      peer), the sentinel is -1, and (given ``free_census``, the side
+      pool's) no peer is free in it: the predicate would find nothing;
+    - else the pages that differ (a page with a release queued may still
+      name its queued peer, which only the predicate judges; any other
+      page that differs fails there): the predicate reads only those, and
+      finds what it would find reading every page;
+    - None: read every page (a small pool, a mirror lost, pages not 1 to
+      ``len(full.owner)``, a census not exact, a peer free).
+    """
+    codes, mapped, peers = full.owner.codes, side.mapping.mapped, side.mapping.peers
+    n, ps = len(full.owner), page_size
+    if (n < TENSOR_CENSUS_PAGES or codes is None or mapped is None or len(codes) < n + 1
+            or codes.find(0, 1, n + 1) >= 0 or got.dim() != 1 or got.numel() < (n + 1) * ps + sentinel):
+        return None
+    if free_census is not None and not (isinstance(free_census, TensorCensus) and free_census.exact()):
+        return None
+    got = got.to("cpu", torch.int64)
+    if sentinel and int(got[-1]) != -1:
+        return None
+    k = min(len(mapped), n + 1)
+    live = torch.zeros(n + 1, dtype=torch.bool)
+    peer = torch.zeros(n + 1, dtype=torch.int64)
+    if k:
+        # Zero-copy views: the model stays torch-free.
+        live[:k] = torch.frombuffer(mapped, dtype=torch.uint8)[:k].bool()
+        peer[:k] = torch.frombuffer(peers, dtype=torch.int64)[:k]
+    want = torch.where(live[:, None], peer[:, None] * ps + torch.arange(ps), 0)
+    for page, fill in side.filled.items():
+        if type(page) is int and 0 <= page <= n and fill < ps:
+            want[page, max(fill, 0):] = 0
+    rows = got[: (n + 1) * ps].view(n + 1, ps)
+    differ = (rows[1:] != want[1:]).any(1).nonzero().flatten().add(1).tolist()
+    if free_census is not None and (flags := side.free_flags):
+        held = peer[live]
+        held = held[held < len(flags)]
+        if held.numel() and bool(torch.frombuffer(flags, dtype=torch.int64)[held].any()):
+            return None
+    return differ
+
+
 def read_census(allocator, model=None) -> Census:
     """The allocator's census, as the checks read it (against ``model``):
     a ``TensorCensus`` of its integer tensors where it lists at least
@@ -1253,6 +1301,19 @@ class Lockstep:
             _observer.judged(predicate.__name__, time.perf_counter() - t0)
         if problem:
             self._fail(name or predicate.__name__, label + problem)
+
+    def _judge_mapping(self, predicate: Callable[..., str | None], mapping: torch.Tensor, page_size: int, side,
+                       *more, sentinel: bool = False, free_census: Census | None = None) -> None:
+        """``_judge(predicate, ids(mapping), page_size, self.model, side,
+        *more)``, reading in Python only the pages ``rows_to_read`` leaves."""
+        def judged() -> str | None:
+            pages = rows_to_read(mapping, page_size, self.model, side, sentinel=sentinel, free_census=free_census)
+            if pages == []:
+                return None
+            return predicate(ids(mapping), page_size, self.model, side, *more, pages=pages)
+
+        judged.__name__ = predicate.__name__
+        self._judge(judged)
 
     def _short(self, pages: int) -> bool:
         """Whether an alloc of ``pages`` pages must return None."""

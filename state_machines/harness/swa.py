@@ -124,9 +124,8 @@ class SWALockstep(Lockstep):
     def check_joint(self, censuses: list[Census]) -> None:
         """The mapping between the pools, and the joint available size."""
         a = self.allocator
-        swa_free = censuses[1].distinct()
-        mapping = ids(a.full_to_swa_index_mapping)
-        self._judge(invariants.swa_mapping_consistent, mapping, self.page_size, self.model, self.swa, swa_free)
+        self._judge_mapping(invariants.swa_mapping_consistent, a.full_to_swa_index_mapping, self.page_size, self.swa,
+                            censuses[1], free_census=censuses[1])
         if "hybrid_available_size_agrees" in self.skipped_checks:
             return
         self._judge(

@@ -1,0 +1,171 @@
+"""A side pool's set and map with flat per-id mirrors, in plain Python.
+
+A side pool (SWA, HiSparse device) keeps its free pages in a set and its
+peers in a dict, which the checks would otherwise walk page by page in
+Python after every step.  ``FlagSet`` and ``PeerMap`` keep, beside them, an
+array per page id, changed by the one way each changes (the other mutators
+are refused, as ``OwnerMap``'s are), so the arrays are exact at every step:
+a tensor census compares against ``FlagSet.flags`` without a loop, and
+``lanes`` sums several of them as integers, one 64-bit lane per id, in C.
+A mirror is None once an id no flat array holds comes in (negative, not
+an int, or far past the rest); the checks then read the set or dict.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+# Ids past this many times the first size (and 1,024 more) give up on a mirror.
+_SPARSE = 4
+
+
+def _refused(self, *args, **kwargs):
+    raise TypeError(f"a {type(self).__name__} changes only through its own methods, so its mirrors stay exact")
+
+
+def room(arr, page, limit: int) -> bool:
+    """Whether ``arr`` can hold id ``page`` (grown with zeros to it)."""
+    if type(page) is not int or page < 0 or page >= limit:
+        return False
+    if page >= len(arr):
+        if isinstance(arr, bytearray):
+            arr.extend(bytes(page + 1 - len(arr)))
+        else:
+            arr.frombytes(bytes(arr.itemsize * (page + 1 - len(arr))))
+    return True
+
+
+def lanes(*arrays) -> int | None:
+    """The arrays (``array('q')``, non-negative) summed id by id, as one
+    integer of 64-bit little-endian lanes: two such sums are equal exactly
+    when the per-id sums are (no lane carries).  None where one is None."""
+    if any(a is None for a in arrays):
+        return None
+    return sum(int.from_bytes(a, "little") for a in arrays)
+
+
+def limit(top: int) -> int:
+    """The ids a mirror holds, for a pool whose largest id is ``top``."""
+    return _SPARSE * max(top, 0) + 1024
+
+
+def count(arr: array | None, pages, step: int, most: int) -> array | None:
+    """``arr`` with ``step`` added at each of ``pages``' ids; None where
+    one is not an id below ``most`` (or ``arr`` is None)."""
+    if arr is None:
+        return None
+    for p in pages:
+        if not room(arr, p, most):
+            return None
+        arr[p] += step
+    return arr
+
+
+class FlagSet(set):
+    """A set of page ids with ``flags``: an ``array('q')``, per id 0 up to
+    the largest, 1 for a member.  Changes through ``add``, ``discard``,
+    ``update`` and ``difference_update`` only."""
+
+    __slots__ = ("flags", "_limit")
+
+    def __init__(self, pages=()):
+        super().__init__(pages)
+        self.flags: array | None = array("q")
+        self._limit = limit(0)
+        if not self:
+            return
+        if not set(map(type, self)) <= {int} or min(self) < 0:
+            self.flags = None
+            return
+        low, high = min(self), max(self)
+        self._limit = limit(high)
+        self.flags = array("q", bytes(8 * (high + 1)))
+        if high - low + 1 == len(self):
+            # A run of ids (a fresh pool's): one slice assignment.
+            self.flags[low:] = array("q", [1]) * len(self)
+        else:
+            for p in self:
+                self.flags[p] = 1
+
+    @property
+    def most(self) -> int:
+        """The ids ``flags`` holds: those below this."""
+        return self._limit
+
+    def _set(self, page, value: int) -> None:
+        if self.flags is not None:
+            if room(self.flags, page, self._limit):
+                self.flags[page] = value
+            else:
+                self.flags = None
+
+    def add(self, page) -> None:
+        set.add(self, page)
+        self._set(page, 1)
+
+    def discard(self, page) -> None:
+        if page in self:
+            set.discard(self, page)
+            self._set(page, 0)
+
+    def update(self, *others) -> None:
+        for pages in others:
+            for p in pages:
+                self.add(p)
+
+    def difference_update(self, *others) -> None:
+        for pages in others:
+            for p in pages:
+                self.discard(p)
+
+    remove = pop = clear = intersection_update = symmetric_difference_update = _refused
+    __ior__ = __iand__ = __isub__ = __ixor__ = _refused
+
+
+class PeerMap(dict):
+    """``page -> peer`` (a full page's SWA page, a logical page's device
+    page), with three mirrors:
+
+    - ``mapped``: a byte per page id, 1 where the page has a peer;
+    - ``peers``: an ``array('q')`` per page id, its peer (0 where none);
+    - ``held``: an ``array('q')`` per peer id, how many pages map onto it.
+
+    Changes through ``map[page] = peer`` and ``pop`` only."""
+
+    __slots__ = ("mapped", "peers", "held", "_limit", "_peer_limit")
+
+    def __init__(self, items=(), *, top: int = 0, peer_top: int = 0):
+        """``top`` and ``peer_top``: the largest page and peer ids the pools have."""
+        super().__init__()
+        self._limit, self._peer_limit = limit(top), limit(peer_top)
+        self.mapped: bytearray | None = bytearray()
+        self.peers: array | None = array("q")
+        self.held: array | None = array("q")
+        for page, peer in dict(items).items():
+            self[page] = peer
+
+    def __setitem__(self, page, peer) -> None:
+        if page in self and self.mapped is not None:
+            self.held[dict.__getitem__(self, page)] -= 1
+        dict.__setitem__(self, page, peer)
+        if self.mapped is None:
+            return
+        if room(self.mapped, page, self._limit) and room(self.peers, page, self._limit) and room(
+                self.held, peer, self._peer_limit):
+            self.mapped[page] = 1
+            self.peers[page] = peer
+            self.held[peer] += 1
+        else:
+            self.mapped = self.peers = self.held = None
+
+    def pop(self, page, *default):
+        if page not in self:
+            return dict.pop(self, page, *default)
+        peer = dict.pop(self, page)
+        if self.mapped is not None:
+            self.mapped[page] = 0
+            self.peers[page] = 0
+            self.held[peer] -= 1
+        return peer
+
+    __delitem__ = popitem = clear = update = setdefault = __ior__ = _refused

@@ -1,0 +1,150 @@
+"""The side pools' mirrors: exact at every step, and every check that reads
+them gives the verdict and message the page-by-page reading gives."""
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from allocators.dsv4_hisparse import DSV4_HISPARSE_MUTANTS
+from allocators.hisparse import HISPARSE_MUTANTS
+from allocators.swa import SWA_MUTANTS
+from bench.baseline import random_fuzz
+from reference_model import OwnershipModel, invariants
+from reference_model.census import Census
+from reference_model.hisparse import DeviceSide
+from reference_model.mirrors import FlagSet, PeerMap
+from reference_model.swa import SWASide
+from state_machines.config import Config
+from state_machines.harness import build, lockstep
+from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, Lockstep, TensorCensus, ids, rows_to_read
+from state_machines.targets.base import TargetError
+
+
+@given(st.lists(st.tuples(st.sampled_from(["add", "discard", "update", "difference_update"]),
+                          st.lists(st.integers(0, 40), max_size=4))))
+def test_a_flag_set_flags_exactly_its_members(ops):
+    pages = FlagSet(range(1, 21))
+    for op, arg in ops:
+        if op in ("add", "discard"):
+            for page in arg:
+                getattr(pages, op)(page)
+        else:
+            getattr(pages, op)(arg)
+        assert [i for i, f in enumerate(pages.flags) if f] == sorted(pages)
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 30), st.integers(0, 30))))
+def test_a_peer_map_mirrors_its_pages_and_peers(ops):
+    peers = PeerMap(top=30, peer_top=30)
+    for put, page, peer in ops:
+        if put:
+            peers[page] = peer
+        else:
+            peers.pop(page, None)
+        assert [i for i, m in enumerate(peers.mapped) if m] == sorted(peers)
+        assert all(peers.peers[p] == q for p, q in peers.items())
+        held = Counter(peers.values())
+        assert all(peers.held[i] == held[i] for i in range(len(peers.held)))
+
+
+def test_the_mirrored_containers_refuse_changes_their_mirrors_would_miss():
+    with pytest.raises(TypeError):
+        FlagSet({1, 2}).clear()
+    with pytest.raises(TypeError):
+        PeerMap().update({1: 2})
+
+
+def _configs():
+    """Each target and mutant at the smallest of its page sizes that shows
+    its bug, with twice the pages the tensor census starts at."""
+    families = (("builtin:swa", SWA_MUTANTS, (1, 2)), ("builtin:hisparse", HISPARSE_MUTANTS, (1, 2)),
+                ("builtin:dsv4-hisparse", DSV4_HISPARSE_MUTANTS, (4, 8)))
+    for target, mutants, page_sizes in families:
+        for mutant in (None, *mutants):
+            for ps in page_sizes:
+                config = Config(target=target, mutant=mutant, page_size=ps, size=2 * TENSOR_CENSUS_PAGES * ps)
+                try:
+                    build(config)
+                except TargetError:
+                    continue
+                yield config
+                break
+
+
+@pytest.mark.parametrize("config", list(_configs()), ids=str)
+def test_at_a_large_pool_the_mirrors_give_the_page_by_page_verdicts(config, monkeypatch):
+    """At a pool the tensor census reads (mutants included): each mapping
+    check gives the verdict and message reading every page gives, and the
+    side pools' counts and self-check equal those built page by page; the
+    fast paths are taken, and skip every page on some step."""
+    seen = Counter()
+    judge_mapping = Lockstep._judge_mapping
+
+    def both(self, predicate, mapping, page_size, side, *more, sentinel=False, free_census=None):
+        pages = lockstep.rows_to_read(mapping, page_size, self.model, side, sentinel=sentinel, free_census=free_census)
+        full = predicate(ids(mapping), page_size, self.model, side, *more)
+        fast = None if pages == [] else predicate(ids(mapping), page_size, self.model, side, *more, pages=pages)
+        seen["skipped" if pages == [] else "read" if pages is None else "pending"] += 1
+        seen["differ"] += fast != full
+        judge_mapping(self, predicate, mapping, page_size, side, *more, sentinel=sentinel, free_census=free_census)
+
+    real_counts = SWASide.counts
+    real_violations = {side: side.violations for side in (SWASide, DeviceSide)}
+
+    def counts(side):
+        fast = side._partition_counts()
+        seen["counts fast"] += fast is not None
+        seen["differ"] += fast is not None and fast != Counter(o.kind for o in side.owner_map().values())
+        return real_counts(side)
+
+    def violations(side):
+        fast = real_violations[type(side)](side)
+        seen["differ"] += (fast == []) != (side.violations_found() == [])
+        return fast
+
+    monkeypatch.setattr(Lockstep, "_judge_mapping", both)
+    monkeypatch.setattr(SWASide, "counts", counts)
+    for side in real_violations:
+        monkeypatch.setattr(side, "violations", violations)
+    random_fuzz(config, seed=random.Random(str(config)).randrange(100), max_examples=3)
+    assert seen["differ"] == 0, seen
+    assert seen["skipped"] and seen["counts fast"], seen
+
+
+def _pair(pages: int = TENSOR_CENSUS_PAGES):
+    """A full pool and its SWA side of ``pages`` pages each; full pages 1..8
+    belong to a request, each mapped to an SWA page; the mapping, as the
+    allocator would keep it at page size 2."""
+    full = OwnershipModel.from_census(list(range(1, pages + 1)))
+    full.new_request(row=0, pages=list(range(1, 9)))
+    side = SWASide.from_census(full, list(range(1, pages + 1)))
+    side.take(list(range(1, 9)), list(range(11, 19)))
+    mapping = torch.zeros((pages + 1) * 2, dtype=torch.int32)
+    for page, peer in side.mapping.items():
+        mapping[page * 2 : page * 2 + 2] = torch.tensor([peer * 2, peer * 2 + 1])
+    return full, side, mapping
+
+
+def _census(side) -> TensorCensus:
+    return TensorCensus(torch.tensor(sorted(side.free), dtype=torch.int64), side)
+
+
+def test_the_mapping_rows_the_mirrors_vouch_for_are_not_read():
+    """Every row as the model says: none is read.  A row off: only it.  A
+    small pool, or a census not exact: every row.  A peer the (exact)
+    census lists free, which the rows cannot show: every row."""
+    full, side, mapping = _pair()
+    assert rows_to_read(mapping, 2, full, side, sentinel=False, free_census=_census(side)) == []
+    mapping[5 * 2] = 0
+    assert rows_to_read(mapping, 2, full, side, sentinel=False, free_census=_census(side)) == [5]
+    small = _pair(TENSOR_CENSUS_PAGES - 1)
+    assert rows_to_read(small[2], 2, small[0], small[1], sentinel=False) is None
+    full, side, mapping = _pair()
+    assert rows_to_read(mapping, 2, full, side, sentinel=False, free_census=Census(sorted(side.free))) is None
+    side.free.add(13)
+    assert rows_to_read(mapping, 2, full, side, sentinel=False, free_census=_census(side)) is None
+    assert invariants.swa_mapping_consistent(ids(mapping), 2, full, side, side.free) is not None

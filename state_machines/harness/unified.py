@@ -34,18 +34,20 @@ def virtual_census(allocator) -> list[int]:
     return ids(allocator.free_virtual_ids)
 
 
-def page_tables(allocator) -> ru.PageTables:
-    """The allocator's physical side as plain ints (either grow direction)."""
+def page_tables(allocator, *, rows: bool = True) -> ru.PageTables:
+    """The allocator's physical side as plain ints (either grow direction);
+    without ``rows``, its bounds and pending pages only (no tables, no
+    holes: what ``span_within_arena`` reads)."""
     wm, first, n = int(allocator.watermark_physical), int(allocator.min_page_index), int(allocator.num_pages)
     span = (first, wm) if allocator.grow_direction == "up" else (wm + 1, n)
     pending = sorted(getattr(allocator, "_pending_reuse_pages_cpu", ()) or ())
     return ru.PageTables(
-        v2p=tuple(ids(allocator.virtual_to_physical)),
-        p2v=tuple(ids(allocator.physical_to_virtual)),
+        v2p=tuple(ids(allocator.virtual_to_physical)) if rows else (),
+        p2v=tuple(ids(allocator.physical_to_virtual)) if rows else (),
         first_page=first,
         num_pages=n,
         span=span,
-        holes=tuple(ids(allocator._free_phys_pages)),
+        holes=tuple(ids(allocator._free_phys_pages)) if rows else (),
         pending=tuple(pending),
     )
 

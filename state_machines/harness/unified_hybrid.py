@@ -43,6 +43,7 @@ from attrs import define, field
 
 from reference_model import CHECKS, OwnershipModel, SWASide, invariants
 from reference_model import unified as ru
+from reference_model.census import Census
 from reference_model.invariants import available_size_agrees
 from reference_model.mamba import MambaModel
 from reference_model.unified import allocator_accounting_clean, physical_pages_owned_once, span_within_arena
@@ -62,7 +63,8 @@ from reference_model.unified_hybrid import (
     unified_read_path_agrees,
     unified_reclaim_plan_agrees,
 )
-from state_machines.harness.lockstep import Lockstep, Pool, ids
+from state_machines.harness import twins
+from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, Lockstep, Pool, ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
 from state_machines.harness.swa import SWALockstep, SWAMachine, swa_steps_disabled
@@ -76,6 +78,79 @@ from state_machines.harness.unified import (
     page_tables,
 )
 from state_machines.targets import probe
+
+
+class LiveSets:
+    """The live (not free) pages of each side's model over one universe,
+    as a set (built when a predicate reads it) and, at a large pool, as a
+    mask over ``twins.universe_tensor`` (from the model's free flags)."""
+
+    def __init__(self, universe: frozenset[int], models: dict):
+        self.universe, self.models = universe, models
+        self.pages = twins.universe_tensor(universe)
+        self._sets: dict[str, set[int]] = {}
+        self._masks: dict[str, torch.Tensor | None] = {}
+
+    def __getitem__(self, side: str) -> set[int]:
+        if side not in self._sets:
+            self._sets[side] = set(self.universe) - self.models[side].free_pages
+        return self._sets[side]
+
+    def mask(self, side: str) -> torch.Tensor | None:
+        if side not in self._masks:
+            pages = self.pages
+            self._masks[side] = None if pages is None else twins.live_mask(pages, self.models[side].free_flags)
+        return self._masks[side]
+
+
+def judge_tables(state: Lockstep, name: str, pool: SubPool, sub, live: LiveSets, side: str, page_size: int, *,
+                 compacts: bool) -> list[int] | torch.Tensor:
+    """One sub-pool's page tables against its side's model
+    (``unified_page_table_bijective``), and, where it ``compacts``
+    eagerly, its live pages' band (``unified_compacted``); each through its
+    torch twin at a large pool.  Returns the live pages' physical pages,
+    for ``judge_bands``."""
+    pages, mask = live.pages, live.mask(side)
+    physical = None
+    if mask is not None and twins.page_table_holds(pool, sub.virtual_to_physical, sub.physical_to_virtual, pages, mask):
+        physical = twins.cpu(sub.virtual_to_physical)[pages[mask]]
+    else:
+        v2p, p2v = ids(sub.virtual_to_physical), ids(sub.physical_to_virtual)
+        state._judge(unified_page_table_bijective, pool, v2p, p2v, live[side], set(live.universe),
+                     name=f"{name}_page_table_bijective")
+        physical = [v2p[v] for v in live[side]]
+    if compacts:
+        tokens = state._count(f"{name} allocated_count()", sub.allocated_count)
+        if not (isinstance(physical, torch.Tensor) and twins.compacted_holds(pool, physical, tokens, page_size)):
+            state._judge(unified_compacted, pool, list(map(int, physical)), tokens, page_size, name=f"{name}_compacted")
+    return physical
+
+
+def judge_span(state: Lockstep, name: str, sub) -> None:
+    """An END sub-pool's span: one role per physical page inside it, none
+    outside (``physical_pages_owned_once``, through its twin where the
+    tables are large), and inside the arena (``span_within_arena``)."""
+    tables = state._call(f"{name} page tables", lambda: page_tables(sub, rows=False))
+    p2v = sub.physical_to_virtual
+    if not (p2v.numel() >= TENSOR_CENSUS_PAGES
+            and twins.roles_hold(p2v, tables.first_page, tables.num_pages, tables.span, sub._free_phys_pages,
+                                 tables.pending)):
+        tables = state._call(f"{name} page tables", page_tables, sub)
+        state._judge(physical_pages_owned_once, tables, [], name=f"{name}_physical_pages_owned_once")
+    state._judge(span_within_arena, tables, *arena_bytes(sub), name=f"{name}_span_within_arena")
+
+
+def judge_bands(state: Lockstep, arena: Arena, physical: dict) -> None:
+    """``unified_bands_disjoint`` over each band's live physical pages; a
+    tensor's passed as its one extreme the predicate reads (the low band's
+    top, the high band's bottom), which gives the same verdict and message."""
+    low, high = physical[arena.low.name], physical[arena.high.name]
+    if isinstance(low, torch.Tensor):
+        low = [int(low.max())] if low.numel() else []
+    if isinstance(high, torch.Tensor):
+        high = [int(high.min())] if high.numel() else []
+    state._judge(unified_bands_disjoint, arena, low, high)
+
 
 # The census checks that hold on a unified pool (see the module docstring).
 UNIFIED_CHECKS = tuple(c for c in CHECKS if c is not available_size_agrees)
@@ -280,15 +355,28 @@ class UnifiedSWALockstep(FreesNothing, Clears, SWALockstep):
         ]
 
     def check(self) -> None:
-        censuses = [
-            self._call("full census (free_virtual_ids)", self._full_census),
-            self._call("SWA census (virtual_to_physical == -1)", self._swa_census),
-        ]
+        censuses = self._censuses()
         for pool, census in zip(self.pools(), censuses):
             for predicate in UNIFIED_CHECKS:
                 self._judge(predicate, census, len(census) * self.page_size, self.page_size, pool.model,
                             name=pool.prefix + predicate.__name__, label=pool.label)
         self.check_joint(censuses)
+
+    def _censuses(self) -> list[Census | list[int]]:
+        """Both sides' free virtual pages: at a large pool as tensor
+        censuses, which the checks answer in torch (``TensorCensus``)."""
+        pages, a = twins.universe_tensor(self.universe), self.allocator
+        if pages is not None:
+            full = self._call("full census (free_virtual_ids)", twins.census, a.full_attn_allocator.free_virtual_ids,
+                              self.model)
+            v2p = self._call("SWA census (virtual_to_physical == -1)",
+                             lambda: twins.cpu(a.swa_attn_allocator.virtual_to_physical))
+            if int(pages.max()) < len(v2p):
+                return [full, twins.census(pages[v2p[pages] == -1], self.swa)]
+        return [
+            self._call("full census (free_virtual_ids)", self._full_census),
+            self._call("SWA census (virtual_to_physical == -1)", self._swa_census),
+        ]
 
     def _live(self) -> tuple[set[int], set[int]]:
         """The model's live virtual pages of the full side and of the SWA side."""
@@ -296,43 +384,44 @@ class UnifiedSWALockstep(FreesNothing, Clears, SWALockstep):
         swa = self.universe - self.swa.free_pages
         return full, swa
 
-    def check_joint(self, censuses: list[list[int]]) -> None:
+    def check_joint(self, censuses: list[Census | list[int]]) -> None:
         a = self.allocator
-        live = dict(zip(("full", "swa"), self._live()))
+        live = LiveSets(self.universe, {"full": self.model, "swa": self.swa})
         physical = {}
         for name, sub in (("full", a.full_attn_allocator), ("swa", a.swa_attn_allocator)):
             pool = self.arena.low if self.arena.low.name.startswith(name) else self.arena.high
-            v2p, p2v = ids(sub.virtual_to_physical), ids(sub.physical_to_virtual)
-            self._judge(unified_page_table_bijective, pool, v2p, p2v, live[name], set(self.universe),
-                        name=f"{name}_page_table_bijective")
-            physical[pool.name] = [v2p[v] for v in live[name]]
-            if pool.grows == "float":
+            float_pool = pool.grows == "float"
+            physical[pool.name] = judge_tables(self, name, pool, sub, live, name, self.page_size,
+                                               compacts=not (self.lazy or float_pool))
+            if float_pool:
                 continue
-            if not self.lazy:
-                tokens = self._count(f"{name} allocated_count()", sub.allocated_count)
-                self._judge(unified_compacted, pool, physical[pool.name], tokens, self.page_size,
-                            name=f"{name}_compacted")
             # An END pool's span holds bound pages and holes (lazy frees not yet compacted), nothing else.
-            tables = self._call(f"{name} page tables", page_tables, sub)
-            self._judge(physical_pages_owned_once, tables, [], name=f"{name}_physical_pages_owned_once")
-            self._judge(span_within_arena, tables, *arena_bytes(sub), name=f"{name}_span_within_arena")
-        self._judge(unified_bands_disjoint, self.arena, physical[self.arena.low.name], physical[self.arena.high.name])
+            judge_span(self, name, sub)
+        judge_bands(self, self.arena, physical)
         self.check_read_path(live)
         own = getattr(a, "verify_byte_accounting", None)
         if callable(own):
             self._judge(allocator_accounting_clean, self._call("verify_byte_accounting()", own))
 
-    def check_read_path(self, live: dict[str, set[int]]) -> None:
+    def check_read_path(self, live: LiveSets) -> None:
         """Every token of every virtual page through both read paths, as an
         attention kernel reads it: live pages to their physical slots,
         tombstones and free ids to the sink."""
         a, ps = self.allocator, self.page_size
-        tokens = [v * ps + k for v in sorted(self.universe) for k in range(ps)]
-        loc = torch.tensor(tokens, dtype=torch.int64, device=self.rows.device)
+        pages = twins.universe_tensor(self.universe)
+        if pages is None:
+            tokens = [v * ps + k for v in sorted(self.universe) for k in range(ps)]
+            loc = torch.tensor(tokens, dtype=torch.int64, device=self.rows.device)
+        else:
+            loc, tokens = twins.tokens_of(pages, ps).to(self.rows.device), None
         for side, name, sub in (("full", "translate_kv_loc", a.full_attn_allocator),
                                 ("swa", "translate_loc_from_full_to_swa", a.swa_attn_allocator)):
-            got = ids(self._call(f"{name}(every virtual token)", getattr(a, name), loc))
-            self._judge(unified_read_path_agrees, side, tokens, got, ids(sub.virtual_to_physical), live[side], ps,
+            got = self._call(f"{name}(every virtual token)", getattr(a, name), loc)
+            mask = live.mask(side)
+            if mask is not None and twins.read_path_holds(got, sub.virtual_to_physical, pages, mask, ps):
+                continue
+            tokens = tokens if tokens is not None else ids(loc)
+            self._judge(unified_read_path_agrees, side, tokens, ids(got), ids(sub.virtual_to_physical), live[side], ps,
                         name=f"{side}_read_path_agrees")
 
     # -- steps --
@@ -696,28 +785,23 @@ class UnifiedMambaLockstep(FreesNothing, Clears, Lockstep):
                 Pool(a.mamba_allocator, self.mamba, "mamba_", "Mamba pool: ")]
 
     def check(self) -> None:
-        censuses = [self._call("full census (free_virtual_ids)", self._full_census),
-                    self._call("Mamba census (free_virtual_ids)", self._mamba_census)]
+        a = self.allocator
+        censuses = [self._call("full census (free_virtual_ids)", twins.census, a.full_attn_allocator.free_virtual_ids, self.model),
+                    self._call("Mamba census (free_virtual_ids)", twins.census, a.mamba_allocator.free_virtual_ids, self.mamba)]
         for pool, census in zip(self.pools(), censuses):
             for predicate in UNIFIED_CHECKS:
                 self._judge(predicate, census, len(census), 1, pool.model,
                             name=pool.prefix + predicate.__name__, label=pool.label)
         physical = {}
+        compacts = not getattr(self.allocator, "lazy_compaction", False)
         for name, sub, model, universe in (
             ("full", self.allocator.full_attn_allocator, self.model, self.universe),
             ("mamba", self.allocator.mamba_allocator, self.mamba, self.mamba_universe),
         ):
             pool = self.arena.low if self.arena.low.name.startswith(name) else self.arena.high
-            live = set(universe) - model.free_pages
-            v2p, p2v = ids(sub.virtual_to_physical), ids(sub.physical_to_virtual)
-            self._judge(unified_page_table_bijective, pool, v2p, p2v, live, set(universe),
-                        name=f"{name}_page_table_bijective")
-            physical[pool.name] = [v2p[v] for v in live]
-            if not getattr(self.allocator, "lazy_compaction", False):
-                tokens = self._count(f"{name} allocated_count()", sub.allocated_count)
-                self._judge(unified_compacted, pool, physical[pool.name], tokens, 1 if name == "mamba" else self.page_size,
-                            name=f"{name}_compacted")
-        self._judge(unified_bands_disjoint, self.arena, physical[self.arena.low.name], physical[self.arena.high.name])
+            physical[pool.name] = judge_tables(self, name, pool, sub, LiveSets(universe, {name: model}), name,
+                                               1 if name == "mamba" else self.page_size, compacts=compacts)
+        judge_bands(self, self.arena, physical)
         self._check_views()
 
     def _check_views(self) -> None:

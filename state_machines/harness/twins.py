@@ -1,0 +1,133 @@
+"""Torch twins of the unified allocators' page-by-page predicates.
+
+A check that walks every page of a large pool in Python costs what the
+pool costs.  Each twin here computes, in torch over the allocator's own
+tensors, whether its predicate (``reference_model``'s, named beside it)
+holds, and answers only True (it does: the predicate would return None) or
+False (ask the predicate, which says what is wrong, or that nothing is).
+So a twin changes how fast a step is judged, never the verdict or the
+message.  The model stays torch-free: its per-page flags are viewed in
+place (``torch.frombuffer``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, TensorCensus
+
+
+def cpu(t: torch.Tensor) -> torch.Tensor:
+    """``t`` flat, on the CPU, as int64."""
+    return t.to("cpu", torch.int64).reshape(-1)
+
+
+@functools.lru_cache(maxsize=8)
+def universe_tensor(universe: frozenset[int]) -> torch.Tensor | None:
+    """The pool's pages, sorted, as int64; None where a Python walk costs
+    less than the torch ops (a small pool) or an id is negative."""
+    if len(universe) < TENSOR_CENSUS_PAGES or min(universe) < 0:
+        return None
+    return torch.tensor(sorted(universe), dtype=torch.int64)
+
+
+def live_mask(pages: torch.Tensor, free_flags) -> torch.Tensor | None:
+    """Per page of ``pages``, whether it is live (not free) by the model's
+    ``free_flags`` (1 per free page id); None without flags."""
+    if not free_flags:
+        return None
+    flags = torch.frombuffer(free_flags, dtype=torch.int64)
+    if not pages.numel() or int(pages.max()) < len(flags):
+        return flags.index_select(0, pages) != 1
+    free = torch.zeros(pages.numel(), dtype=torch.bool)
+    inside = pages < len(flags)
+    free[inside] = flags[pages[inside]] == 1
+    return ~free
+
+
+def census(pages: torch.Tensor, model) -> TensorCensus | list[int]:
+    """A census of ``pages`` (an allocator's free-id tensor) against
+    ``model``, as ``read_census`` makes one: a tensor census from
+    ``TENSOR_CENSUS_PAGES`` pages on, else its list."""
+    pages = cpu(pages)
+    return TensorCensus(pages, model) if pages.numel() >= TENSOR_CENSUS_PAGES else pages.tolist()
+
+
+def page_table_holds(pool, v2p: torch.Tensor, p2v: torch.Tensor, pages: torch.Tensor, live: torch.Tensor) -> bool:
+    """``unified_page_table_bijective``'s twin, over ``pages`` (the
+    universe) with ``live`` its mask: exactly the live pages are bound,
+    each to its own page in ``[first, end)`` whose ``p2v`` names it back,
+    and no other physical page names a virtual one."""
+    v2p, p2v = cpu(v2p), cpu(p2v)
+    if pages.numel() and int(pages.max()) >= len(v2p):
+        return False
+    physical = v2p[pages]
+    if not torch.equal(physical != -1, live):
+        return False
+    bound, virtual = physical[live], pages[live]
+    if bound.numel():
+        if int(bound.min()) < pool.first or int(bound.max()) >= pool.end:
+            return False
+        if torch.unique(bound).numel() != bound.numel():
+            return False
+        paired = bound < len(p2v)
+        if not torch.equal(p2v[bound[paired]], virtual[paired]):
+            return False
+    inner = p2v[1:-1]
+    named = inner != -1
+    names = inner[named]
+    if not names.numel():
+        return True
+    if int(names.min()) < 0 or int(names.max()) >= len(v2p):
+        return False
+    in_universe = torch.zeros(len(v2p), dtype=torch.bool)
+    in_universe[pages] = True
+    at = torch.arange(1, len(p2v) - 1)[named]
+    return bool(in_universe[names].all()) and torch.equal(v2p[names], at)
+
+
+def compacted_holds(pool, physical: torch.Tensor, allocated_tokens: int, page_size: int) -> bool:
+    """``unified_compacted``'s twin: the live physical pages are the band
+    at the pool's end of the arena, and the count is their tokens."""
+    band = pool.band(physical.numel())
+    return (allocated_tokens == physical.numel() * page_size
+            and torch.equal(torch.sort(physical).values, torch.arange(band.start, band.stop)))
+
+
+def read_path_holds(got: torch.Tensor, v2p: torch.Tensor, pages: torch.Tensor, live: torch.Tensor,
+                    page_size: int) -> bool:
+    """``unified_read_path_agrees``' twin, for the tokens of ``pages`` in
+    order, each page's ``page_size`` of them: a live page's tokens resolve
+    to its physical page's slots, every other token to 0."""
+    v2p, ps = cpu(v2p), page_size
+    if pages.numel() and int(pages.max()) >= len(v2p):
+        return False
+    offsets = torch.arange(ps)
+    want = torch.where(live[:, None], v2p[pages][:, None] * ps + offsets, 0).reshape(-1)
+    got = cpu(got)
+    return got.numel() == want.numel() and torch.equal(got, want)
+
+
+def tokens_of(pages: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Every token of ``pages``, in order: ``v * page_size + k``."""
+    return (pages[:, None] * page_size + torch.arange(page_size)).reshape(-1)
+
+
+def roles_hold(p2v: torch.Tensor, first: int, num_pages: int, span: tuple[int, int], *others) -> bool:
+    """``physical_pages_owned_once``' twin: each physical page inside the
+    span has exactly one role (bound in ``p2v`` at ``first`` or past it,
+    or in one of ``others``: holes, pending, lent), and none outside."""
+    p2v = cpu(p2v)[:num_pages]
+    bound = torch.nonzero(p2v != -1).reshape(-1)
+    roles = torch.cat([bound[bound >= first], *(cpu(torch.as_tensor(o, dtype=torch.int64)) for o in others)])
+    if roles.numel() and int(roles.min()) < 0:
+        return False
+    lo, hi = span
+    if lo < 0 or hi < 0:
+        return False
+    length = max(hi, lo, int(roles.max()) + 1 if roles.numel() else 0)
+    want = torch.zeros(length, dtype=torch.int64)
+    want[lo:hi] = 1
+    return torch.equal(torch.bincount(roles, minlength=length), want)

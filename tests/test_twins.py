@@ -1,0 +1,148 @@
+"""The unified families' torch twins: a twin that says its predicate holds
+is never wrong, on any built-in unified allocator or mutant at a pool the
+twins read, and the twins carry the healthy steps."""
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from allocators.unified_mamba import UNIFIED_MAMBA_MUTANTS
+from allocators.unified_swa import UNIFIED_SWA_MUTANTS
+from bench.baseline import random_fuzz
+from reference_model import unified as ru
+from reference_model import unified_hybrid as rh
+from state_machines.config import Config
+from state_machines.harness import build, twins
+from state_machines.harness import unified_hybrid as hybrid
+from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, ids
+from state_machines.targets.base import TargetError
+
+
+def _configs():
+    """Each target and mutant at the smallest page size that shows its bug,
+    with twice the pages the twins start at."""
+    for target, mutants in (("builtin:unified-swa", UNIFIED_SWA_MUTANTS),
+                            ("builtin:unified-mamba", UNIFIED_MAMBA_MUTANTS)):
+        for mutant in (None, *mutants):
+            for ps in (1, 2, 4):
+                config = Config(target=target, mutant=mutant, page_size=ps, size=2 * TENSOR_CENSUS_PAGES * ps)
+                try:
+                    build(config)
+                except TargetError:
+                    continue
+                yield config
+                break
+
+
+def _pages(pages: torch.Tensor, mask: torch.Tensor | None = None) -> set[int]:
+    return set((pages if mask is None else pages[mask]).tolist())
+
+
+@pytest.mark.parametrize("config", list(_configs()), ids=str)
+def test_a_twin_that_says_its_predicate_holds_is_right(config, monkeypatch):
+    seen = Counter()
+
+    def checked(twin, predicate_of):
+        def run(*args):
+            holds = twin(*args)
+            seen[f"{twin.__name__} {holds}"] += 1
+            if holds:
+                seen["wrong"] += predicate_of(*args) is not None
+            return holds
+        monkeypatch.setattr(twins, twin.__name__, run)
+
+    checked(twins.page_table_holds, lambda pool, v2p, p2v, pages, live: rh.unified_page_table_bijective(
+        pool, ids(v2p), ids(p2v), _pages(pages, live), _pages(pages)))
+    checked(twins.compacted_holds, lambda pool, physical, tokens, ps: rh.unified_compacted(
+        pool, physical.tolist(), tokens, ps))
+    checked(twins.read_path_holds, lambda got, v2p, pages, live, ps: rh.unified_read_path_agrees(
+        "side", twins.tokens_of(pages, ps).tolist(), ids(got), ids(v2p), _pages(pages, live), ps))
+    checked(twins.roles_hold, lambda p2v, first, n, span, holes, pending: ru.physical_pages_owned_once(
+        ru.PageTables(v2p=(), p2v=tuple(ids(p2v)), first_page=first, num_pages=n, span=span,
+                      holes=tuple(ids(holes)), pending=tuple(pending)), []))
+    mask = hybrid.LiveSets.mask
+
+    def mask_agrees(live, side):
+        got = mask(live, side)
+        if got is not None:
+            seen["wrong"] += _pages(twins.universe_tensor(live.universe), got) != live[side]
+        return got
+
+    monkeypatch.setattr(hybrid.LiveSets, "mask", mask_agrees)
+    random_fuzz(config, seed=random.Random(str(config)).randrange(100), max_examples=3)
+    assert seen["wrong"] == 0, seen
+    assert seen["page_table_holds True"] and seen["compacted_holds True"], seen
+
+
+def _t(values) -> torch.Tensor:
+    return torch.tensor(list(values), dtype=torch.int64)
+
+
+corruptions = st.lists(st.tuples(st.booleans(), st.integers(0, 40), st.one_of(st.sampled_from([-1, -2, 0]), st.integers(0, 40))),
+                       max_size=3)
+
+
+@given(st.data(), corruptions)
+def test_the_page_table_twin_holds_exactly_where_its_predicate_does(data, corrupt):
+    pool = rh.SubPool("full", first=1, end=20, page_bytes=1, grows="up")
+    universe = sorted(data.draw(st.sets(st.integers(1, 30), min_size=1)))
+    live = data.draw(st.sets(st.sampled_from(universe), max_size=min(len(universe), 19)))
+    physical = data.draw(st.permutations(range(pool.first, pool.end)))
+    # A p2v shorter than the pool: pages past it are bound in v2p alone.
+    v2p, p2v = [-1] * 32, [-1] * data.draw(st.integers(5, pool.end + 1))
+    for v, p in zip(sorted(live), physical):
+        v2p[v] = p
+        if p < len(p2v):
+            p2v[p] = v
+    for in_v2p, at, value in corrupt:
+        table = v2p if in_v2p else p2v
+        table[at % len(table)] = value
+    pages = _t(universe)
+    mask = _t(int(v in live) for v in universe).bool()
+    want = rh.unified_page_table_bijective(pool, v2p, p2v, set(live), set(universe)) is None
+    assert twins.page_table_holds(pool, _t(v2p), _t(p2v), pages, mask) == want
+
+
+@given(st.sampled_from(["up", "down"]), st.lists(st.integers(0, 12), max_size=8), st.integers(0, 20), st.integers(1, 2))
+def test_the_compaction_twin_holds_exactly_where_its_predicate_does(grows, physical, tokens, ps):
+    pool = rh.SubPool("full", first=1, end=10, page_bytes=1, grows=grows)
+    want = rh.unified_compacted(pool, physical, tokens, ps) is None
+    assert twins.compacted_holds(pool, _t(physical), tokens, ps) == want
+
+
+@given(st.data(), st.integers(1, 3), corruptions)
+def test_the_read_path_twin_holds_exactly_where_its_predicate_does(data, ps, corrupt):
+    universe = sorted(data.draw(st.sets(st.integers(0, 12), min_size=1)))
+    live = data.draw(st.sets(st.sampled_from(universe)))
+    v2p = data.draw(st.lists(st.integers(-1, 20), min_size=13, max_size=13))
+    tokens = [v * ps + k for v in universe for k in range(ps)]
+    got = [v2p[t // ps] * ps + t % ps if t // ps in live else 0 for t in tokens]
+    for _, at, value in corrupt:
+        got[at % len(got)] = value
+    want = rh.unified_read_path_agrees("full", tokens, got, v2p, set(live), ps) is None
+    pages = _t(universe)
+    mask = _t(int(v in live) for v in universe).bool()
+    assert twins.read_path_holds(_t(got), _t(v2p), pages, mask, ps) == want
+
+
+@given(st.lists(st.integers(-1, 9), min_size=1, max_size=14), st.integers(0, 3), st.integers(0, 14),
+       st.tuples(st.integers(0, 14), st.integers(0, 14)), st.lists(st.integers(0, 15), max_size=4),
+       st.lists(st.integers(0, 15), max_size=3))
+def test_the_roles_twin_holds_exactly_where_its_predicate_does(p2v, first, n, span, holes, pending):
+    tables = ru.PageTables(v2p=(), p2v=tuple(p2v), first_page=first, num_pages=n, span=span, holes=tuple(holes),
+                           pending=tuple(pending))
+    want = ru.physical_pages_owned_once(tables, []) is None
+    assert twins.roles_hold(_t(p2v), first, n, span, _t(holes), pending) == want
+
+
+def test_the_page_table_twin_sees_two_live_pages_on_one_page_past_p2v():
+    """Past the end of p2v only v2p says a page is bound: two live pages on
+    one such page are caught by the twin as by its predicate."""
+    pool = rh.SubPool("full", first=1, end=20, page_bytes=1, grows="up")
+    v2p, p2v = [-1, 12, 12, -1], [-1] * 10
+    assert rh.unified_page_table_bijective(pool, v2p, p2v, {1, 2}, {1, 2, 3}) is not None
+    assert not twins.page_table_holds(pool, _t(v2p), _t(p2v), _t([1, 2, 3]), _t([1, 1, 0]).bool())

@@ -41,9 +41,13 @@ def class_counts(start_class: int, new_pages: int, shard_size: int) -> list[int]
 
 
 def class_free_counts(model: OwnershipModel, shard_size: int) -> list[int]:
-    """Free pages per class, read off the model's free set."""
+    """Free pages per class, read off the model's free set (its per-id
+    flags, one strided slice a class, where the model keeps them)."""
+    flags = model.free_flags
+    if flags is not None:
+        return [flags[c::shard_size].count(1) for c in range(shard_size)]
     counts = [0] * shard_size
-    for page in model.free_pages:
+    for page in model.free:
         counts[owner_class(page, shard_size)] += 1
     return counts
 

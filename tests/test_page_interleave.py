@@ -2,6 +2,8 @@
 caller's contract (allocation through alloc_extend only, page-aligned)."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from reference_model import page_interleave as pi
 from reference_model.model import OwnershipModel
@@ -137,3 +139,13 @@ def test_none_is_due_exactly_when_a_class_is_short():
 def test_class_free_counts_read_the_model_free_set():
     """Free pages 3, 4, 6 of three classes: [2, 1, 0]."""
     assert pi.class_free_counts(OwnershipModel.from_census([3, 4, 6]), 3) == [2, 1, 0]
+
+
+@given(st.sets(st.integers(0, 200), min_size=1), st.sets(st.integers(0, 200)), st.integers(1, 5))
+def test_class_free_counts_from_the_flags_are_the_free_set_s(pages, held, shard_size):
+    """Counted off the model's per-id flags, as off its free set."""
+    model = OwnershipModel.from_census(sorted(pages))
+    if held & pages:
+        model.new_request(row=0, pages=sorted(held & pages))
+    want = [sum(1 for p in model.free if p % shard_size == c) for c in range(shard_size)]
+    assert model.free_flags is not None and pi.class_free_counts(model, shard_size) == want

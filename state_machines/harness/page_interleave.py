@@ -30,7 +30,8 @@ import torch
 from attrs import define, frozen
 
 from reference_model import page_interleave as pi
-from state_machines.harness.lockstep import Lockstep, Pool, ids
+from state_machines.harness import twins
+from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, Lockstep, Pool, ids
 from state_machines.harness.machines import MAX_PAGES, FreeGroupMachine, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
 from state_machines.targets import TargetError
@@ -120,8 +121,10 @@ class PageInterleaveLockstep(Lockstep):
         """Each class list holds its own pages; ``available_size()`` is the
         min-class floor of the model's per-class free counts."""
         a = self.allocator
-        lists = self._call("class census", lambda: [ids(torch.cat((f, r))) for f, r in zip(a.class_free_pages, a.class_release_pages)])
-        self._judge(pi.free_pages_in_own_class, lists, self.shard_size)
+        n = self.shard_size
+        lists = self._call("class census", lambda: [torch.cat((f, r)) for f, r in zip(a.class_free_pages, a.class_release_pages)])
+        if sum(pages.numel() for pages in lists) < TENSOR_CENSUS_PAGES or not twins.classes_hold(lists, n):
+            self._judge(pi.free_pages_in_own_class, [ids(pages) for pages in lists], n)
         available = self._count("available_size()", a.available_size)
         self._judge(pi.interleave_available_size_agrees, available, pi.class_free_counts(self.model, self.shard_size),
                     self.page_size, self.shard_size)

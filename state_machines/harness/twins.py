@@ -2,8 +2,8 @@
 
 A check that walks every page of a large pool in Python costs what the
 pool costs.  Each twin here computes, in torch over the allocator's own
-tensors, whether its predicate (``reference_model``'s, named beside it)
-holds, and answers only True (it does: the predicate would return None) or
+tensors, whether its predicate (``reference_model``'s, named in its
+docstring; the unified families' and page-interleave's) holds, and answers only True (it does: the predicate would return None) or
 False (ask the predicate, which says what is wrong, or that nothing is).
 So a twin changes how fast a step is judged, never the verdict or the
 message.  The model stays torch-free: its per-page flags are viewed in
@@ -131,3 +131,9 @@ def roles_hold(p2v: torch.Tensor, first: int, num_pages: int, span: tuple[int, i
     want = torch.zeros(length, dtype=torch.int64)
     want[lo:hi] = 1
     return torch.equal(torch.bincount(roles, minlength=length), want)
+
+
+def classes_hold(lists: list[torch.Tensor], shard_size: int) -> bool:
+    """``free_pages_in_own_class``' twin: class ``c``'s list holds only
+    pages ``l`` with ``l % shard_size == c``."""
+    return all(bool((cpu(pages) % shard_size == c).all()) for c, pages in enumerate(lists))

@@ -96,6 +96,10 @@ def live_virtual(model: OwnershipModel) -> set[int]:
     """The virtual pages an allocator must keep mapped: every page the model
     says is held (by a request, the cache, or queued in an open group,
     whose free has not run yet)."""
+    held = getattr(model.owner, "held", None)
+    if held is not None:
+        # An OwnerMap keeps them (``OwnerMap.held``).
+        return set(held)
     return {p for p, o in model.owner.items() if o.kind != FREE}
 
 
@@ -181,10 +185,16 @@ def kv_follows_mapping(stamps: dict[int, int], tables: PageTables, written: set[
     """Each virtual page whose KV was written still finds it: the physical
     page it maps to holds what was written for it (``stamps``: physical
     page -> the virtual page whose KV it holds)."""
-    mapped = tables.mapped()
-    lost = sorted(v for v in written if v in mapped and stamps.get(mapped[v]) != v)
+    v2p, first = tables.v2p, tables.first_page
+
+    def mapped(v: int) -> int:
+        # ``tables.mapped().get(v, UNMAPPED)``, without building the map.
+        return v2p[v] if type(v) is int and 0 <= v < len(v2p) - 1 and v >= first else UNMAPPED
+
+    lost = sorted(v for v in written if (p := mapped(v)) != UNMAPPED and stamps.get(p) != v)
     if not lost:
         return None
+    mapped = tables.mapped()
     shown = ", ".join(f"v{v}->p{mapped[v]} holds v{stamps.get(mapped[v])}" for v in lost[:4])
     return f"allocator's mapping / KV written: virtual pages {_show(lost)} map to pages holding other KV ({shown})"
 

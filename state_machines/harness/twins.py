@@ -119,9 +119,7 @@ def roles_hold(p2v: torch.Tensor, first: int, num_pages: int, span: tuple[int, i
     """``physical_pages_owned_once``' twin: each physical page inside the
     span has exactly one role (bound in ``p2v`` at ``first`` or past it,
     or in one of ``others``: holes, pending, lent), and none outside."""
-    p2v = cpu(p2v)[:num_pages]
-    bound = torch.nonzero(p2v != -1).reshape(-1)
-    roles = torch.cat([bound[bound >= first], *(cpu(torch.as_tensor(o, dtype=torch.int64)) for o in others)])
+    roles = torch.cat([bound_pages(p2v, first, num_pages), *(cpu(torch.as_tensor(o, dtype=torch.int64)) for o in others)])
     if roles.numel() and int(roles.min()) < 0:
         return False
     lo, hi = span
@@ -137,3 +135,45 @@ def classes_hold(lists: list[torch.Tensor], shard_size: int) -> bool:
     """``free_pages_in_own_class``' twin: class ``c``'s list holds only
     pages ``l`` with ``l % shard_size == c``."""
     return all(bool((cpu(pages) % shard_size == c).all()) for c, pages in enumerate(lists))
+
+
+def tables_hold(v2p: torch.Tensor, p2v: torch.Tensor, first: int, num_pages: int, codes) -> bool:
+    """``tables_bijective``'s twin: the virtual pages mapped (from ``first``
+    on, the last row a sentinel) are exactly those the model holds (its
+    owner map's ``codes``: 2 and up), each on its own page in ``[first,
+    num_pages)`` whose ``p2v`` names it back, and each page bound in
+    ``p2v`` (from ``first`` on) names one that maps back to it."""
+    if codes is None:
+        return False
+    v2p, p2v = cpu(v2p), cpu(p2v)
+    rows = len(v2p) - 1
+    if rows < 0:
+        return False
+    held = torch.frombuffer(codes, dtype=torch.uint8) >= 2 if len(codes) else torch.zeros(0, dtype=torch.bool)
+    if bool(held[rows:].any()):
+        return False
+    live = torch.zeros(rows, dtype=torch.bool)
+    live[: min(rows, len(held))] = held[:rows]
+    virtual = torch.arange(rows)
+    mapped = (v2p[:rows] != -1) & (virtual >= first)
+    if not torch.equal(mapped, live):
+        return False
+    pages, names = v2p[:rows][mapped], virtual[mapped]
+    if pages.numel():
+        if int(pages.min()) < first or int(pages.max()) >= min(num_pages, len(p2v)):
+            return False
+        if torch.unique(pages).numel() != pages.numel() or not torch.equal(p2v[pages], names):
+            return False
+    bound = bound_pages(p2v, first, num_pages)
+    named = p2v[bound]
+    if named.numel() and (int(named.min()) < 0 or int(named.max()) >= rows):
+        return False
+    return torch.equal(v2p[named], bound)
+
+
+def bound_pages(p2v: torch.Tensor, first: int, num_pages: int) -> torch.Tensor:
+    """``PageTables.bound()``'s pages: those from ``first`` below
+    ``num_pages`` whose ``p2v`` names a virtual page."""
+    p2v = cpu(p2v)[:num_pages]
+    pages = torch.nonzero(p2v != -1).reshape(-1)
+    return pages[pages >= first]

@@ -18,13 +18,15 @@ as no H2D copy was queued).
 
 from __future__ import annotations
 
+import attrs
 import torch
 from attrs import define, field
 
 from reference_model import CHECKS, OwnershipModel
 from reference_model import invariants as core
 from reference_model import unified as ru
-from state_machines.harness.lockstep import Lockstep, ids
+from state_machines.harness import twins
+from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, Lockstep, ids
 from state_machines.harness.machines import MAX_PAGES, FreeGroupMachine, draws
 from state_machines.harness.steps import step
 
@@ -242,33 +244,55 @@ class UnifiedLockstep(FreesNothing, Clears, Lockstep):
 
     def check(self) -> None:
         """The core checks on the virtual ids, then the physical side."""
-        census = self._call("free_virtual_ids", virtual_census, self.allocator)
+        census = self._call("free_virtual_ids", twins.census, self.allocator.free_virtual_ids, self.model)
         available = self._count("available_size()", self.allocator.available_size)
         for predicate in CORE_CHECKS:
             self._judge(predicate, census, available, self.page_size, self.model)
         lent = self.loans.pages()
         self._judge(ru.available_counts_lent, available, len(census), len(lent), self.page_size)
-        tables = self._call("page tables", page_tables, self.allocator)
+        a = self.allocator
+        tables = self._call("page tables", lambda: page_tables(a, rows=False))
         live = ru.live_virtual(self.model)
-        self._judge(ru.tables_bijective, tables, live)
-        self._judge(ru.physical_pages_owned_once, tables, lent)
-        self._judge(ru.span_within_arena, tables, *arena_bytes(self.allocator))
-        self._judge(ru.physical_frees_match_logical, tables, self.model)
-        own = getattr(self.allocator, "_byte_accounting_violations", None)
+        # At a large pool the tables are judged in torch (``twins``); a
+        # twin that cannot say the predicate holds hands it the whole tables.
+        first, n, span = tables.first_page, tables.num_pages, tables.span
+        if len(self.model.owner) >= TENSOR_CENSUS_PAGES:
+            v2p, p2v = a.virtual_to_physical, a.physical_to_virtual
+            fast = {
+                ru.tables_bijective: lambda: twins.tables_hold(v2p, p2v, first, n, self.model.owner.codes),
+                ru.physical_pages_owned_once: lambda: twins.roles_hold(p2v, first, n, span, a._free_phys_pages,
+                                                                       tables.pending, lent),
+                ru.physical_frees_match_logical: lambda: twins.bound_pages(p2v, first, n).numel() == len(live),
+            }
+        else:
+            fast = {}
+        for predicate, args in ((ru.tables_bijective, (live,)), (ru.physical_pages_owned_once, (lent,)),
+                                (ru.span_within_arena, arena_bytes(a)), (ru.physical_frees_match_logical, (self.model,))):
+            if predicate in fast and fast[predicate]():
+                continue
+            if not tables.v2p and predicate is not ru.span_within_arena:
+                tables = self._call("page tables", page_tables, a)
+            self._judge(predicate, tables, *args)
+        own = getattr(a, "_byte_accounting_violations", None)
         if callable(own):
             self._judge(ru.allocator_accounting_clean, self._call("_byte_accounting_violations()", own))
-        judge_reader_views(self, self.allocator, set(self.model.owner), live)
-        self._write_kv(tables, live)
+        judge_reader_views(self, a, self.model.owner.keys(), live)
+        self._write_kv(tables if tables.v2p else None, live)
 
-    def _write_kv(self, tables: ru.PageTables, live: set[int]) -> None:
+    def _write_kv(self, tables: ru.PageTables | None, live: set[int]) -> None:
         """Judge the KV of pages written before, then write it for pages
-        handed out since (as the next forward would)."""
+        handed out since (as the next forward would).  ``tables``: the
+        page tables, where the checks read them (else read here)."""
         stamps = self.allocator.get_kvcache().stamps
         self.written &= live
+        if tables is None:
+            # What kv_follows_mapping reads: the bounds and v2p.
+            v2p = self._call("virtual_to_physical", ids, self.allocator.virtual_to_physical)
+            tables = attrs.evolve(self._call("page tables", lambda: page_tables(self.allocator, rows=False)), v2p=tuple(v2p))
         self._judge(ru.kv_follows_mapping, stamps, tables, self.written)
-        mapped = tables.mapped()
+        v2p = tables.v2p
         for v in live - self.written:
-            stamps[mapped[v]] = v
+            stamps[v2p[v]] = v
             self.written.add(v)
 
     @property

@@ -11,7 +11,6 @@ free, and more are taken if the buffer needs them.  Frees are never deferred.
 
 from __future__ import annotations
 
-from array import array
 from collections import Counter
 
 from attrs import define, field
@@ -30,8 +29,9 @@ class DeviceSide(SWASide):
     # Request -> the device pages of its buffer, in buffer order.  Changed
     # by give_buffer and drop_buffer only, which keep ``_in_buffers``.
     buffers: dict[int, list[int]] = field(factory=dict)
-    # Per page id, how many buffer places hold it (None: an id no flat array holds).
-    _in_buffers: array | None = field(factory=lambda: array("q"), eq=False, repr=False)
+    # Per page id, how many buffer places hold it, a lane (``mirrors.lanes``;
+    # None: an id no flat array holds).
+    _in_buffers: bytearray | None = field(factory=bytearray, eq=False, repr=False)
 
     def owner_map(self) -> dict[int, Owner]:
         out = SWASide.owner_map(self)

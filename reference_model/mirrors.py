@@ -6,9 +6,10 @@ Python after every step.  ``FlagSet`` and ``PeerMap`` keep, beside them, an
 array per page id, changed by the one way each changes (the other mutators
 are refused, as ``OwnerMap``'s are), so the arrays are exact at every step:
 a tensor census compares against ``FlagSet.flags`` without a loop, and
-``lanes`` sums several of them as integers, one 64-bit lane per id, in C.
-A mirror is None once an id no flat array holds comes in (negative, not
-an int, or far past the rest); the checks then read the set or dict.
+``lanes`` sums several byte arrays as integers, one 8-bit lane per id, in
+C.  A mirror is None once an id no flat array holds comes in (negative,
+not an int, or far past the rest), or a count past ``LANE_MOST``; the
+checks then read the set or dict.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from array import array
 
 # Ids past this many times the first size (and 1,024 more) give up on a mirror.
 _SPARSE = 4
+# The most a byte lane counts: four such (a flag, two holder counts and a
+# group's) sum below 256, so a sum of lanes never carries into the next.
+LANE_MOST = 63
 
 
 def _refused(self, *args, **kwargs):
@@ -35,10 +39,11 @@ def room(arr, page, limit: int) -> bool:
     return True
 
 
-def lanes(*arrays) -> int | None:
-    """The arrays (``array('q')``, non-negative) summed id by id, as one
-    integer of 64-bit little-endian lanes: two such sums are equal exactly
-    when the per-id sums are (no lane carries).  None where one is None."""
+def lanes(*arrays: bytearray | None) -> int | None:
+    """The byte arrays summed id by id, as one integer of 8-bit
+    little-endian lanes: with at most four, each lane at most
+    ``LANE_MOST``, two such sums are equal exactly when the per-id sums
+    are.  None where one is None."""
     if any(a is None for a in arrays):
         return None
     return sum(int.from_bytes(a, "little") for a in arrays)
@@ -49,43 +54,48 @@ def limit(top: int) -> int:
     return _SPARSE * max(top, 0) + 1024
 
 
-def count(arr: array | None, pages, step: int, most: int) -> array | None:
+def count(arr: bytearray | None, pages, step: int, most: int) -> bytearray | None:
     """``arr`` with ``step`` added at each of ``pages``' ids; None where
-    one is not an id below ``most`` (or ``arr`` is None)."""
+    one is not an id below ``most``, or a count leaves 0..``LANE_MOST``
+    (or ``arr`` is None)."""
     if arr is None:
         return None
     for p in pages:
-        if not room(arr, p, most):
+        if not room(arr, p, most) or not 0 <= arr[p] + step <= LANE_MOST:
             return None
         arr[p] += step
     return arr
 
 
 class FlagSet(set):
-    """A set of page ids with ``flags``: an ``array('q')``, per id 0 up to
-    the largest, 1 for a member.  Changes through ``add``, ``discard``,
-    ``update`` and ``difference_update`` only."""
+    """A set of page ids with two mirrors, per id 0 up to the largest, 1
+    for a member, 0 otherwise: ``flags``, an ``array('q')`` (what a tensor
+    census counts against), and ``bits``, a byte each (a lane).  Changes
+    through ``add``, ``discard``, ``update`` and ``difference_update`` only."""
 
-    __slots__ = ("flags", "_limit")
+    __slots__ = ("flags", "bits", "_limit")
 
     def __init__(self, pages=()):
         super().__init__(pages)
         self.flags: array | None = array("q")
+        self.bits: bytearray | None = bytearray()
         self._limit = limit(0)
         if not self:
             return
         if not set(map(type, self)) <= {int} or min(self) < 0:
-            self.flags = None
+            self.flags = self.bits = None
             return
         low, high = min(self), max(self)
         self._limit = limit(high)
         self.flags = array("q", bytes(8 * (high + 1)))
+        self.bits = bytearray(high + 1)
         if high - low + 1 == len(self):
-            # A run of ids (a fresh pool's): one slice assignment.
+            # A run of ids (a fresh pool's): one slice assignment each.
             self.flags[low:] = array("q", [1]) * len(self)
+            self.bits[low:] = b"\x01" * len(self)
         else:
             for p in self:
-                self.flags[p] = 1
+                self.flags[p] = self.bits[p] = 1
 
     @property
     def most(self) -> int:
@@ -94,10 +104,10 @@ class FlagSet(set):
 
     def _set(self, page, value: int) -> None:
         if self.flags is not None:
-            if room(self.flags, page, self._limit):
-                self.flags[page] = value
+            if room(self.flags, page, self._limit) and room(self.bits, page, self._limit):
+                self.flags[page] = self.bits[page] = value
             else:
-                self.flags = None
+                self.flags = self.bits = None
 
     def add(self, page) -> None:
         set.add(self, page)
@@ -128,7 +138,7 @@ class PeerMap(dict):
 
     - ``mapped``: a byte per page id, 1 where the page has a peer;
     - ``peers``: an ``array('q')`` per page id, its peer (0 where none);
-    - ``held``: an ``array('q')`` per peer id, how many pages map onto it.
+    - ``held``: a byte per peer id, how many pages map onto it (a lane).
 
     Changes through ``map[page] = peer`` and ``pop`` only."""
 
@@ -140,7 +150,7 @@ class PeerMap(dict):
         self._limit, self._peer_limit = limit(top), limit(peer_top)
         self.mapped: bytearray | None = bytearray()
         self.peers: array | None = array("q")
-        self.held: array | None = array("q")
+        self.held: bytearray | None = bytearray()
         for page, peer in dict(items).items():
             self[page] = peer
 
@@ -151,7 +161,7 @@ class PeerMap(dict):
         if self.mapped is None:
             return
         if room(self.mapped, page, self._limit) and room(self.peers, page, self._limit) and room(
-                self.held, peer, self._peer_limit):
+                self.held, peer, self._peer_limit) and self.held[peer] < LANE_MOST:
             self.mapped[page] = 1
             self.peers[page] = peer
             self.held[peer] += 1

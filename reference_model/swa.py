@@ -9,7 +9,6 @@ counters), so every check on the full pool runs on the SWA pool too.
 
 from __future__ import annotations
 
-from array import array
 from collections import Counter
 from collections.abc import Iterator, Mapping
 
@@ -87,7 +86,7 @@ class SWASide:
         top, peer_top = (len(ids) - 1 if ids else 0 for ids in (full.owner.codes, free.flags))
         mapping = PeerMap(top=top, peer_top=peer_top)
         side = cls(full=full, universe=frozenset(free), free=free, ledger=ledger, mapping=mapping)
-        side._universe_lanes = mirrors.lanes(free.flags)
+        side._universe_lanes = mirrors.lanes(free.bits)
         side._most = free.most
         return side
 
@@ -147,10 +146,10 @@ class SWASide:
         codes = self.full.owner.codes
         if self._universe_lanes is None or codes is None or self.mapping.mapped is None:
             return None
-        queued_lanes = mirrors.count(array("q"), queued, 1, self._most)
+        queued_lanes = mirrors.count(bytearray(), queued, 1, self._most)
         if queued_lanes is None:
             return None
-        if mirrors.lanes(self.free.flags, *self._held_lanes(), queued_lanes) != self._universe_lanes:
+        if mirrors.lanes(self.free.bits, *self._held_lanes(), queued_lanes) != self._universe_lanes:
             return None
         mapped = int.from_bytes(self.mapping.mapped, "little")
         kinds = {kind: (mapped & int.from_bytes(codes.translate(_IS[kind]), "little")).bit_count() for kind in _IS}

@@ -16,7 +16,7 @@ from bench.baseline import random_fuzz
 from reference_model import OwnershipModel, invariants
 from reference_model.census import Census
 from reference_model.hisparse import DeviceSide
-from reference_model.mirrors import FlagSet, PeerMap
+from reference_model.mirrors import LANE_MOST, FlagSet, PeerMap, count
 from reference_model.swa import SWASide
 from state_machines.config import Config
 from state_machines.harness import build, lockstep
@@ -34,7 +34,7 @@ def test_a_flag_set_flags_exactly_its_members(ops):
                 getattr(pages, op)(page)
         else:
             getattr(pages, op)(arg)
-        assert [i for i, f in enumerate(pages.flags) if f] == sorted(pages)
+        assert [i for i, f in enumerate(pages.flags) if f] == [i for i, b in enumerate(pages.bits) if b] == sorted(pages)
 
 
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 30), st.integers(0, 30))))
@@ -148,3 +148,16 @@ def test_the_mapping_rows_the_mirrors_vouch_for_are_not_read():
     side.free.add(13)
     assert rows_to_read(mapping, 2, full, side, sentinel=False, free_census=_census(side)) is None
     assert invariants.swa_mapping_consistent(ids(mapping), 2, full, side, side.free) is not None
+
+
+def test_a_count_past_what_a_lane_holds_drops_the_mirrors():
+    """Sums of byte lanes stay exact only below 256: a peer held more than
+    LANE_MOST times (a broken model) drops the map's mirrors, and the
+    checks read the dict."""
+    peers = PeerMap(top=200, peer_top=10)
+    for page in range(LANE_MOST):
+        peers[page] = 5
+    assert peers.held[5] == LANE_MOST
+    peers[LANE_MOST] = 5
+    assert peers.mapped is None and peers.held is None
+    assert count(bytearray(), [3] * (LANE_MOST + 1), 1, 100) is None

@@ -1302,6 +1302,17 @@ class Lockstep:
         if problem:
             self._fail(name or predicate.__name__, label + problem)
 
+    def _twin_holds(self, predicate: Callable[..., str | None], holds: Callable[[], bool]) -> bool:
+        """Whether ``predicate``'s torch twin (``twins``) says it holds;
+        an observer counts its time as the predicate's, as ``_judge`` does."""
+        if _observer is None or _observer.judged is None:
+            return holds()
+        t0 = time.perf_counter()
+        try:
+            return holds()
+        finally:
+            _observer.judged(predicate.__name__, time.perf_counter() - t0)
+
     def _judge_mapping(self, predicate: Callable[..., str | None], mapping: torch.Tensor, page_size: int, side,
                        *more, sentinel: bool = False, free_census: Census | None = None) -> None:
         """``_judge(predicate, ids(mapping), page_size, self.model, side,

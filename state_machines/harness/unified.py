@@ -268,7 +268,7 @@ class UnifiedLockstep(FreesNothing, Clears, Lockstep):
             fast = {}
         for predicate, args in ((ru.tables_bijective, (live,)), (ru.physical_pages_owned_once, (lent,)),
                                 (ru.span_within_arena, arena_bytes(a)), (ru.physical_frees_match_logical, (self.model,))):
-            if predicate in fast and fast[predicate]():
+            if predicate in fast and self._twin_holds(predicate, fast[predicate]):
                 continue
             if not tables.v2p and predicate is not ru.span_within_arena:
                 tables = self._call("page tables", page_tables, a)

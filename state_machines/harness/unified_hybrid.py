@@ -112,7 +112,8 @@ def judge_tables(state: Lockstep, name: str, pool: SubPool, sub, live: LiveSets,
     for ``judge_bands``."""
     pages, mask = live.pages, live.mask(side)
     physical = None
-    if mask is not None and twins.page_table_holds(pool, sub.virtual_to_physical, sub.physical_to_virtual, pages, mask):
+    if mask is not None and state._twin_holds(unified_page_table_bijective, lambda: twins.page_table_holds(
+            pool, sub.virtual_to_physical, sub.physical_to_virtual, pages, mask)):
         physical = twins.cpu(sub.virtual_to_physical)[pages[mask]]
     else:
         v2p, p2v = ids(sub.virtual_to_physical), ids(sub.physical_to_virtual)
@@ -121,7 +122,8 @@ def judge_tables(state: Lockstep, name: str, pool: SubPool, sub, live: LiveSets,
         physical = [v2p[v] for v in live[side]]
     if compacts:
         tokens = state._count(f"{name} allocated_count()", sub.allocated_count)
-        if not (isinstance(physical, torch.Tensor) and twins.compacted_holds(pool, physical, tokens, page_size)):
+        if not (isinstance(physical, torch.Tensor) and state._twin_holds(
+                unified_compacted, lambda: twins.compacted_holds(pool, physical, tokens, page_size))):
             state._judge(unified_compacted, pool, list(map(int, physical)), tokens, page_size, name=f"{name}_compacted")
     return physical
 
@@ -132,9 +134,8 @@ def judge_span(state: Lockstep, name: str, sub) -> None:
     tables are large), and inside the arena (``span_within_arena``)."""
     tables = state._call(f"{name} page tables", lambda: page_tables(sub, rows=False))
     p2v = sub.physical_to_virtual
-    if not (p2v.numel() >= TENSOR_CENSUS_PAGES
-            and twins.roles_hold(p2v, tables.first_page, tables.num_pages, tables.span, sub._free_phys_pages,
-                                 tables.pending)):
+    if not (p2v.numel() >= TENSOR_CENSUS_PAGES and state._twin_holds(physical_pages_owned_once, lambda: twins.roles_hold(
+            p2v, tables.first_page, tables.num_pages, tables.span, sub._free_phys_pages, tables.pending))):
         tables = state._call(f"{name} page tables", page_tables, sub)
         state._judge(physical_pages_owned_once, tables, [], name=f"{name}_physical_pages_owned_once")
     state._judge(span_within_arena, tables, *arena_bytes(sub), name=f"{name}_span_within_arena")
@@ -418,7 +419,8 @@ class UnifiedSWALockstep(FreesNothing, Clears, SWALockstep):
                                 ("swa", "translate_loc_from_full_to_swa", a.swa_attn_allocator)):
             got = self._call(f"{name}(every virtual token)", getattr(a, name), loc)
             mask = live.mask(side)
-            if mask is not None and twins.read_path_holds(got, sub.virtual_to_physical, pages, mask, ps):
+            if mask is not None and self._twin_holds(unified_read_path_agrees, lambda: twins.read_path_holds(
+                    got, sub.virtual_to_physical, pages, mask, ps)):
                 continue
             tokens = tokens if tokens is not None else ids(loc)
             self._judge(unified_read_path_agrees, side, tokens, ids(got), ids(sub.virtual_to_physical), live[side], ps,

@@ -30,7 +30,7 @@ class DeviceSide(SWASide):
     # by give_buffer and drop_buffer only, which keep ``_in_buffers``.
     buffers: dict[int, list[int]] = field(factory=dict)
     # Per page id, how many buffer places hold it, a lane (``mirrors.lanes``;
-    # None: an id no flat array holds).
+    # None once an id no flat array holds, or a count past LANE_MOST, came in).
     _in_buffers: bytearray | None = field(factory=bytearray, eq=False, repr=False)
 
     def owner_map(self) -> dict[int, Owner]:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from array import array
 
-# Ids past this many times the first size (and 1,024 more) give up on a mirror.
+# Ids past this many times the largest id a mirror starts with (and 1,024
+# more) give up on it (``limit``).
 _SPARSE = 4
 # The most a byte lane counts: four such (a flag, two holder counts and a
 # group's) sum below 256, so a sum of lanes never carries into the next.

@@ -41,9 +41,6 @@ OTHER_CODE = 5
 _FREE_CODE = KIND_CODES[FREE]
 
 
-def kind_code(kind: str) -> int:
-    return KIND_CODES.get(kind, OTHER_CODE)
-
 
 @lru_cache(maxsize=1024)
 def owner(kind: str, ident: int | None = None) -> Owner:
@@ -115,7 +112,7 @@ class OwnerMap(dict):
                         flags[p] = 1
                         codes[p] = _FREE_CODE
                 for p in self.held:
-                    codes[p] = kind_code(dict.__getitem__(self, p).kind)
+                    codes[p] = KIND_CODES.get(dict.__getitem__(self, p).kind, OTHER_CODE)
                 self.flags, self.codes = flags, codes
 
     def __setitem__(self, page: int, who: Owner) -> None:

@@ -20,7 +20,7 @@ from reference_model.mirrors import FlagSet, PeerMap
 from reference_model.model import CACHE, FREE, FREE_OWNER, KIND_CODES, QUEUED, REQUEST, Owner, OwnershipModel
 
 # ``bytes.translate`` tables: an owner code to 1 where it is that kind, else 0.
-_IS = {kind: bytes(int(code == KIND_CODES[kind]) for code in range(256)) for kind in (REQUEST, CACHE)}
+_ONE_WHERE = {kind: bytes(int(code == KIND_CODES[kind]) for code in range(256)) for kind in (REQUEST, CACHE)}
 
 
 class SideOwners(Mapping):
@@ -122,6 +122,13 @@ class SWASide:
             out[p] = Owner(QUEUED)
         return out
 
+    def free_in_pool(self) -> bool:
+        """Whether every free page is a page of the pool (from the mirrors,
+        where they say so; False leaves the question to the owner map)."""
+        free = self.free.bits
+        return free is not None and self._universe_lanes is not None and not (
+            int.from_bytes(free, "little") & ~self._universe_lanes)
+
     def counts(self) -> Counter:
         if (fast := self._partition_counts()) is not None:
             return fast
@@ -152,7 +159,7 @@ class SWASide:
         if mirrors.lanes(self.free.bits, *self._held_lanes(), queued_lanes) != self._universe_lanes:
             return None
         mapped = int.from_bytes(self.mapping.mapped, "little")
-        kinds = {kind: (mapped & int.from_bytes(codes.translate(_IS[kind]), "little")).bit_count() for kind in _IS}
+        kinds = {kind: (mapped & int.from_bytes(codes.translate(_ONE_WHERE[kind]), "little")).bit_count() for kind in _ONE_WHERE}
         if kinds[REQUEST] + kinds[CACHE] != len(self.mapping):
             return None
         kinds[REQUEST] += self._buffered()

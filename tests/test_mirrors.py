@@ -161,3 +161,26 @@ def test_a_count_past_what_a_lane_holds_drops_the_mirrors():
     peers[LANE_MOST] = 5
     assert peers.mapped is None and peers.held is None
     assert count(bytearray(), [3] * (LANE_MOST + 1), 1, 100) is None
+
+
+def test_a_mapping_not_of_integers_is_read_page_by_page():
+    """Cast to int64, 30.5 would pass for 30: a float mapping is left to the
+    predicate, which sees the half."""
+    full, side, mapping = _pair()
+    mapping = mapping.to(torch.float32)
+    mapping[5 * 2] += 0.5
+    assert rows_to_read(mapping, 2, full, side, sentinel=False, free_census=_census(side)) is None
+    assert invariants.swa_mapping_consistent(ids(mapping), 2, full, side, _census(side)) is not None
+
+
+def test_a_side_pool_s_tensor_census_asks_the_pool_whether_its_free_pages_are_its_own():
+    """A side model freeing a page outside its pool (a model bug): the
+    tensor census's containment is the plain census's."""
+    full = OwnershipModel.from_census(list(range(1, TENSOR_CENSUS_PAGES + 1)))
+    side = SWASide.from_census(full, list(range(1, TENSOR_CENSUS_PAGES + 1)))
+    assert side.free_in_pool()
+    side.free.discard(5)
+    side.free.add(TENSOR_CENSUS_PAGES + 100)
+    pages = sorted(side.free)
+    assert not side.free_in_pool()
+    assert TensorCensus(torch.tensor(pages), side).within(side) is Census(pages).within(side) is False

@@ -182,3 +182,19 @@ def test_the_tables_twin_holds_exactly_where_its_predicate_does(data, corrupt):
         # A page past p2v the predicate indexes: the twin leaves it to the predicate.
         want = False
     assert twins.tables_hold(_t(v2p), _t(p2v), first, num_pages, codes) == want
+
+
+def test_a_twin_given_values_not_integers_leaves_them_to_its_predicate():
+    """int64 would make 0.5 a 0: every twin says False on a float tensor,
+    and a float census stays the list its predicates read."""
+    pool = rh.SubPool("full", first=1, end=20, page_bytes=1, grows="up")
+    half = torch.tensor([1.0, 2.5])
+    pages, live = _t([1, 2]), _t([1, 1]).bool()
+    assert not twins.page_table_holds(pool, half, _t([-1] * 21), pages, live)
+    assert not twins.compacted_holds(pool, half, 4, 2)
+    assert not twins.read_path_holds(half, _t([-1, 1, 2]), pages, live, 1)
+    assert not twins.roles_hold(_t([-1, 1, 2]), 1, 3, (1, 3), torch.tensor([0.5]))
+    assert not twins.tables_hold(half, _t([-1] * 21), 1, 20, bytearray(3))
+    assert not twins.classes_hold([torch.tensor([0.5])], 2)
+    free = torch.arange(TENSOR_CENSUS_PAGES, dtype=torch.float32) + 1.5
+    assert twins.census(free, None) == free.tolist()

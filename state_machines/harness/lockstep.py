@@ -242,12 +242,23 @@ class TensorCensus(Census):
         return True if model is self._model and self.exact() else super().lists_free_of(model)
 
     def within(self, model) -> bool:
-        # The model's free pages are keys of its owner map (OwnerMap.free).
-        return True if model is self._model and self.exact() else super().within(model)
+        # The model's free pages are keys of its owner map (OwnerMap.free);
+        # a side pool's says whether its are inside its pool (``free_in_pool``).
+        if model is self._model and self.exact():
+            inside = getattr(model, "free_in_pool", None)
+            if inside is None or inside():
+                return True
+        return super().within(model)
 
 
 # Below this many pages a Python set beats the torch ops' fixed cost.
 TENSOR_CENSUS_PAGES = 512
+
+
+def integral(t: torch.Tensor) -> bool:
+    """Whether ``t`` holds integers (no float, complex or bool): what the
+    torch fast paths compare as int64 without changing a value."""
+    return not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool
 
 
 def rows_to_read(got: torch.Tensor, page_size: int, full, side, *, sentinel: bool,
@@ -264,13 +275,15 @@ def rows_to_read(got: torch.Tensor, page_size: int, full, side, *, sentinel: boo
       name its queued peer, which only the predicate judges; any other
       page that differs fails there): the predicate reads only those, and
       finds what it would find reading every page;
-    - None: read every page (a small pool, a mirror lost, pages not 1 to
-      ``len(full.owner)``, a census not exact, a peer free).
+    - None: read every page (a small pool, a mapping not of integers, a
+      mirror lost, pages not 1 to ``len(full.owner)``, a census not exact,
+      a sentinel not -1, a peer free).
     """
     codes, mapped, peers = full.owner.codes, side.mapping.mapped, side.mapping.peers
     n, ps = len(full.owner), page_size
     if (n < TENSOR_CENSUS_PAGES or codes is None or mapped is None or len(codes) < n + 1
-            or codes.find(0, 1, n + 1) >= 0 or got.dim() != 1 or got.numel() < (n + 1) * ps + sentinel):
+            or codes.find(0, 1, n + 1) >= 0 or got.dim() != 1 or got.numel() < (n + 1) * ps + sentinel
+            or not integral(got)):
         return None
     if free_census is not None and not (isinstance(free_census, TensorCensus) and free_census.exact()):
         return None
@@ -311,7 +324,7 @@ def read_census(allocator, model=None) -> Census:
         parts
         and all(isinstance(t, torch.Tensor) for t in parts)
         and sum(t.numel() for t in parts) >= TENSOR_CENSUS_PAGES
-        and all(not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool for t in parts)
+        and all(map(integral, parts))
     ):
         flat = [t.detach().to("cpu").reshape(-1).to(torch.int64) for t in parts]
         return TensorCensus(flat[0] if len(flat) == 1 else torch.cat(flat), model)

@@ -1,13 +1,15 @@
-"""Torch twins of the unified allocators' page-by-page predicates.
+"""Torch twins of page-by-page predicates (the unified families',
+multi-ended's, page-interleave's).
 
 A check that walks every page of a large pool in Python costs what the
 pool costs.  Each twin here computes, in torch over the allocator's own
 tensors, whether its predicate (``reference_model``'s, named in its
-docstring; the unified families' and page-interleave's) holds, and answers only True (it does: the predicate would return None) or
+docstring) holds, and answers only True (it does: the predicate would return None) or
 False (ask the predicate, which says what is wrong, or that nothing is).
 So a twin changes how fast a step is judged, never the verdict or the
-message.  The model stays torch-free: its per-page flags are viewed in
-place (``torch.frombuffer``).
+message.  A tensor not of integers makes a twin say False: int64 would
+change its values.  The model stays torch-free: its per-page flags are
+viewed in place (``torch.frombuffer``).
 """
 
 from __future__ import annotations
@@ -16,12 +18,20 @@ import functools
 
 import torch
 
-from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, TensorCensus
+from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, TensorCensus, ids, integral
 
 
 def cpu(t: torch.Tensor) -> torch.Tensor:
     """``t`` flat, on the CPU, as int64."""
     return t.to("cpu", torch.int64).reshape(-1)
+
+
+def _ints(pages) -> torch.Tensor | None:
+    """``pages`` (a tensor or a sequence) as a tensor of integers; None
+    where it holds something else."""
+    if isinstance(pages, torch.Tensor):
+        return pages if integral(pages) else None
+    return torch.tensor(list(pages), dtype=torch.int64) if all(type(p) is int for p in pages) else None
 
 
 @functools.lru_cache(maxsize=8)
@@ -49,10 +59,11 @@ def live_mask(pages: torch.Tensor, free_flags) -> torch.Tensor | None:
 
 def census(pages: torch.Tensor, model) -> TensorCensus | list[int]:
     """A census of ``pages`` (an allocator's free-id tensor) against
-    ``model``, as ``read_census`` makes one: a tensor census from
-    ``TENSOR_CENSUS_PAGES`` pages on, else its list."""
-    pages = cpu(pages)
-    return TensorCensus(pages, model) if pages.numel() >= TENSOR_CENSUS_PAGES else pages.tolist()
+    ``model``, as ``read_census`` makes one: a tensor census of integers
+    from ``TENSOR_CENSUS_PAGES`` pages on, else its list (``ids``)."""
+    if pages.numel() < TENSOR_CENSUS_PAGES or not integral(pages):
+        return ids(pages)
+    return TensorCensus(cpu(pages), model)
 
 
 def page_table_holds(pool, v2p: torch.Tensor, p2v: torch.Tensor, pages: torch.Tensor, live: torch.Tensor) -> bool:
@@ -60,6 +71,8 @@ def page_table_holds(pool, v2p: torch.Tensor, p2v: torch.Tensor, pages: torch.Te
     universe) with ``live`` its mask: exactly the live pages are bound,
     each to its own page in ``[first, end)`` whose ``p2v`` names it back,
     and no other physical page names a virtual one."""
+    if not (integral(v2p) and integral(p2v)):
+        return False
     v2p, p2v = cpu(v2p), cpu(p2v)
     if pages.numel() and int(pages.max()) >= len(v2p):
         return False
@@ -91,6 +104,8 @@ def page_table_holds(pool, v2p: torch.Tensor, p2v: torch.Tensor, pages: torch.Te
 def compacted_holds(pool, physical: torch.Tensor, allocated_tokens: int, page_size: int) -> bool:
     """``unified_compacted``'s twin: the live physical pages are the band
     at the pool's end of the arena, and the count is their tokens."""
+    if not integral(physical):
+        return False
     band = pool.band(physical.numel())
     return (allocated_tokens == physical.numel() * page_size
             and torch.equal(torch.sort(physical).values, torch.arange(band.start, band.stop)))
@@ -101,6 +116,8 @@ def read_path_holds(got: torch.Tensor, v2p: torch.Tensor, pages: torch.Tensor, l
     """``unified_read_path_agrees``' twin, for the tokens of ``pages`` in
     order, each page's ``page_size`` of them: a live page's tokens resolve
     to its physical page's slots, every other token to 0."""
+    if not (integral(got) and integral(v2p)):
+        return False
     v2p, ps = cpu(v2p), page_size
     if pages.numel() and int(pages.max()) >= len(v2p):
         return False
@@ -119,7 +136,12 @@ def roles_hold(p2v: torch.Tensor, first: int, num_pages: int, span: tuple[int, i
     """``physical_pages_owned_once``' twin: each physical page inside the
     span has exactly one role (bound in ``p2v`` at ``first`` or past it,
     or in one of ``others``: holes, pending, lent), and none outside."""
-    roles = torch.cat([bound_pages(p2v, first, num_pages), *(cpu(torch.as_tensor(o, dtype=torch.int64)) for o in others)])
+    if not integral(p2v):
+        return False
+    others = [_ints(o) for o in others]
+    if any(o is None for o in others):
+        return False
+    roles = torch.cat([bound_pages(p2v, first, num_pages), *(cpu(o) for o in others)])
     if roles.numel() and int(roles.min()) < 0:
         return False
     lo, hi = span
@@ -134,7 +156,7 @@ def roles_hold(p2v: torch.Tensor, first: int, num_pages: int, span: tuple[int, i
 def classes_hold(lists: list[torch.Tensor], shard_size: int) -> bool:
     """``free_pages_in_own_class``' twin: class ``c``'s list holds only
     pages ``l`` with ``l % shard_size == c``."""
-    return all(bool((cpu(pages) % shard_size == c).all()) for c, pages in enumerate(lists))
+    return all(integral(pages) and bool((cpu(pages) % shard_size == c).all()) for c, pages in enumerate(lists))
 
 
 def tables_hold(v2p: torch.Tensor, p2v: torch.Tensor, first: int, num_pages: int, codes) -> bool:
@@ -143,6 +165,8 @@ def tables_hold(v2p: torch.Tensor, p2v: torch.Tensor, first: int, num_pages: int
     owner map's ``codes``: 2 and up), each on its own page in ``[first,
     num_pages)`` whose ``p2v`` names it back, and each page bound in
     ``p2v`` (from ``first`` on) names one that maps back to it."""
+    if not (integral(v2p) and integral(p2v)):
+        return False
     if codes is None:
         return False
     v2p, p2v = cpu(v2p), cpu(p2v)

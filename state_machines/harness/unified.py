@@ -244,24 +244,23 @@ class UnifiedLockstep(FreesNothing, Clears, Lockstep):
 
     def check(self) -> None:
         """The core checks on the virtual ids, then the physical side."""
-        census = self._call("free_virtual_ids", twins.census, self.allocator.free_virtual_ids, self.model)
+        census = self._call("free_virtual_ids", lambda: twins.census(self.allocator.free_virtual_ids, self.model))
         available = self._count("available_size()", self.allocator.available_size)
         for predicate in CORE_CHECKS:
             self._judge(predicate, census, available, self.page_size, self.model)
         lent = self.loans.pages()
         self._judge(ru.available_counts_lent, available, len(census), len(lent), self.page_size)
         a = self.allocator
-        tables = self._call("page tables", lambda: page_tables(a, rows=False))
+        tables, v2p, p2v, holes = self._call("page tables", lambda: (
+            page_tables(a, rows=False), a.virtual_to_physical, a.physical_to_virtual, a._free_phys_pages))
         live = ru.live_virtual(self.model)
         # At a large pool the tables are judged in torch (``twins``); a
         # twin that cannot say the predicate holds hands it the whole tables.
         first, n, span = tables.first_page, tables.num_pages, tables.span
         if len(self.model.owner) >= TENSOR_CENSUS_PAGES:
-            v2p, p2v = a.virtual_to_physical, a.physical_to_virtual
             fast = {
                 ru.tables_bijective: lambda: twins.tables_hold(v2p, p2v, first, n, self.model.owner.codes),
-                ru.physical_pages_owned_once: lambda: twins.roles_hold(p2v, first, n, span, a._free_phys_pages,
-                                                                       tables.pending, lent),
+                ru.physical_pages_owned_once: lambda: twins.roles_hold(p2v, first, n, span, holes, tables.pending, lent),
                 ru.physical_frees_match_logical: lambda: twins.bound_pages(p2v, first, n).numel() == len(live),
             }
         else:
@@ -290,9 +289,13 @@ class UnifiedLockstep(FreesNothing, Clears, Lockstep):
             v2p = self._call("virtual_to_physical", ids, self.allocator.virtual_to_physical)
             tables = attrs.evolve(self._call("page tables", lambda: page_tables(self.allocator, rows=False)), v2p=tuple(v2p))
         self._judge(ru.kv_follows_mapping, stamps, tables, self.written)
-        v2p = tables.v2p
+        v2p, first = tables.v2p, tables.first_page
         for v in live - self.written:
-            stamps[v2p[v]] = v
+            # ``tables.mapped()[v]``, without building the map: tables_bijective
+            # has passed, so every live page is mapped.
+            page = v2p[v] if first <= v < len(v2p) - 1 else ru.UNMAPPED
+            assert page != ru.UNMAPPED, f"live virtual page {v} is unmapped, yet tables_bijective passed"
+            stamps[page] = v
             self.written.add(v)
 
     @property

@@ -64,7 +64,7 @@ from reference_model.unified_hybrid import (
     unified_reclaim_plan_agrees,
 )
 from state_machines.harness import twins
-from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, Lockstep, Pool, ids
+from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, Lockstep, Pool, ids, integral
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
 from state_machines.harness.swa import SWALockstep, SWAMachine, swa_steps_disabled
@@ -132,10 +132,10 @@ def judge_span(state: Lockstep, name: str, sub) -> None:
     """An END sub-pool's span: one role per physical page inside it, none
     outside (``physical_pages_owned_once``, through its twin where the
     tables are large), and inside the arena (``span_within_arena``)."""
-    tables = state._call(f"{name} page tables", lambda: page_tables(sub, rows=False))
-    p2v = sub.physical_to_virtual
+    tables, p2v, holes = state._call(f"{name} page tables", lambda: (
+        page_tables(sub, rows=False), sub.physical_to_virtual, sub._free_phys_pages))
     if not (p2v.numel() >= TENSOR_CENSUS_PAGES and state._twin_holds(physical_pages_owned_once, lambda: twins.roles_hold(
-            p2v, tables.first_page, tables.num_pages, tables.span, sub._free_phys_pages, tables.pending))):
+            p2v, tables.first_page, tables.num_pages, tables.span, holes, tables.pending))):
         tables = state._call(f"{name} page tables", page_tables, sub)
         state._judge(physical_pages_owned_once, tables, [], name=f"{name}_physical_pages_owned_once")
     state._judge(span_within_arena, tables, *arena_bytes(sub), name=f"{name}_span_within_arena")
@@ -367,17 +367,13 @@ class UnifiedSWALockstep(FreesNothing, Clears, SWALockstep):
         """Both sides' free virtual pages: at a large pool as tensor
         censuses, which the checks answer in torch (``TensorCensus``)."""
         pages, a = twins.universe_tensor(self.universe), self.allocator
+        full = self._call("full census (free_virtual_ids)",
+                          lambda: twins.census(a.full_attn_allocator.free_virtual_ids, self.model))
         if pages is not None:
-            full = self._call("full census (free_virtual_ids)", twins.census, a.full_attn_allocator.free_virtual_ids,
-                              self.model)
-            v2p = self._call("SWA census (virtual_to_physical == -1)",
-                             lambda: twins.cpu(a.swa_attn_allocator.virtual_to_physical))
-            if int(pages.max()) < len(v2p):
-                return [full, twins.census(pages[v2p[pages] == -1], self.swa)]
-        return [
-            self._call("full census (free_virtual_ids)", self._full_census),
-            self._call("SWA census (virtual_to_physical == -1)", self._swa_census),
-        ]
+            v2p = self._call("SWA census (virtual_to_physical == -1)", lambda: a.swa_attn_allocator.virtual_to_physical)
+            if integral(v2p) and int(pages.max()) < v2p.numel():
+                return [full, twins.census(pages[twins.cpu(v2p)[pages] == -1], self.swa)]
+        return [full, self._call("SWA census (virtual_to_physical == -1)", self._swa_census)]
 
     def _live(self) -> tuple[set[int], set[int]]:
         """The model's live virtual pages of the full side and of the SWA side."""
@@ -417,7 +413,8 @@ class UnifiedSWALockstep(FreesNothing, Clears, SWALockstep):
             loc, tokens = twins.tokens_of(pages, ps).to(self.rows.device), None
         for side, name, sub in (("full", "translate_kv_loc", a.full_attn_allocator),
                                 ("swa", "translate_loc_from_full_to_swa", a.swa_attn_allocator)):
-            got = self._call(f"{name}(every virtual token)", getattr(a, name), loc)
+            # A copy each: what a call does to its argument changes no token judged.
+            got = self._call(f"{name}(every virtual token)", getattr(a, name), loc.clone())
             mask = live.mask(side)
             if mask is not None and self._twin_holds(unified_read_path_agrees, lambda: twins.read_path_holds(
                     got, sub.virtual_to_physical, pages, mask, ps)):
@@ -788,8 +785,10 @@ class UnifiedMambaLockstep(FreesNothing, Clears, Lockstep):
 
     def check(self) -> None:
         a = self.allocator
-        censuses = [self._call("full census (free_virtual_ids)", twins.census, a.full_attn_allocator.free_virtual_ids, self.model),
-                    self._call("Mamba census (free_virtual_ids)", twins.census, a.mamba_allocator.free_virtual_ids, self.mamba)]
+        censuses = [self._call("full census (free_virtual_ids)",
+                               lambda: twins.census(a.full_attn_allocator.free_virtual_ids, self.model)),
+                    self._call("Mamba census (free_virtual_ids)",
+                               lambda: twins.census(a.mamba_allocator.free_virtual_ids, self.mamba))]
         for pool, census in zip(self.pools(), censuses):
             for predicate in UNIFIED_CHECKS:
                 self._judge(predicate, census, len(census), 1, pool.model,

@@ -217,12 +217,17 @@ def _clean_sections(data: dict) -> list[str]:
         "",
         "Every step reads the allocator's whole free list (the census) once and checks it against the model. "
         "Below 512 pages the checks read it as a Python list and build one set; from 512 pages on they read it as one "
-        "tensor, counted with two `bincount`s against the model's page flags (`OwnershipModel.page_flags`, a byte "
-        "per page kept current on every ownership change), so no check loops over the pool in Python. The model "
-        "keeps its free set, per-kind counts and held pages as ownership changes, so `num_free`, `counts()` and "
-        "`model_consistent` cost what the held pages cost, not the pool. What still grows with the pool is reading "
-        "the census and the two counts, all in C; the SWA pool and the HiSparse device pool (`SWASide`) still "
-        "walk their pages in Python.",
+        "tensor, whose per-id counts (a `bincount`) are compared with the model's free flags "
+        "(`OwnershipModel.free_flags`, one per page id, kept current on every ownership change), so no check loops "
+        "over the pool in Python. The model keeps its free set, per-kind counts and held pages as ownership changes. "
+        "The side pools (SWA, HiSparse device: `SWASide`) keep flat per-id mirrors of their free set and peer map "
+        "(`reference_model/mirrors.py`), which their counts and self-check sum as byte lanes, in C. From 512 pages on, "
+        "each check that would walk every page in Python (a full-to-side mapping, the unified families' page tables, "
+        "read paths and span roles, multi-ended's tables, page-interleave's class lists) first asks its torch twin "
+        "(`state_machines/harness/twins.py`, `rows_to_read`), which can only say that the predicate holds; "
+        "otherwise the predicate reads every page as before, so verdicts and messages do not change, and a twin's "
+        "time counts as its predicate's. What still grows with the pool is that torch work, the census, and the "
+        "allocator's own calls (the unified read paths translate every token).",
     ]
     return out
 

@@ -9,19 +9,15 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from allocators.dsv4_hisparse import DSV4_HISPARSE_MUTANTS
-from allocators.hisparse import HISPARSE_MUTANTS
-from allocators.swa import SWA_MUTANTS
 from bench.baseline import random_fuzz
 from reference_model import OwnershipModel, invariants
 from reference_model.census import Census
 from reference_model.hisparse import DeviceSide
 from reference_model.mirrors import LANE_MOST, FlagSet, PeerMap, count
 from reference_model.swa import SWASide
-from state_machines.config import Config
-from state_machines.harness import build, lockstep
+from state_machines.harness import lockstep
 from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, Lockstep, TensorCensus, ids, rows_to_read
-from state_machines.targets.base import TargetError
+from tests import large_pools
 
 
 @given(st.lists(st.tuples(st.sampled_from(["add", "discard", "update", "difference_update"]),
@@ -58,24 +54,8 @@ def test_the_mirrored_containers_refuse_changes_their_mirrors_would_miss():
         PeerMap().update({1: 2})
 
 
-def _configs():
-    """Each target and mutant at the smallest of its page sizes that shows
-    its bug, with twice the pages the tensor census starts at."""
-    families = (("builtin:swa", SWA_MUTANTS, (1, 2)), ("builtin:hisparse", HISPARSE_MUTANTS, (1, 2)),
-                ("builtin:dsv4-hisparse", DSV4_HISPARSE_MUTANTS, (4, 8)))
-    for target, mutants, page_sizes in families:
-        for mutant in (None, *mutants):
-            for ps in page_sizes:
-                config = Config(target=target, mutant=mutant, page_size=ps, size=2 * TENSOR_CENSUS_PAGES * ps)
-                try:
-                    build(config)
-                except TargetError:
-                    continue
-                yield config
-                break
-
-
-@pytest.mark.parametrize("config", list(_configs()), ids=str)
+@pytest.mark.parametrize("config", list(large_pools.configs({"swa": (1, 2), "hisparse": (1, 2), "dsv4-hisparse": (4, 8)})),
+                         ids=str)
 def test_at_a_large_pool_the_mirrors_give_the_page_by_page_verdicts(config, monkeypatch):
     """At a pool the tensor census reads (mutants included): each mapping
     check gives the verdict and message reading every page gives, and the

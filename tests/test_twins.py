@@ -10,44 +10,23 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from allocators.multi_ended import MULTI_ENDED_MUTANTS
-from allocators.page_interleave import PAGE_INTERLEAVE_MUTANTS
-from allocators.unified_mamba import UNIFIED_MAMBA_MUTANTS
-from allocators.unified_swa import UNIFIED_SWA_MUTANTS
 from bench.baseline import random_fuzz
 from reference_model import page_interleave as pi
 from reference_model import unified as ru
 from reference_model import unified_hybrid as rh
-from state_machines.config import Config
-from state_machines.harness import build, twins
+from state_machines.harness import twins
 from state_machines.harness import unified_hybrid as hybrid
 from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, ids
-from state_machines.targets.base import TargetError
-
-
-def _configs():
-    """Each target and mutant at the smallest page size that shows its bug,
-    with twice the pages the twins start at."""
-    for target, mutants in (("builtin:unified-swa", UNIFIED_SWA_MUTANTS),
-                            ("builtin:unified-mamba", UNIFIED_MAMBA_MUTANTS),
-                            ("builtin:page-interleave", PAGE_INTERLEAVE_MUTANTS),
-                            ("builtin:multi-ended", MULTI_ENDED_MUTANTS)):
-        for mutant in (None, *mutants):
-            for ps in (1, 2, 4, 8):
-                config = Config(target=target, mutant=mutant, page_size=ps, size=2 * TENSOR_CENSUS_PAGES * ps)
-                try:
-                    build(config)
-                except TargetError:
-                    continue
-                yield config
-                break
+from tests import large_pools
 
 
 def _pages(pages: torch.Tensor, mask: torch.Tensor | None = None) -> set[int]:
     return set((pages if mask is None else pages[mask]).tolist())
 
 
-@pytest.mark.parametrize("config", list(_configs()), ids=str)
+@pytest.mark.parametrize("config", list(large_pools.configs(
+    {"unified-swa": (1, 2, 4, 8), "unified-mamba": (1, 2, 4, 8), "page-interleave": (1, 2, 4, 8), "multi-ended": (1, 2, 4, 8)})),
+    ids=str)
 def test_a_twin_that_says_its_predicate_holds_is_right(config, monkeypatch):
     seen = Counter()
 
@@ -104,13 +83,7 @@ def test_the_page_table_twin_holds_exactly_where_its_predicate_does(data, corrup
     physical = data.draw(st.permutations(range(pool.first, pool.end)))
     # A p2v shorter than the pool: pages past it are bound in v2p alone.
     v2p, p2v = [-1] * 32, [-1] * data.draw(st.integers(5, pool.end + 1))
-    for v, p in zip(sorted(live), physical):
-        v2p[v] = p
-        if p < len(p2v):
-            p2v[p] = v
-    for in_v2p, at, value in corrupt:
-        table = v2p if in_v2p else p2v
-        table[at % len(table)] = value
+    large_pools.bijection(v2p, p2v, zip(sorted(live), physical), corrupt)
     pages = _t(universe)
     mask = _t(int(v in live) for v in universe).bool()
     want = rh.unified_page_table_bijective(pool, v2p, p2v, set(live), set(universe)) is None
@@ -167,14 +140,7 @@ def test_the_tables_twin_holds_exactly_where_its_predicate_does(data, corrupt):
     live = {v for v, code in enumerate(codes) if code >= 2}
     physical = data.draw(st.permutations(range(first, num_pages)))
     v2p, p2v = [-1] * data.draw(st.integers(1, 32)), [-1] * data.draw(st.integers(5, num_pages + 1))
-    for v, p in zip(sorted(live), physical):
-        if v < len(v2p) - 1:
-            v2p[v] = p
-            if p < len(p2v):
-                p2v[p] = v
-    for in_v2p, at, value in corrupt:
-        table = v2p if in_v2p else p2v
-        table[at % len(table)] = value
+    large_pools.bijection(v2p, p2v, zip(sorted(live), physical), corrupt)
     tables = ru.PageTables(v2p=tuple(v2p), p2v=tuple(p2v), first_page=first, num_pages=num_pages, span=(0, 0), holes=())
     try:
         want = ru.tables_bijective(tables, live) is None

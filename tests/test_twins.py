@@ -162,5 +162,6 @@ def test_a_twin_given_values_not_integers_leaves_them_to_its_predicate():
     assert not twins.roles_hold(_t([-1, 1, 2]), 1, 3, (1, 3), torch.tensor([0.5]))
     assert not twins.tables_hold(half, _t([-1] * 21), 1, 20, bytearray(3))
     assert not twins.classes_hold([torch.tensor([0.5])], 2)
+    assert not twins.bound_count_is(torch.tensor([-1.0, 1.5]), 1, 2, 1)
     free = torch.arange(TENSOR_CENSUS_PAGES, dtype=torch.float32) + 1.5
     assert twins.census(free, None) == free.tolist()

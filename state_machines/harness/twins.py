@@ -195,6 +195,12 @@ def tables_hold(v2p: torch.Tensor, p2v: torch.Tensor, first: int, num_pages: int
     return torch.equal(v2p[named], bound)
 
 
+def bound_count_is(p2v: torch.Tensor, first: int, num_pages: int, held: int) -> bool:
+    """``physical_frees_match_logical``'s twin: as many pages bound
+    (``PageTables.bound()``) as the model holds virtual pages (``held``)."""
+    return integral(p2v) and bound_pages(p2v, first, num_pages).numel() == held
+
+
 def bound_pages(p2v: torch.Tensor, first: int, num_pages: int) -> torch.Tensor:
     """``PageTables.bound()``'s pages: those from ``first`` below
     ``num_pages`` whose ``p2v`` names a virtual page."""

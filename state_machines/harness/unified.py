@@ -261,7 +261,7 @@ class UnifiedLockstep(FreesNothing, Clears, Lockstep):
             fast = {
                 ru.tables_bijective: lambda: twins.tables_hold(v2p, p2v, first, n, self.model.owner.codes),
                 ru.physical_pages_owned_once: lambda: twins.roles_hold(p2v, first, n, span, holes, tables.pending, lent),
-                ru.physical_frees_match_logical: lambda: twins.bound_pages(p2v, first, n).numel() == len(live),
+                ru.physical_frees_match_logical: lambda: twins.bound_count_is(p2v, first, n, len(live)),
             }
         else:
             fast = {}
@@ -276,18 +276,14 @@ class UnifiedLockstep(FreesNothing, Clears, Lockstep):
         if callable(own):
             self._judge(ru.allocator_accounting_clean, self._call("_byte_accounting_violations()", own))
         judge_reader_views(self, a, self.model.owner.keys(), live)
-        self._write_kv(tables if tables.v2p else None, live)
+        # What kv_follows_mapping reads: the bounds and v2p, where the twins left the rows unread.
+        self._write_kv(tables if tables.v2p else attrs.evolve(tables, v2p=tuple(ids(v2p))), live)
 
-    def _write_kv(self, tables: ru.PageTables | None, live: set[int]) -> None:
+    def _write_kv(self, tables: ru.PageTables, live: set[int]) -> None:
         """Judge the KV of pages written before, then write it for pages
-        handed out since (as the next forward would).  ``tables``: the
-        page tables, where the checks read them (else read here)."""
+        handed out since (as the next forward would)."""
         stamps = self.allocator.get_kvcache().stamps
         self.written &= live
-        if tables is None:
-            # What kv_follows_mapping reads: the bounds and v2p.
-            v2p = self._call("virtual_to_physical", ids, self.allocator.virtual_to_physical)
-            tables = attrs.evolve(self._call("page tables", lambda: page_tables(self.allocator, rows=False)), v2p=tuple(v2p))
         self._judge(ru.kv_follows_mapping, stamps, tables, self.written)
         v2p, first = tables.v2p, tables.first_page
         for v in live - self.written:

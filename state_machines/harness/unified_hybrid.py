@@ -111,7 +111,6 @@ def judge_tables(state: Lockstep, name: str, pool: SubPool, sub, live: LiveSets,
     torch twin at a large pool.  Returns the live pages' physical pages,
     for ``judge_bands``."""
     pages, mask = live.pages, live.mask(side)
-    physical = None
     if mask is not None and state._twin_holds(unified_page_table_bijective, lambda: twins.page_table_holds(
             pool, sub.virtual_to_physical, sub.physical_to_virtual, pages, mask)):
         physical = twins.cpu(sub.virtual_to_physical)[pages[mask]]

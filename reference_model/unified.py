@@ -67,6 +67,10 @@ class PageTables:
         """Virtual page -> its physical page, above the reserved pages."""
         return {v: p for v, p in enumerate(self.v2p[:-1]) if v >= self.first_page and p != UNMAPPED}
 
+    def page_of(self, v) -> int:
+        """``mapped().get(v, UNMAPPED)``, without building the map."""
+        return self.v2p[v] if type(v) is int and 0 <= v < len(self.v2p) - 1 and v >= self.first_page else UNMAPPED
+
 
 @define
 class Loans:
@@ -185,13 +189,7 @@ def kv_follows_mapping(stamps: dict[int, int], tables: PageTables, written: set[
     """Each virtual page whose KV was written still finds it: the physical
     page it maps to holds what was written for it (``stamps``: physical
     page -> the virtual page whose KV it holds)."""
-    v2p, first = tables.v2p, tables.first_page
-
-    def mapped(v: int) -> int:
-        # ``tables.mapped().get(v, UNMAPPED)``, without building the map.
-        return v2p[v] if type(v) is int and 0 <= v < len(v2p) - 1 and v >= first else UNMAPPED
-
-    lost = sorted(v for v in written if (p := mapped(v)) != UNMAPPED and stamps.get(p) != v)
+    lost = sorted(v for v in written if (p := tables.page_of(v)) != UNMAPPED and stamps.get(p) != v)
     if not lost:
         return None
     mapped = tables.mapped()

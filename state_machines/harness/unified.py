@@ -285,11 +285,9 @@ class UnifiedLockstep(FreesNothing, Clears, Lockstep):
         stamps = self.allocator.get_kvcache().stamps
         self.written &= live
         self._judge(ru.kv_follows_mapping, stamps, tables, self.written)
-        v2p, first = tables.v2p, tables.first_page
         for v in live - self.written:
-            # ``tables.mapped()[v]``, without building the map: tables_bijective
-            # has passed, so every live page is mapped.
-            page = v2p[v] if first <= v < len(v2p) - 1 else ru.UNMAPPED
+            # tables_bijective has passed, so every live page is mapped.
+            page = tables.page_of(v)
             assert page != ru.UNMAPPED, f"live virtual page {v} is unmapped, yet tables_bijective passed"
             stamps[page] = v
             self.written.add(v)

@@ -47,7 +47,7 @@ class DeviceSide(SWASide):
         return sum(map(len, self.buffers.values()))
 
     def _count_buffer(self, pages: list[int], step: int) -> None:
-        self._in_buffers = mirrors.count(self._in_buffers, pages, step, self._most)
+        self._in_buffers = mirrors.count(self._in_buffers, pages, step, self.free.most)
 
     def unmap(self, logical_pages) -> list[int]:
         """The peers of ``logical_pages`` leave the mapping (they stay held,

@@ -76,8 +76,6 @@ class SWASide:
     # The pool's pages as lanes (``mirrors.lanes``): what free, held and
     # queued pages sum to, id by id, when each page is exactly one of them.
     _universe_lanes: int | None = field(default=None, init=False, eq=False, repr=False)
-    # The ids the mirrors hold (``mirrors.limit`` of the largest page).
-    _most: int = field(default=0, init=False, eq=False, repr=False)
 
     @classmethod
     def from_census(cls, full: OwnershipModel, free_pages: list[int]) -> SWASide:
@@ -87,7 +85,6 @@ class SWASide:
         mapping = PeerMap(top=top, peer_top=peer_top)
         side = cls(full=full, universe=frozenset(free), free=free, ledger=ledger, mapping=mapping)
         side._universe_lanes = mirrors.lanes(free.bits)
-        side._most = free.most
         return side
 
     # -- the views the invariants read --
@@ -153,7 +150,7 @@ class SWASide:
         codes = self.full.owner.codes
         if self._universe_lanes is None or codes is None or self.mapping.mapped is None:
             return None
-        queued_lanes = mirrors.count(bytearray(), queued, 1, self._most)
+        queued_lanes = mirrors.count(bytearray(), queued, 1, self.free.most)
         if queued_lanes is None:
             return None
         if mirrors.lanes(self.free.bits, *self._held_lanes(), queued_lanes) != self._universe_lanes:

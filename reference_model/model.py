@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
+from contextlib import nullcontext
 from functools import lru_cache
 from operator import attrgetter
 
 from attrs import define, field, frozen
 
 from reference_model.ledger import Ledger
+from reference_model.mirrors import limit
 
 FREE = "free"
 REQUEST = "request"
@@ -76,9 +78,6 @@ class OwnerMap(dict):
 
     __slots__ = ("free", "held", "kinds", "flags", "codes")
 
-    # Ids past this many times the map's size give up on ``flags``.
-    _SPARSE = 4
-
     def __init__(self, items=()):
         super().__init__(items)
         if not self:
@@ -99,7 +98,7 @@ class OwnerMap(dict):
         self.codes: bytearray | None = None
         if set(map(type, dict.keys(self))) <= {int} and (not self or min(self) >= 0):
             top = max(self, default=-1)
-            if top < self._SPARSE * len(self) + 1024:
+            if top < limit(len(self)):
                 flags = array("q", bytes(8 * (top + 1)))
                 codes = bytearray(top + 1)
                 low = min(self.free, default=0)
@@ -141,7 +140,7 @@ class OwnerMap(dict):
         flags = self.flags
         if flags is None:
             return
-        if not isinstance(page, int) or page < 0 or page >= self._SPARSE * len(self) + 1024:
+        if not isinstance(page, int) or page < 0 or page >= limit(len(self)):
             self.flags = self.codes = None
             return
         if page >= len(flags):
@@ -235,6 +234,12 @@ class OwnershipModel:
     @property
     def num_free(self) -> int:
         return len(self.owner.free)
+
+    def unchanging(self):
+        """A block in which the model does not change (one step's checks):
+        a side pool's model computes its counts once in it (``SWASide``);
+        this one keeps them current as it goes."""
+        return nullcontext()
 
     def counts(self) -> Counter:
         counts = Counter()

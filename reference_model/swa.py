@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 from attrs import define, field
 
@@ -76,6 +77,8 @@ class SWASide:
     # The pool's pages as lanes (``mirrors.lanes``): what free, held and
     # queued pages sum to, id by id, when each page is exactly one of them.
     _universe_lanes: int | None = field(default=None, init=False, eq=False, repr=False)
+    # Inside ``unchanging()``: the partition counts, once computed.
+    _memo: list | None = field(default=None, init=False, eq=False, repr=False)
 
     @classmethod
     def from_census(cls, full: OwnershipModel, free_pages: list[int]) -> SWASide:
@@ -141,11 +144,31 @@ class SWASide:
         """Pages held for a request outside the mapping (a device buffer's)."""
         return 0
 
+    @contextmanager
+    def unchanging(self):
+        """A block in which the side does not change (one step's checks):
+        its counts, which ``counts()`` and ``violations()`` both read, are
+        summed once."""
+        self._memo = []
+        try:
+            yield
+        finally:
+            self._memo = None
+
     def _partition_counts(self) -> Counter | None:
         """``counts()`` from the mirrors, where every page of the pool is
         exactly one of free, held or queued and every peer's page is a
         request's or the cache's; None otherwise (the slow way then says
         what is wrong, by the same counts it always gave)."""
+        memo = self._memo
+        if memo:
+            return None if memo[0] is None else Counter(memo[0])
+        counts = self._partition()
+        if memo is not None:
+            memo.append(counts)
+        return None if counts is None else Counter(counts)
+
+    def _partition(self) -> Counter | None:
         queued = self.ledger.queued_pages()
         codes = self.full.owner.codes
         if self._universe_lanes is None or codes is None or self.mapping.mapped is None:

@@ -77,6 +77,17 @@ class Arena:
             and low_live * self.low.page_bytes + high_live * self.high.page_bytes <= self.budget_bytes
         )
 
+    def room(self, low_live: int, high_live: int, *, low: bool) -> int:
+        """The most pages the low pool (``low``) or the high one can take on
+        top of ``low_live`` and ``high_live`` and still ``fit``: 0 where
+        those do not fit already."""
+        if not self.fits(low_live, high_live):
+            return 0
+        spare = self.budget_bytes - low_live * self.low.page_bytes - high_live * self.high.page_bytes
+        if low:
+            return min(self.low.pages - low_live, spare // self.low.page_bytes)
+        return min(self.high.pages - high_live, spare // self.high.page_bytes)
+
     def fits_sides(self, full: int, swa: int) -> bool:
         """``fits`` named by side: ``full`` pages of the full pool and
         ``swa`` of the SWA pool, whichever end each grows from."""

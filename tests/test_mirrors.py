@@ -14,6 +14,7 @@ from reference_model import OwnershipModel, invariants
 from reference_model.census import Census
 from reference_model.hisparse import DeviceSide
 from reference_model.mirrors import LANE_MOST, FlagSet, PeerMap, count
+from reference_model.model import FREE, REQUEST
 from reference_model.swa import SWASide
 from state_machines.harness import lockstep
 from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, Lockstep, TensorCensus, ids, rows_to_read
@@ -164,3 +165,18 @@ def test_a_side_pool_s_tensor_census_asks_the_pool_whether_its_free_pages_are_it
     pages = sorted(side.free)
     assert not side.free_in_pool()
     assert TensorCensus(torch.tensor(pages), side).within(side) is Census(pages).within(side) is False
+
+
+def test_a_side_s_counts_are_summed_once_while_it_holds_still():
+    """Inside ``unchanging()`` (one step's checks) ``counts()`` and
+    ``violations()`` share one sum, and a caller's change to the Counter it
+    got reaches no other; after the block a change is counted again."""
+    full, side, _ = _pair()
+    outside = side.counts()
+    with side.unchanging():
+        first = side.counts()
+        first[FREE] += 100
+        assert side.counts() == outside and side.violations() == []
+    full.new_request(row=1, pages=[9])
+    side.take([9], [19])
+    assert side.counts() == outside + Counter({REQUEST: 1}) - Counter({FREE: 1})

@@ -165,3 +165,20 @@ def test_a_twin_given_values_not_integers_leaves_them_to_its_predicate():
     assert not twins.bound_count_is(torch.tensor([-1.0, 1.5]), 1, 2, 1)
     free = torch.arange(TENSOR_CENSUS_PAGES, dtype=torch.float32) + 1.5
     assert twins.census(free, None) == free.tolist()
+
+
+def test_a_universe_is_found_by_identity_and_an_equal_one_shares_its_tensor():
+    """``universe_tensor``: the same pages for an equal universe made anew
+    (each example makes its own), a run of ids read as a slice and a
+    universe with gaps gathered, both as ``t[pages]``."""
+    run = frozenset(range(3, 3 + TENSOR_CENSUS_PAGES))
+    pages = twins.universe_tensor(run)
+    assert twins.universe_tensor(run) is pages
+    assert twins.universe_tensor(frozenset(set(run))) is pages
+    gapped = frozenset(range(0, 2 * TENSOR_CENSUS_PAGES, 2))
+    other = twins.universe_tensor(gapped)
+    assert other.tolist() == sorted(gapped) and pages.tolist() == sorted(run)
+    t = torch.arange(4 * TENSOR_CENSUS_PAGES) * 7
+    for universe in (pages, other):
+        assert torch.equal(twins.at_pages(t, universe), t[universe])
+    assert twins.universe_tensor(frozenset(range(5))) is None

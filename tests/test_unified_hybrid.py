@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from allocators.unified_swa import UnifiedSWAAllocator
 from reference_model.unified_hybrid import (
@@ -137,6 +139,20 @@ def test_the_arena_counts_each_sides_bytes():
     """160 bytes hold 6 pages of both sides (24 bytes a pair) but not 7; 10 full pages alone."""
     arena = Arena(low=FULL, high=SWA)
     assert arena.fits(6, 6) and not arena.fits(7, 7) and arena.fits(10, 0)
+
+
+@given(st.integers(1, 12), st.integers(1, 12), st.integers(1, 40), st.integers(1, 40), st.integers(0, 14),
+       st.integers(0, 14), st.booleans())
+def test_the_arenas_room_is_the_most_pages_that_still_fit(low_pages, high_pages, low_bytes, high_bytes, low_live,
+                                                        high_live, low):
+    """``Arena.room``, in closed form, is what counting up ``fits`` one page at a time finds."""
+    arena = Arena(low=SubPool("low", 1, 1 + low_pages, low_bytes, "up"),
+                  high=SubPool("high", 2, 2 + high_pages, high_bytes, "down"))
+    counted = 0
+    if arena.fits(low_live, high_live):
+        while arena.fits(low_live + (counted + 1) * low, high_live + (counted + 1) * (not low)):
+            counted += 1
+    assert arena.room(low_live, high_live, low=low) == counted
 
 
 # -- admission and the read paths --

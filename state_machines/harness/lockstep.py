@@ -1273,12 +1273,13 @@ class Lockstep:
             census = self._call(f"{pool.prefix}census", read_census, pool.allocator, pool.model)
             available = self._count(f"{pool.prefix}available_size()", pool.allocator.available_size)
             page_size, model = pool.page_size or self.page_size, pool.model
-            for predicate in CHECKS:
-                if timed:
-                    self._judge(predicate, census, available, page_size, model,
-                                name=pool.prefix + predicate.__name__, label=pool.label)
-                elif problem := predicate(census, available, page_size, model):
-                    self._fail(pool.prefix + predicate.__name__, pool.label + problem)
+            with model.unchanging():
+                for predicate in CHECKS:
+                    if timed:
+                        self._judge(predicate, census, available, page_size, model,
+                                    name=pool.prefix + predicate.__name__, label=pool.label)
+                    elif problem := predicate(census, available, page_size, model):
+                        self._fail(pool.prefix + predicate.__name__, pool.label + problem)
             censuses.append(census)
         self.check_joint(censuses)
 

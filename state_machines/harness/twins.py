@@ -14,8 +14,6 @@ viewed in place (``torch.frombuffer``).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, TensorCensus, ids, integral
@@ -34,23 +32,50 @@ def _ints(pages) -> torch.Tensor | None:
     return torch.tensor(list(pages), dtype=torch.int64) if all(type(p) is int for p in pages) else None
 
 
-@functools.lru_cache(maxsize=8)
+# The last few universes and their tensors, matched by identity first: a
+# machine keeps one universe object for an example, so a step's lookup is a
+# pointer compare.  (An lru_cache compared each new example's equal
+# universe with the first's, element by element, on every lookup: 0.2 ms a
+# step at 16,384 pages.)
+_UNIVERSES: list[tuple[frozenset[int], torch.Tensor | None]] = []
+
+
 def universe_tensor(universe: frozenset[int]) -> torch.Tensor | None:
     """The pool's pages, sorted, as int64; None where a Python walk costs
     less than the torch ops (a small pool) or an id is negative."""
+    for known, pages in _UNIVERSES:
+        if known is universe:
+            return pages
     if len(universe) < TENSOR_CENSUS_PAGES or min(universe) < 0:
-        return None
-    return torch.tensor(sorted(universe), dtype=torch.int64)
+        pages = None
+    else:
+        pages = next((t for u, t in _UNIVERSES if u == universe), None)
+        if pages is None:
+            pages = torch.tensor(sorted(universe), dtype=torch.int64)
+    _UNIVERSES.insert(0, (universe, pages))
+    del _UNIVERSES[8:]
+    return pages
+
+
+def at_pages(t: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
+    """``t[pages]`` for ``pages`` a universe (``universe_tensor``: sorted,
+    distinct, each below ``len(t)``): a slice where they are a run of ids,
+    as a pool's usually are, else one ``index_select`` (advanced indexing
+    costs twice that)."""
+    n = pages.numel()
+    if n and int(pages[-1]) - int(pages[0]) + 1 == n:
+        return t[int(pages[0]) : int(pages[0]) + n]
+    return t.index_select(0, pages)
 
 
 def live_mask(pages: torch.Tensor, free_flags) -> torch.Tensor | None:
-    """Per page of ``pages``, whether it is live (not free) by the model's
-    ``free_flags`` (1 per free page id); None without flags."""
+    """Per page of ``pages`` (a universe), whether it is live (not free) by
+    the model's ``free_flags`` (1 per free page id); None without flags."""
     if not free_flags:
         return None
     flags = torch.frombuffer(free_flags, dtype=torch.int64)
-    if not pages.numel() or int(pages.max()) < len(flags):
-        return flags.index_select(0, pages) != 1
+    if not pages.numel() or int(pages[-1]) < len(flags):
+        return at_pages(flags, pages) != 1
     free = torch.zeros(pages.numel(), dtype=torch.bool)
     inside = pages < len(flags)
     free[inside] = flags[pages[inside]] == 1
@@ -66,6 +91,12 @@ def census(pages: torch.Tensor, model) -> TensorCensus | list[int]:
     return TensorCensus(cpu(pages), model)
 
 
+def live_pages(v2p: torch.Tensor, pages: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """The physical pages ``v2p`` binds the live ones of ``pages`` (a
+    universe, each below ``len(v2p)``) to, in the order of ``pages``."""
+    return at_pages(cpu(v2p), pages).masked_select(live)
+
+
 def page_table_holds(pool, v2p: torch.Tensor, p2v: torch.Tensor, pages: torch.Tensor, live: torch.Tensor) -> bool:
     """``unified_page_table_bijective``'s twin, over ``pages`` (the
     universe) with ``live`` its mask: exactly the live pages are bound,
@@ -74,31 +105,33 @@ def page_table_holds(pool, v2p: torch.Tensor, p2v: torch.Tensor, pages: torch.Te
     if not (integral(v2p) and integral(p2v)):
         return False
     v2p, p2v = cpu(v2p), cpu(p2v)
-    if pages.numel() and int(pages.max()) >= len(v2p):
+    if pages.numel() and int(pages[-1]) >= len(v2p):
         return False
-    physical = v2p[pages]
+    physical = at_pages(v2p, pages)
     if not torch.equal(physical != -1, live):
         return False
-    bound, virtual = physical[live], pages[live]
+    bound, virtual = physical.masked_select(live), pages.masked_select(live)
     if bound.numel():
-        if int(bound.min()) < pool.first or int(bound.max()) >= pool.end:
+        lo, hi = torch.aminmax(bound)
+        if int(lo) < pool.first or int(hi) >= pool.end:
             return False
-        if torch.unique(bound).numel() != bound.numel():
-            return False
-        paired = bound < len(p2v)
-        if not torch.equal(p2v[bound[paired]], virtual[paired]):
-            return False
-    inner = p2v[1:-1]
-    named = inner != -1
-    names = inner[named]
-    if not names.numel():
-        return True
-    if int(names.min()) < 0 or int(names.max()) >= len(v2p):
-        return False
-    in_universe = torch.zeros(len(v2p), dtype=torch.bool)
-    in_universe[pages] = True
-    at = torch.arange(1, len(p2v) - 1)[named]
-    return bool(in_universe[names].all()) and torch.equal(v2p[names], at)
+        if int(hi) < len(p2v):
+            # Each bound page names its own virtual page back, and the
+            # virtual pages are distinct: so are the bound pages.
+            if not torch.equal(p2v.index_select(0, bound), virtual):
+                return False
+        else:
+            paired = bound < len(p2v)
+            if not torch.equal(p2v[bound[paired]], virtual[paired]):
+                return False
+            rest = bound[~paired]
+            if torch.unique(rest).numel() != rest.numel():
+                return False
+    # No stray name: every bound page inside p2v's inner range names its
+    # virtual page back (above), so the inner pages naming any virtual page
+    # are exactly those when, and only when, there are as many of them.
+    named = int((p2v[1:-1] != -1).sum())
+    return named == int(((bound >= 1) & (bound < len(p2v) - 1)).sum())
 
 
 def compacted_holds(pool, physical: torch.Tensor, allocated_tokens: int, page_size: int) -> bool:
@@ -119,10 +152,10 @@ def read_path_holds(got: torch.Tensor, v2p: torch.Tensor, pages: torch.Tensor, l
     if not (integral(got) and integral(v2p)):
         return False
     v2p, ps = cpu(v2p), page_size
-    if pages.numel() and int(pages.max()) >= len(v2p):
+    if pages.numel() and int(pages[-1]) >= len(v2p):
         return False
     offsets = torch.arange(ps)
-    want = torch.where(live[:, None], v2p[pages][:, None] * ps + offsets, 0).reshape(-1)
+    want = torch.where(live[:, None], at_pages(v2p, pages)[:, None] * ps + offsets, 0).reshape(-1)
     got = cpu(got)
     return got.numel() == want.numel() and torch.equal(got, want)
 
@@ -182,23 +215,30 @@ def tables_hold(v2p: torch.Tensor, p2v: torch.Tensor, first: int, num_pages: int
     mapped = (v2p[:rows] != -1) & (virtual >= first)
     if not torch.equal(mapped, live):
         return False
-    pages, names = v2p[:rows][mapped], virtual[mapped]
+    pages, names = v2p[:rows].masked_select(mapped), virtual.masked_select(mapped)
     if pages.numel():
-        if int(pages.min()) < first or int(pages.max()) >= min(num_pages, len(p2v)):
+        lo, hi = torch.aminmax(pages)
+        if int(lo) < first or int(hi) >= min(num_pages, len(p2v)):
             return False
-        if torch.unique(pages).numel() != pages.numel() or not torch.equal(p2v[pages], names):
+        # Each mapped page names its own virtual page back, and the virtual
+        # pages are distinct: so are the pages.
+        if not torch.equal(p2v.index_select(0, pages), names):
             return False
-    bound = bound_pages(p2v, first, num_pages)
-    named = p2v[bound]
-    if named.numel() and (int(named.min()) < 0 or int(named.max()) >= rows):
-        return False
-    return torch.equal(v2p[named], bound)
+    # Every mapped page is bound (it names its virtual page), so the bound
+    # pages are exactly the mapped ones, each naming one that maps back to
+    # it, when, and only when, there are as many.
+    return bound_count(p2v, first, num_pages) == pages.numel()
 
 
 def bound_count_is(p2v: torch.Tensor, first: int, num_pages: int, held: int) -> bool:
     """``physical_frees_match_logical``'s twin: as many pages bound
     (``PageTables.bound()``) as the model holds virtual pages (``held``)."""
-    return integral(p2v) and bound_pages(p2v, first, num_pages).numel() == held
+    return integral(p2v) and bound_count(p2v, first, num_pages) == held
+
+
+def bound_count(p2v: torch.Tensor, first: int, num_pages: int) -> int:
+    """How many ``bound_pages`` there are, without listing them."""
+    return int((cpu(p2v)[:num_pages][max(first, 0):] != -1).sum())
 
 
 def bound_pages(p2v: torch.Tensor, first: int, num_pages: int) -> torch.Tensor:

@@ -18,6 +18,8 @@ as no H2D copy was queued).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import torch
 from attrs import define, field
@@ -75,17 +77,17 @@ def free_empty(state: Lockstep, segment: bool) -> None:
         state._call("free(empty)", state.allocator.free, view)
 
 
-def judge_reader_views(state: Lockstep, allocator, universe, live: set[int], pool=None) -> None:
+def judge_reader_views(state: Lockstep, allocator, universe, live: Callable[[], set[int]], pool=None) -> None:
     """What a forward and the invariant checker read off a pool with page
     tables, where it has the method: ``is_slot_allocated`` of each virtual
-    page's first token (live exactly) and ``translate_kv_loc`` of its first
-    and last token (through ``pool``'s v2p, ``allocator``'s own by default;
-    an unmapped page to the sink 0)."""
+    page's first token (exactly the ``live()`` pages) and
+    ``translate_kv_loc`` of its first and last token (through ``pool``'s
+    v2p, ``allocator``'s own by default; an unmapped page to the sink 0)."""
     pool = allocator if pool is None else pool
     ps = state.page_size
     if callable(allocated := getattr(allocator, "is_slot_allocated", None)):
         said = {v: bool(state._call(f"is_slot_allocated({v * ps})", allocated, v * ps)) for v in sorted(universe)}
-        state._judge(ru.slot_allocated_agrees, said, live)
+        state._judge(ru.slot_allocated_agrees, said, live())
     if callable(translate := getattr(allocator, "translate_kv_loc", None)):
         probes = [v * ps + o for v in sorted(universe) for o in sorted({0, ps - 1})]
         got = ids(state._call("translate_kv_loc()", translate, torch.tensor(probes, dtype=torch.int64)))
@@ -275,7 +277,7 @@ class UnifiedLockstep(FreesNothing, Clears, Lockstep):
         own = getattr(a, "_byte_accounting_violations", None)
         if callable(own):
             self._judge(ru.allocator_accounting_clean, self._call("_byte_accounting_violations()", own))
-        judge_reader_views(self, a, self.model.owner.keys(), live)
+        judge_reader_views(self, a, self.model.owner.keys(), lambda: live)
         # What kv_follows_mapping reads: the bounds and v2p, where the twins left the rows unread.
         self._write_kv(tables if tables.v2p else attrs.evolve(tables, v2p=tuple(ids(v2p))), live)
 

@@ -35,7 +35,6 @@ instead of a free list per pool:
 
 from __future__ import annotations
 
-import bisect
 import inspect
 
 import torch
@@ -113,7 +112,7 @@ def judge_tables(state: Lockstep, name: str, pool: SubPool, sub, live: LiveSets,
     pages, mask = live.pages, live.mask(side)
     if mask is not None and state._twin_holds(unified_page_table_bijective, lambda: twins.page_table_holds(
             pool, sub.virtual_to_physical, sub.physical_to_virtual, pages, mask)):
-        physical = twins.cpu(sub.virtual_to_physical)[pages[mask]]
+        physical = twins.live_pages(sub.virtual_to_physical, pages, mask)
     else:
         v2p, p2v = ids(sub.virtual_to_physical), ids(sub.physical_to_virtual)
         state._judge(unified_page_table_bijective, pool, v2p, p2v, live[side], set(live.universe),
@@ -370,15 +369,14 @@ class UnifiedSWALockstep(FreesNothing, Clears, SWALockstep):
                           lambda: twins.census(a.full_attn_allocator.free_virtual_ids, self.model))
         if pages is not None:
             v2p = self._call("SWA census (virtual_to_physical == -1)", lambda: a.swa_attn_allocator.virtual_to_physical)
-            if integral(v2p) and int(pages.max()) < v2p.numel():
-                return [full, twins.census(pages[twins.cpu(v2p)[pages] == -1], self.swa)]
+            if integral(v2p) and int(pages[-1]) < v2p.numel():
+                return [full, twins.census(pages.masked_select(twins.at_pages(twins.cpu(v2p), pages) == -1), self.swa)]
         return [full, self._call("SWA census (virtual_to_physical == -1)", self._swa_census)]
 
-    def _live(self) -> tuple[set[int], set[int]]:
-        """The model's live virtual pages of the full side and of the SWA side."""
-        full = self.universe - self.model.free_pages
-        swa = self.universe - self.swa.free_pages
-        return full, swa
+    def _held(self) -> tuple[int, int]:
+        """How many virtual pages the model holds live on the full side and
+        on the SWA side (each side's pages are the universe)."""
+        return len(self.universe) - self.model.num_free, len(self.universe) - self.swa.num_free
 
     def check_joint(self, censuses: list[Census | list[int]]) -> None:
         a = self.allocator
@@ -446,7 +444,7 @@ class UnifiedSWALockstep(FreesNothing, Clears, SWALockstep):
         a, ps = self.allocator, self.page_size
         if self.float_chain:
             swa = min(swa, full)
-        live_full, live_swa = (len(x) for x in self._live())
+        live_full, live_swa = self._held()
         demand = Demand(full, swa, live_full, live_swa, len(self.universe),
                         min(evict_full, live_full), min(evict_swa, live_swa))
         ft, st, ef, es = full * ps, swa * ps, demand.evict_full * ps, demand.evict_swa * ps
@@ -550,7 +548,7 @@ class UnifiedSWALockstep(FreesNothing, Clears, SWALockstep):
             tree = _EvictingTree(self)
             what = f"evict_to_free_tokens(tree, {full * ps})"
             got = self._call(what, a.evict_to_free_tokens, tree, full * ps)
-            live_full, live_swa = (len(x) for x in self._live())
+            live_full, live_swa = self._held()
             fits = Demand(full, full, live_full, live_swa, len(self.universe)).fits(self.arena)
             self._judge(unified_admission_sound, f"{what}, after evicting {tree.evicted}", bool(got), fits)
             if callable(getattr(a, "full_tokens_before_mamba_recheck", None)):
@@ -561,7 +559,7 @@ class UnifiedSWALockstep(FreesNothing, Clears, SWALockstep):
             elif callable(getattr(a, "prepare_mamba_allocation", None)):
                 self._call(f"prepare_mamba_allocation({swa})", a.prepare_mamba_allocation, swa)
             return
-        live_full, live_swa = (len(x) for x in self._live())
+        live_full, live_swa = self._held()
         fits = Demand(full, swa, live_full, live_swa, len(self.universe)).fits(self.arena)
         what = f"reclaim_for_prealloc(chunk cache, {full * ps}, {swa * ps})"
         shortfall = self._call(what, a.reclaim_for_prealloc, _TreeStandIn(0, 0, shares=False), full * ps, swa * ps)
@@ -589,8 +587,8 @@ class UnifiedSWALockstep(FreesNothing, Clears, SWALockstep):
         return self._short_sides(pages, pages if self.swa_need is None else self.swa_need)
 
     def _short_sides(self, full_pages: int, swa_pages: int) -> bool:
-        full, swa = self._live()
-        return self.model.num_free < full_pages or not self.arena.fits_sides(len(full) + full_pages, len(swa) + swa_pages)
+        full, swa = self._held()
+        return self.model.num_free < full_pages or not self.arena.fits_sides(full + full_pages, swa + swa_pages)
 
     @step
     def extend_swa_tail(self, req: ReqRef, tokens: int, tail: int) -> None:
@@ -814,11 +812,10 @@ class UnifiedMambaLockstep(FreesNothing, Clears, Lockstep):
         if callable(verify := getattr(a, "verify_byte_accounting", None)):
             self._judge(ru.allocator_accounting_clean, self._call("verify_byte_accounting()", verify),
                         name="composite_accounting_clean")
-        full_live = set(self.universe) - self.model.free_pages
-        full_room = self._room(self.model.num_free, lambda k: self._fits(k, 0))
+        full_room = self._full_room()
         if hasattr(a, "full_available_size"):
             available = self._count("available_size()", a.available_size)
-            self._judge(ru.size_balances, self._count("size", lambda: a.size), available, len(full_live) * ps)
+            self._judge(ru.size_balances, self._count("size", lambda: a.size), available, self._held()[0] * ps)
             self._judge(ru.capacity_view_within_room, "available_size()", available, full_room * ps)
             full_view = self._count("full_available_size()", a.full_available_size)
             self._judge(ru.capacity_view_within_room, "full_available_size()", full_view, full_room * ps)
@@ -827,7 +824,7 @@ class UnifiedMambaLockstep(FreesNothing, Clears, Lockstep):
             self._judge(ru.capacity_view_within_room, "Mamba schedulable_available_size()",
                         self._count("mamba schedulable_available_size()", sched), self._mamba_room(),
                         name="mamba_capacity_view_within_room")
-        judge_reader_views(self, a, self.universe, full_live, pool=a.full_attn_allocator)
+        judge_reader_views(self, a, self.universe, lambda: self.universe - self.model.free, pool=a.full_attn_allocator)
         if callable(write := getattr(a, "translate_write_loc", None)):
             # The forward writes out_cache_loc through it: one GPU, the same page tables as reads.
             probes = [v * self.page_size for v in sorted(self.universe)]
@@ -850,16 +847,19 @@ class UnifiedMambaLockstep(FreesNothing, Clears, Lockstep):
     def _short(self, pages: int) -> bool:
         return self.model.num_free < pages or not self._fits(pages, 0)
 
-    @staticmethod
-    def _room(most: int, fits) -> int:
-        """The most ``k`` of ``0..most`` with ``fits(k)``: fits holds up to
-        some ``k`` and not past it, so a bisection finds it exactly, in
-        log(most) calls (counting up took 33 ms a step on a pool of 16,384
-        slots)."""
-        return bisect.bisect_left(range(1, most + 1), True, key=lambda k: not fits(k))
+    def _full_room(self) -> int:
+        """The most pages the full side can take now: free ids that the arena holds."""
+        return min(self.model.num_free, self._arena_room(full=True))
 
     def _mamba_room(self) -> int:
-        return self._room(self.mamba.num_free, lambda k: self._fits(0, k))
+        """The most slots the Mamba side can take now."""
+        return min(self.mamba.num_free, self._arena_room(full=False))
+
+    def _arena_room(self, *, full: bool) -> int:
+        f, m = self._held()
+        if self.arena.low.name.startswith("full"):
+            return self.arena.room(f, m, low=full)
+        return self.arena.room(m, f, low=not full)
 
     # -- Mamba steps --
 

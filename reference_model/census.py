@@ -59,6 +59,13 @@ class Census:
         ``set(pages) <= model.owner.keys()``."""
         return self.distinct() <= model.owner.keys()
 
+    def change(self, model) -> tuple[list[int], list[int]]:
+        """Against the model's free pages, each sorted: those not listed,
+        and the pages listed that are not free in the model (what a step
+        the model has not followed yet took and gave back)."""
+        listed = self.distinct()
+        return sorted(model.free - listed), sorted(listed - model.free)
+
 
 def as_census(census: Census | Iterable[int]) -> Census:
     """``census`` itself, or a ``Census`` of the page list it is."""

@@ -55,6 +55,18 @@ def test_tensor_census_answers_each_question_as_the_plain_one(held, repeated):
         plain.repeats(), plain.num_distinct(), plain.lists_free_of(model), plain.within(model))
 
 
+@given(held=st.sets(st.integers(1, POOL), max_size=10),
+       census=st.lists(st.integers(-1, POOL + 3), max_size=60))
+def test_tensor_census_tells_what_changed_hands_as_the_plain_one(held, census):
+    """``change``: the model's free pages the census lacks and the pages it
+    lists the model holds (or lacks), from the flags as from the sets."""
+    model = _model(held)
+    tensor = TensorCensus(torch.tensor(census, dtype=torch.int64), model)
+    listed = set(census)
+    assert tensor.change(model) == Census(census).change(model) == (
+        sorted(model.free - listed), sorted(listed - model.free))
+
+
 def test_a_census_listing_each_free_page_once_is_judged_in_torch():
     """The fast path is taken on a healthy census (in any order), and not on
     one with a repeat, a missing page or a held page."""

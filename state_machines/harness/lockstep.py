@@ -241,6 +241,18 @@ class TensorCensus(Census):
     def lists_free_of(self, model) -> bool:
         return True if model is self._model and self.exact() else super().lists_free_of(model)
 
+    def change(self, model) -> tuple[list[int], list[int]]:
+        # Per id, from the model's free flags: no set of the pool is built.
+        flags, t = getattr(model, "free_flags", None), self._tensor
+        if not flags or (t.numel() and int(t.min()) < 0):
+            return super().change(model)
+        n = max(len(flags), int(t.max()) + 1 if t.numel() else 0)
+        listed = torch.bincount(t, minlength=n) > 0
+        free = torch.zeros(n, dtype=torch.bool)
+        free[: len(flags)] = torch.frombuffer(flags, dtype=torch.int64) == 1
+        return (torch.nonzero(free & ~listed).reshape(-1).tolist(),
+                torch.nonzero(listed & ~free).reshape(-1).tolist())
+
     def within(self, model) -> bool:
         # The model's free pages are keys of its owner map (OwnerMap.free);
         # a side pool's says whether its are inside its pool (``free_in_pool``).

@@ -21,7 +21,7 @@ from attrs import define
 
 from reference_model import invariants
 from reference_model.mamba import MambaModel
-from state_machines.harness.lockstep import Lockstep, census_of
+from state_machines.harness.lockstep import Lockstep, census_of, read_census
 from state_machines.harness.machines import MAX_PAGES, FreeGroupMachine, _pick, draws
 from state_machines.harness.steps import step
 
@@ -57,11 +57,11 @@ class MambaLockstep(Lockstep):
         """``alloc_group_begin(n)``: pre-allocate ``n`` slots (a prefill
         batch's waiting requests) that ``alloc(1)`` then hands out; with
         fewer than ``n`` free, none (or at most the free ones)."""
-        before = self.model.free_pages
+        free = self.model.num_free
         self._call(f"alloc_group_begin({n})", self.allocator.alloc_group_begin, n)
-        after = set(self._call("census", census_of, self.allocator))
-        self._judge(invariants.alloc_group_reserves, n, sorted(before - after), sorted(after - before), len(before))
-        self.model.group_begin(sorted(before - after))
+        taken, back = self._call("census", read_census, self.allocator, self.model).change(self.model)
+        self._judge(invariants.alloc_group_reserves, n, taken, back, free)
+        self.model.group_begin(taken)
 
     @step
     def alloc_group_end(self) -> None:

@@ -42,7 +42,7 @@ from attrs import define, field
 
 from reference_model import CHECKS, OwnershipModel, SWASide, invariants
 from reference_model import unified as ru
-from reference_model.census import Census
+from reference_model.census import Census, as_census
 from reference_model.invariants import available_size_agrees
 from reference_model.mamba import MambaModel
 from reference_model.unified import allocator_accounting_clean, physical_pages_owned_once, span_within_arena
@@ -900,13 +900,12 @@ class UnifiedMambaLockstep(FreesNothing, Clears, Lockstep):
     def mamba_group_begin(self, n: int) -> None:
         """``alloc_group_begin(n)``: pre-allocate ``n`` slots, or none when
         the arena cannot hold them."""
-        before = self.mamba.free_pages
         room = self._mamba_room()
         self._call(f"mamba alloc_group_begin({n})", self.allocator.mamba_slots.alloc_group_begin, n)
-        after = set(self._call("mamba census", self._mamba_census))
-        self._judge(invariants.alloc_group_reserves, n, sorted(before - after), sorted(after - before), room,
-                    name="mamba_alloc_group_reserves")
-        self.mamba.group_begin(sorted(before - after))
+        census = self._call("mamba census", lambda: twins.census(self.allocator.mamba_allocator.free_virtual_ids, self.mamba))
+        taken, back = as_census(census).change(self.mamba)
+        self._judge(invariants.alloc_group_reserves, n, taken, back, room, name="mamba_alloc_group_reserves")
+        self.mamba.group_begin(taken)
 
     @step
     def mamba_group_end(self) -> None:

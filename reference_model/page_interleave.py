@@ -16,7 +16,7 @@ showing the allocator's side, then the model's.
 
 from __future__ import annotations
 
-from reference_model.model import OwnershipModel
+from reference_model.model import FREE, KIND_CODES, OwnershipModel
 
 
 def owner_class(page: int, shard_size: int) -> int:
@@ -41,11 +41,13 @@ def class_counts(start_class: int, new_pages: int, shard_size: int) -> list[int]
 
 
 def class_free_counts(model: OwnershipModel, shard_size: int) -> list[int]:
-    """Free pages per class, read off the model's free set (its per-id
-    flags, one strided slice a class, where the model keeps them)."""
-    flags = model.free_flags
-    if flags is not None:
-        return [flags[c::shard_size].count(1) for c in range(shard_size)]
+    """Free pages per class, read off the model's free set (its owner
+    map's per-id kind codes, one strided slice a class counted in C, where
+    the model keeps them)."""
+    codes = getattr(model.owner, "codes", None)
+    if codes is not None:
+        free = bytes([KIND_CODES[FREE]])
+        return [codes[c::shard_size].count(free) for c in range(shard_size)]
     counts = [0] * shard_size
     for page in model.free:
         counts[owner_class(page, shard_size)] += 1

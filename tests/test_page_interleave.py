@@ -142,10 +142,10 @@ def test_class_free_counts_read_the_model_free_set():
 
 
 @given(st.sets(st.integers(0, 200), min_size=1), st.sets(st.integers(0, 200)), st.integers(1, 5))
-def test_class_free_counts_from_the_flags_are_the_free_set_s(pages, held, shard_size):
-    """Counted off the model's per-id flags, as off its free set."""
+def test_class_free_counts_from_the_codes_are_the_free_set_s(pages, held, shard_size):
+    """Counted off the model's per-id kind codes, as off its free set."""
     model = OwnershipModel.from_census(sorted(pages))
     if held & pages:
         model.new_request(row=0, pages=sorted(held & pages))
     want = [sum(1 for p in model.free if p % shard_size == c) for c in range(shard_size)]
-    assert model.free_flags is not None and pi.class_free_counts(model, shard_size) == want
+    assert model.owner.codes is not None and pi.class_free_counts(model, shard_size) == want

@@ -182,3 +182,11 @@ def test_a_universe_is_found_by_identity_and_an_equal_one_shares_its_tensor():
     for universe in (pages, other):
         assert torch.equal(twins.at_pages(t, universe), t[universe])
     assert twins.universe_tensor(frozenset(range(5))) is None
+
+
+@given(st.lists(st.lists(st.integers(0, 40), max_size=8), max_size=5), st.integers(1, 6))
+def test_the_class_twin_holds_exactly_where_its_predicate_does(lists, shard_size):
+    """``classes_hold`` over any lists, in one pass: True exactly where
+    ``free_pages_in_own_class`` finds no stray."""
+    tensors = [torch.tensor(pages, dtype=torch.int64) for pages in lists]
+    assert twins.classes_hold(tensors, shard_size) is (pi.free_pages_in_own_class(lists, shard_size) is None)

@@ -6,7 +6,7 @@ from array import array
 from collections import Counter
 from contextlib import nullcontext
 from functools import lru_cache
-from operator import attrgetter
+from operator import attrgetter, countOf
 
 from attrs import define, field, frozen
 
@@ -87,22 +87,26 @@ class OwnerMap(dict):
             return
         # Built once per example, for every page of the pool: C-level passes
         # (map, set, Counter, slices) wherever the pages allow.
-        kinds = Counter(map(attrgetter("kind"), dict.values(self)))
-        self.kinds: dict[str, int] = dict(kinds)
-        if set(kinds) <= {FREE}:
-            self.free: set[int] = set(dict.keys(self))
+        keys = dict.keys(self)
+        if countOf(dict.values(self), FREE_OWNER) == len(self):
+            # Every page free (a fresh pool's, a clear's): one owner, by identity.
+            self.kinds: dict[str, int] = {FREE: len(self)}
+            self.free: set[int] = set(keys)
+            self.held: set[int] = set()
         else:
+            self.kinds = dict(Counter(map(attrgetter("kind"), dict.values(self))))
             self.free = {p for p, who in dict.items(self) if who.kind == FREE}
-        self.held: set[int] = dict.keys(self) - self.free
+            self.held = keys - self.free
         self.flags: array | None = None
         self.codes: bytearray | None = None
-        if set(map(type, dict.keys(self))) <= {int} and (not self or min(self) >= 0):
-            top = max(self, default=-1)
+        if set(map(type, keys)) <= {int} and min(self) >= 0:
+            top = max(self)
             if top < limit(len(self)):
                 flags = array("q", bytes(8 * (top + 1)))
                 codes = bytearray(top + 1)
-                low = min(self.free, default=0)
-                if self.free and max(self.free) - low + 1 == len(self.free):
+                low = min(self.free, default=0) if self.held else min(self)
+                high = max(self.free, default=-1) if self.held else top
+                if self.free and high - low + 1 == len(self.free):
                     # A run of free ids (a fresh pool's): one slice assignment.
                     flags[low : low + len(self.free)] = array("q", [1]) * len(self.free)
                     codes[low : low + len(self.free)] = bytes([_FREE_CODE]) * len(self.free)
@@ -201,7 +205,7 @@ class OwnershipModel:
 
     @classmethod
     def from_census(cls, free_pages: list[int], *, defers_frees: bool = True) -> OwnershipModel:
-        return cls(owner={p: FREE_OWNER for p in free_pages}, ledger=Ledger(len(free_pages), defers=defers_frees))
+        return cls(owner=dict.fromkeys(free_pages, FREE_OWNER), ledger=Ledger(len(free_pages), defers=defers_frees))
 
     @property
     def defers_frees(self) -> bool:
@@ -264,7 +268,7 @@ class OwnershipModel:
         with nothing live): ownership and counts start again; request and
         entry numbers go on, so a trace never names one twice."""
         assert not self.requests and not self.cache and self.ledger.group is None, "a rebuild with something live"
-        self.owner = OwnerMap({p: FREE_OWNER for p in free_pages})
+        self.owner = OwnerMap(dict.fromkeys(free_pages, FREE_OWNER))
         self.ledger = Ledger(len(free_pages), defers=self.ledger.defers)
 
     def clear(self) -> None:

@@ -160,6 +160,15 @@ def read_path_holds(got: torch.Tensor, v2p: torch.Tensor, pages: torch.Tensor, l
     return got.numel() == want.numel() and torch.equal(got, want)
 
 
+def int_view(t: torch.Tensor):
+    """``t``'s values, flat, as a sequence of Python ints without a copy
+    (a memoryview of its int64 buffer: reading an entry makes an int);
+    its list where it holds something else."""
+    if not integral(t):
+        return ids(t)
+    return memoryview(cpu(t).contiguous().numpy())
+
+
 def tokens_of(pages: torch.Tensor, page_size: int) -> torch.Tensor:
     """Every token of ``pages``, in order: ``v * page_size + k``."""
     return (pages[:, None] * page_size + torch.arange(page_size)).reshape(-1)
@@ -214,13 +223,16 @@ def tables_hold(v2p: torch.Tensor, p2v: torch.Tensor, first: int, num_pages: int
     held = torch.frombuffer(codes, dtype=torch.uint8) >= 2 if len(codes) else torch.zeros(0, dtype=torch.bool)
     if bool(held[rows:].any()):
         return False
-    live = torch.zeros(rows, dtype=torch.bool)
-    live[: min(rows, len(held))] = held[:rows]
-    virtual = torch.arange(rows)
-    mapped = (v2p[:rows] != -1) & (virtual >= first)
+    if len(held) >= rows:
+        live = held[:rows]
+    else:
+        live = torch.zeros(rows, dtype=torch.bool)
+        live[: len(held)] = held
+    mapped = v2p[:rows] != -1
+    mapped[: max(first, 0)] = False
     if not torch.equal(mapped, live):
         return False
-    pages, names = v2p[:rows].masked_select(mapped), virtual.masked_select(mapped)
+    pages, names = v2p[:rows].masked_select(mapped), torch.nonzero(mapped).reshape(-1)
     if pages.numel():
         lo, hi = torch.aminmax(pages)
         if int(lo) < first or int(hi) >= min(num_pages, len(p2v)):
@@ -249,6 +261,5 @@ def bound_count(p2v: torch.Tensor, first: int, num_pages: int) -> int:
 def bound_pages(p2v: torch.Tensor, first: int, num_pages: int) -> torch.Tensor:
     """``PageTables.bound()``'s pages: those from ``first`` below
     ``num_pages`` whose ``p2v`` names a virtual page."""
-    p2v = cpu(p2v)[:num_pages]
-    pages = torch.nonzero(p2v != -1).reshape(-1)
-    return pages[pages >= first]
+    low = max(first, 0)
+    return torch.nonzero(cpu(p2v)[:num_pages][low:] != -1).reshape(-1) + low

@@ -278,8 +278,9 @@ class UnifiedLockstep(FreesNothing, Clears, Lockstep):
         if callable(own):
             self._judge(ru.allocator_accounting_clean, self._call("_byte_accounting_violations()", own))
         judge_reader_views(self, a, self.model.owner.keys(), lambda: live)
-        # What kv_follows_mapping reads: the bounds and v2p, where the twins left the rows unread.
-        self._write_kv(tables if tables.v2p else attrs.evolve(tables, v2p=tuple(ids(v2p))), live)
+        # What kv_follows_mapping reads: the bounds and v2p, where the twins
+        # left the rows unread (a view: it reads the live pages' entries only).
+        self._write_kv(tables if tables.v2p else attrs.evolve(tables, v2p=twins.int_view(v2p)), live)
 
     def _write_kv(self, tables: ru.PageTables, live: set[int]) -> None:
         """Judge the KV of pages written before, then write it for pages

@@ -179,6 +179,8 @@ class SWASide:
         if mirrors.lanes(self.free.bits, *self._held_lanes(), queued_lanes) != self._universe_lanes:
             return None
         mapped = int.from_bytes(self.mapping.mapped, "little")
+        # Only the mapped ids' codes matter: past the map's last id, none.
+        codes = codes[: len(self.mapping.mapped)]
         kinds = {kind: (mapped & int.from_bytes(codes.translate(_ONE_WHERE[kind]), "little")).bit_count() for kind in _ONE_WHERE}
         if kinds[REQUEST] + kinds[CACHE] != len(self.mapping):
             return None

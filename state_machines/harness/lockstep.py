@@ -303,22 +303,30 @@ def rows_to_read(got: torch.Tensor, page_size: int, full, side, *, sentinel: boo
     if sentinel and int(got[-1]) != -1:
         return None
     k = min(len(mapped), n + 1)
-    live = torch.zeros(n + 1, dtype=torch.bool)
-    peer = torch.zeros(n + 1, dtype=torch.int64)
-    if k:
-        # Zero-copy views: the model stays torch-free.
-        live[:k] = torch.frombuffer(mapped, dtype=torch.uint8)[:k].bool()
-        peer[:k] = torch.frombuffer(peers, dtype=torch.int64)[:k]
-    want = torch.where(live[:, None], peer[:, None] * ps + torch.arange(ps), 0)
+    # Zero-copy views: the model stays torch-free.
+    if k == n + 1:
+        live = torch.frombuffer(mapped, dtype=torch.uint8)[:k].bool()
+        peer = torch.frombuffer(peers, dtype=torch.int64)[:k]
+    else:
+        live = torch.zeros(n + 1, dtype=torch.bool)
+        peer = torch.zeros(n + 1, dtype=torch.int64)
+        if k:
+            live[:k] = torch.frombuffer(mapped, dtype=torch.uint8)[:k].bool()
+            peer[:k] = torch.frombuffer(peers, dtype=torch.int64)[:k]
+    if ps == 1:
+        want = torch.where(live, peer, 0)[:, None]
+    else:
+        want = torch.where(live[:, None], peer[:, None] * ps + torch.arange(ps), 0)
     for page, fill in side.filled.items():
         if type(page) is int and 0 <= page <= n and fill < ps:
             want[page, max(fill, 0):] = 0
     rows = got[: (n + 1) * ps].view(n + 1, ps)
-    differ = (rows[1:] != want[1:]).any(1).nonzero().flatten().add(1).tolist()
+    differ = rows[1:] != want[1:]
+    differ = (differ if ps == 1 else differ.any(1, keepdim=True)).nonzero()[:, 0].add(1).tolist()
     if free_census is not None and (flags := side.free_flags):
-        held = peer[live]
-        held = held[held < len(flags)]
-        if held.numel() and bool(torch.frombuffer(flags, dtype=torch.int64)[held].any()):
+        held = peer.masked_select(live)
+        held = held.masked_select(held < len(flags))
+        if held.numel() and bool(torch.frombuffer(flags, dtype=torch.int64).index_select(0, held).any()):
             return None
     return differ
 

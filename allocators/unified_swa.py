@@ -271,8 +271,11 @@ class UnifiedSWAAllocator:
     def _translate(self, sub: ArenaSubPool, loc: torch.Tensor) -> torch.Tensor:
         """Token ids through ``sub``'s page table; an unbound page reads the sink 0."""
         ps = self.page_size
-        phys = sub.virtual_to_physical[loc // ps]
-        return torch.where(phys > 0, phys * ps + loc % ps, torch.zeros_like(loc))
+        if ps == 1:
+            phys = sub.virtual_to_physical.index_select(0, loc.reshape(-1)).reshape(loc.shape)
+            return torch.where(phys > 0, phys, 0)
+        phys = sub.virtual_to_physical.index_select(0, (loc // ps).reshape(-1)).reshape(loc.shape)
+        return torch.where(phys > 0, phys * ps + loc % ps, 0)
 
     def translate_kv_loc(self, loc: torch.Tensor) -> torch.Tensor:
         return self._translate(self.full_attn_allocator, loc)

@@ -190,3 +190,4 @@ def test_the_class_twin_holds_exactly_where_its_predicate_does(lists, shard_size
     ``free_pages_in_own_class`` finds no stray."""
     tensors = [torch.tensor(pages, dtype=torch.int64) for pages in lists]
     assert twins.classes_hold(tensors, shard_size) is (pi.free_pages_in_own_class(lists, shard_size) is None)
+

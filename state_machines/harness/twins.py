@@ -140,8 +140,15 @@ def compacted_holds(pool, physical: torch.Tensor, allocated_tokens: int, page_si
     if not integral(physical):
         return False
     band = pool.band(physical.numel())
-    return (allocated_tokens == physical.numel() * page_size
-            and torch.equal(torch.sort(physical).values, torch.arange(band.start, band.stop)))
+    if allocated_tokens != physical.numel() * page_size:
+        return False
+    if not physical.numel():
+        return True
+    lo, hi = torch.aminmax(physical)
+    if int(lo) < band.start or int(hi) >= band.stop:
+        return False
+    # As many pages as the band, all inside it: the band when none repeats.
+    return bool((torch.bincount(physical - band.start, minlength=len(band)) == 1).all())
 
 
 def read_path_holds(got: torch.Tensor, v2p: torch.Tensor, pages: torch.Tensor, live: torch.Tensor,
@@ -183,16 +190,22 @@ def roles_hold(p2v: torch.Tensor, first: int, num_pages: int, span: tuple[int, i
     others = [_ints(o) for o in others]
     if any(o is None for o in others):
         return False
-    roles = torch.cat([bound_pages(p2v, first, num_pages), *(cpu(o) for o in others)])
-    if roles.numel() and int(roles.min()) < 0:
-        return False
     lo, hi = span
     if lo < 0 or hi < 0:
         return False
-    length = max(hi, lo, int(roles.max()) + 1 if roles.numel() else 0)
+    # Per physical page, its roles: bound (p2v names a virtual page, from
+    # ``first`` below ``num_pages``), then one more per listing in others.
+    bound = cpu(p2v)[:num_pages] != -1
+    bound[: max(first, 0)] = False
+    listed = torch.cat([cpu(o) for o in others]) if others else torch.zeros(0, dtype=torch.int64)
+    if listed.numel() and int(listed.min()) < 0:
+        return False
+    length = max(hi, len(bound), int(listed.max()) + 1 if listed.numel() else 0)
+    roles = torch.bincount(listed, minlength=length)
+    roles[: len(bound)] += bound
     want = torch.zeros(length, dtype=torch.int64)
     want[lo:hi] = 1
-    return torch.equal(torch.bincount(roles, minlength=length), want)
+    return torch.equal(roles, want)
 
 
 def classes_hold(lists: list[torch.Tensor], shard_size: int) -> bool:
@@ -254,12 +267,6 @@ def bound_count_is(p2v: torch.Tensor, first: int, num_pages: int, held: int) -> 
 
 
 def bound_count(p2v: torch.Tensor, first: int, num_pages: int) -> int:
-    """How many ``bound_pages`` there are, without listing them."""
+    """How many pages ``PageTables.bound()`` holds: those from ``first``
+    below ``num_pages`` whose ``p2v`` names a virtual page."""
     return int((cpu(p2v)[:num_pages][max(first, 0):] != -1).sum())
-
-
-def bound_pages(p2v: torch.Tensor, first: int, num_pages: int) -> torch.Tensor:
-    """``PageTables.bound()``'s pages: those from ``first`` below
-    ``num_pages`` whose ``p2v`` names a virtual page."""
-    low = max(first, 0)
-    return torch.nonzero(cpu(p2v)[:num_pages][low:] != -1).reshape(-1) + low

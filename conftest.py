@@ -4,10 +4,20 @@ Registered at import, before Hypothesis's pytest plugin loads the one named
 on the command line (`make test` names `ci`).
 """
 
+import signal
+
 import pytest
 from hypothesis import HealthCheck, settings
 
 import state_machines  # noqa: F401  (sets torch's import-time environment first)
+
+# The Ctrl-C tests send SIGINT to the commands they start.  A suite started
+# in the background by a non-interactive shell (`make test &`, a CI runner's
+# `setsid ... &`) inherits SIGINT ignored, and every process it starts would
+# ignore it too (an ignored signal stays ignored across exec): Python's own
+# handler, which a child's exec resets to the default, puts it back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # ci: the gate.  Derandomized, so a run is the same on every machine and every
 # rerun; no example database, so a clean clone behaves like CI.

@@ -226,8 +226,10 @@ def _clean_sections(data: dict) -> list[str]:
         "read paths and span roles, multi-ended's tables, page-interleave's class lists) first asks its torch twin "
         "(`state_machines/harness/twins.py`, `rows_to_read`), which can only say that the predicate holds; "
         "otherwise the predicate reads every page as before, so verdicts and messages do not change, and a twin's "
-        "time counts as its predicate's. What still grows with the pool is that torch work, the census, and the "
-        "allocator's own calls (the unified read paths translate every token).",
+        "time counts as its predicate's. A twin whose inputs (each tensor and value it reads) are those it last held "
+        "on holds again unrun (`Lockstep._twin_holds`): a step that leaves one side's tables as they were pays a "
+        "compare for them. What still grows with the pool is that torch work, the census, and the allocator's own "
+        "calls (the unified read paths translate every token).",
     ]
     return out
 

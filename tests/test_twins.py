@@ -14,7 +14,7 @@ from bench.baseline import random_fuzz
 from reference_model import page_interleave as pi
 from reference_model import unified as ru
 from reference_model import unified_hybrid as rh
-from state_machines.harness import twins
+from state_machines.harness import lockstep, twins
 from state_machines.harness import unified_hybrid as hybrid
 from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, ids
 from tests import large_pools
@@ -61,7 +61,11 @@ def test_a_twin_that_says_its_predicate_holds_is_right(config, monkeypatch):
         return got
 
     monkeypatch.setattr(hybrid.LiveSets, "mask", mask_agrees)
-    random_fuzz(config, seed=random.Random(str(config)).randrange(100), max_examples=3)
+    # A mutant runs on to its failure (most show within 20 examples at this
+    # pool), so states that break an invariant reach the fast paths too.
+    outcome = random_fuzz(config, seed=random.Random(str(config)).randrange(100), max_examples=20 if config.mutant else 3)
+    # A built-in target runs clean through the fast paths (a false alarm would fail here).
+    assert outcome.ok or config.mutant, outcome.failure
     assert seen["wrong"] == 0, seen
     carried = {"builtin:page-interleave": "classes_hold", "builtin:multi-ended": "tables_hold"}
     assert seen[carried.get(config.target, "page_table_holds") + " True"], seen
@@ -191,3 +195,47 @@ def test_the_class_twin_holds_exactly_where_its_predicate_does(lists, shard_size
     tensors = [torch.tensor(pages, dtype=torch.int64) for pages in lists]
     assert twins.classes_hold(tensors, shard_size) is (pi.free_pages_in_own_class(lists, shard_size) is None)
 
+
+
+@pytest.mark.parametrize("config", list(large_pools.configs(
+    {"unified-swa": (1, 2, 4, 8), "unified-mamba": (1, 2, 4, 8), "page-interleave": (1, 2, 4, 8), "multi-ended": (1, 2, 4, 8)})),
+    ids=str)
+def test_a_twin_skipped_on_inputs_it_held_on_changes_no_verdict(config, monkeypatch):
+    """A twin whose inputs are those it last held on is not run again
+    (``_twin_holds(on=)``): each run, mutants included, meets the same
+    failure at the same step as when every twin runs every step, and on a
+    clean target the memo is hit."""
+    seed = random.Random(str(config)).randrange(100)
+    hits = Counter()
+    same = lockstep._same_inputs
+
+    def counted(last, inputs):
+        hit = same(last, inputs)
+        hits[hit] += 1
+        return hit
+
+    monkeypatch.setattr(lockstep, "_same_inputs", counted)
+    remembered = random_fuzz(config, seed=seed, max_examples=10)
+    monkeypatch.setattr(lockstep, "_same_inputs", lambda last, inputs: False)
+    every_step = random_fuzz(config, seed=seed, max_examples=10)
+    assert remembered.ok == every_step.ok
+    if not remembered.ok:
+        assert (remembered.failure.invariant, len(remembered.failure.steps)) == (
+            every_step.failure.invariant, len(every_step.failure.steps))
+    assert remembered.record.steps == every_step.record.steps
+    # A clean target's run steps where a side stays as it was (a mutant may fail first).
+    assert hits[True] or config.mutant, hits
+
+
+def test_a_twin_s_remembered_inputs_are_copies_compared_item_by_item():
+    """What ``_twin_holds`` keeps cannot change with the allocator's tensors
+    or lists; a different dtype, an element, a list item, an unknown
+    object, each makes the twin run again."""
+    v2p, lent = torch.tensor([1, 2, 3]), [4]
+    kept = tuple(map(lockstep._kept, (v2p, lent, bytearray(b"ab"), (1, (2, 3)), None)))
+    assert lockstep._same_inputs(kept, (v2p, lent, bytearray(b"ab"), (1, (2, 3)), None))
+    v2p[0], lent[0] = 9, 5
+    assert not lockstep._same_inputs(kept[:1], (v2p,)) and not lockstep._same_inputs(kept[1:2], (lent,))
+    assert not lockstep._same_inputs((lockstep._kept(torch.tensor([1])),), (torch.tensor([1], dtype=torch.int32),))
+    assert not lockstep._same_inputs((lockstep._kept(object()),), (object(),))
+    assert not lockstep._same_inputs((lockstep._kept([torch.tensor([1])]),), ([torch.tensor([2])],))

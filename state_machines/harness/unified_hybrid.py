@@ -110,9 +110,11 @@ def judge_tables(state: Lockstep, name: str, pool: SubPool, sub, live: LiveSets,
     torch twin at a large pool.  Returns the live pages' physical pages,
     for ``judge_bands``."""
     pages, mask = live.pages, live.mask(side)
-    if mask is not None and state._twin_holds(unified_page_table_bijective, lambda: twins.page_table_holds(
-            pool, sub.virtual_to_physical, sub.physical_to_virtual, pages, mask)):
-        physical = twins.live_pages(sub.virtual_to_physical, pages, mask)
+    v2p, p2v = sub.virtual_to_physical, sub.physical_to_virtual
+    if mask is not None and state._twin_holds(
+            unified_page_table_bijective, lambda: twins.page_table_holds(pool, v2p, p2v, pages, mask),
+            on=(f"{name} page tables", (pool, v2p, p2v, pages, mask))):
+        physical = twins.live_pages(v2p, pages, mask)
     else:
         v2p, p2v = ids(sub.virtual_to_physical), ids(sub.physical_to_virtual)
         state._judge(unified_page_table_bijective, pool, v2p, p2v, live[side], set(live.universe),
@@ -121,7 +123,8 @@ def judge_tables(state: Lockstep, name: str, pool: SubPool, sub, live: LiveSets,
     if compacts:
         tokens = state._count(f"{name} allocated_count()", sub.allocated_count)
         if not (isinstance(physical, torch.Tensor) and state._twin_holds(
-                unified_compacted, lambda: twins.compacted_holds(pool, physical, tokens, page_size))):
+                unified_compacted, lambda: twins.compacted_holds(pool, physical, tokens, page_size),
+                on=(f"{name} compacted", (pool, physical, tokens, page_size)))):
             state._judge(unified_compacted, pool, list(map(int, physical)), tokens, page_size, name=f"{name}_compacted")
     return physical
 
@@ -132,8 +135,9 @@ def judge_span(state: Lockstep, name: str, sub) -> None:
     tables are large), and inside the arena (``span_within_arena``)."""
     tables, p2v, holes = state._call(f"{name} page tables", lambda: (
         page_tables(sub, rows=False), sub.physical_to_virtual, sub._free_phys_pages))
-    if not (p2v.numel() >= TENSOR_CENSUS_PAGES and state._twin_holds(physical_pages_owned_once, lambda: twins.roles_hold(
-            p2v, tables.first_page, tables.num_pages, tables.span, holes, tables.pending))):
+    roles = (p2v, tables.first_page, tables.num_pages, tables.span, holes, tables.pending)
+    if not (p2v.numel() >= TENSOR_CENSUS_PAGES and state._twin_holds(
+            physical_pages_owned_once, lambda: twins.roles_hold(*roles), on=(f"{name} roles", roles))):
         tables = state._call(f"{name} page tables", page_tables, sub)
         state._judge(physical_pages_owned_once, tables, [], name=f"{name}_physical_pages_owned_once")
     state._judge(span_within_arena, tables, *arena_bytes(sub), name=f"{name}_span_within_arena")
@@ -413,8 +417,10 @@ class UnifiedSWALockstep(FreesNothing, Clears, SWALockstep):
             # A copy each: what a call does to its argument changes no token judged.
             got = self._call(f"{name}(every virtual token)", getattr(a, name), loc.clone())
             mask = live.mask(side)
-            if mask is not None and self._twin_holds(unified_read_path_agrees, lambda: twins.read_path_holds(
-                    got, sub.virtual_to_physical, pages, mask, ps)):
+            v2p = sub.virtual_to_physical
+            if mask is not None and self._twin_holds(
+                    unified_read_path_agrees, lambda: twins.read_path_holds(got, v2p, pages, mask, ps),
+                    on=(f"{side} read path", (got, v2p, pages, mask, ps))):
                 continue
             tokens = tokens if tokens is not None else ids(loc)
             self._judge(unified_read_path_agrees, side, tokens, ids(got), ids(sub.virtual_to_physical), live[side], ps,

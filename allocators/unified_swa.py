@@ -271,10 +271,12 @@ class UnifiedSWAAllocator:
     def _translate(self, sub: ArenaSubPool, loc: torch.Tensor) -> torch.Tensor:
         """Token ids through ``sub``'s page table; an unbound page reads the sink 0."""
         ps = self.page_size
+        # ``take``: ``v2p[pages]`` on the 1-D table (a negative page wraps, as
+        # indexing does) in one gather, half what advanced indexing costs.
         if ps == 1:
-            phys = sub.virtual_to_physical.index_select(0, loc.reshape(-1)).reshape(loc.shape)
+            phys = torch.take(sub.virtual_to_physical, loc)
             return torch.where(phys > 0, phys, 0)
-        phys = sub.virtual_to_physical.index_select(0, (loc // ps).reshape(-1)).reshape(loc.shape)
+        phys = torch.take(sub.virtual_to_physical, loc // ps)
         return torch.where(phys > 0, phys * ps + loc % ps, 0)
 
     def translate_kv_loc(self, loc: torch.Tensor) -> torch.Tensor:

@@ -51,8 +51,8 @@ def lanes(*arrays: bytearray | None) -> int | None:
 
 
 def limit(top: int) -> int:
-    """The ids a mirror holds, for a pool whose largest id is ``top`` (an
-    ``OwnerMap``'s: whose size is ``top``)."""
+    """The ids a mirror holds, for a pool whose largest id is ``top`` (for
+    an ``OwnerMap``, ``top`` is its number of pages)."""
     return _SPARSE * max(top, 0) + 1024
 
 

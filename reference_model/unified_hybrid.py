@@ -84,9 +84,12 @@ class Arena:
         if not self.fits(low_live, high_live):
             return 0
         spare = self.budget_bytes - low_live * self.low.page_bytes - high_live * self.high.page_bytes
-        if low:
-            return min(self.low.pages - low_live, spare // self.low.page_bytes)
-        return min(self.high.pages - high_live, spare // self.high.page_bytes)
+        pool, live = (self.low, low_live) if low else (self.high, high_live)
+        # A page of no bytes (or fewer, from a confused allocator) never
+        # runs the bytes out: only the index range bounds it.
+        if pool.page_bytes <= 0:
+            return pool.pages - live
+        return min(pool.pages - live, spare // pool.page_bytes)
 
     def fits_sides(self, full: int, swa: int) -> bool:
         """``fits`` named by side: ``full`` pages of the full pool and

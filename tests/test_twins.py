@@ -239,3 +239,19 @@ def test_a_twin_s_remembered_inputs_are_copies_compared_item_by_item():
     assert not lockstep._same_inputs((lockstep._kept(torch.tensor([1])),), (torch.tensor([1], dtype=torch.int32),))
     assert not lockstep._same_inputs((lockstep._kept(object()),), (object(),))
     assert not lockstep._same_inputs((lockstep._kept([torch.tensor([1])]),), ([torch.tensor([2])],))
+
+
+def test_a_table_is_read_as_ints_through_a_view_or_a_list(monkeypatch):
+    """``int_view``: Python ints off the tensor's buffer; a list where the
+    tensor is not of integers, or this torch has no NumPy bridge; and
+    uint64 is no integer the twins compare (as int64, 2**64 - 1 reads -1)."""
+    view = twins.int_view(torch.tensor([3, -1, 5], dtype=torch.int32))
+    assert [type(v) for v in view] == [int] * 3 and list(view) == [3, -1, 5]
+    assert twins.int_view(torch.tensor([0.5])) == [0.5]
+
+    def no_bridge(self):
+        raise RuntimeError("Numpy is not available")
+
+    monkeypatch.setattr(torch.Tensor, "numpy", no_bridge)
+    assert twins.int_view(torch.tensor([7, 8])) == [7, 8]
+    assert not lockstep.integral(torch.tensor([2**63], dtype=torch.uint64))

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -141,11 +142,12 @@ def test_the_arena_counts_each_sides_bytes():
     assert arena.fits(6, 6) and not arena.fits(7, 7) and arena.fits(10, 0)
 
 
-@given(st.integers(1, 12), st.integers(1, 12), st.integers(1, 40), st.integers(1, 40), st.integers(0, 14),
+@given(st.integers(1, 12), st.integers(1, 12), st.integers(0, 40), st.integers(0, 40), st.integers(0, 14),
        st.integers(0, 14), st.booleans())
 def test_the_arenas_room_is_the_most_pages_that_still_fit(low_pages, high_pages, low_bytes, high_bytes, low_live,
                                                         high_live, low):
-    """``Arena.room``, in closed form, is what counting up ``fits`` one page at a time finds."""
+    """``Arena.room``, in closed form, is what counting up ``fits`` one page
+    at a time finds (a page of no bytes: the index range alone)."""
     arena = Arena(low=SubPool("low", 1, 1 + low_pages, low_bytes, "up"),
                   high=SubPool("high", 2, 2 + high_pages, high_bytes, "down"))
     counted = 0
@@ -433,3 +435,16 @@ def test_a_reclaim_plan_without_prefer_swa_is_asked_without_it():
 
     outcome = fuzz(Config(target=f"{__name__}:PlanWithoutPreference", page_size=4), max_examples=60, seed=0)
     assert outcome.failures == ()
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_read_path_reads_the_table_as_indexing_does(page_size):
+    """The built-in read paths gather with ``take``: a page id past 0 from
+    the end (-1) wraps as ``v2p[pages]`` does, and an unbound page reads 0."""
+    state = build(target="builtin:unified-swa", page_size=page_size)
+    state.alloc(n=2 * page_size)
+    a = state.allocator
+    loc = torch.tensor([-1, 0, 1, page_size, 2 * page_size + 1, 5 * page_size - 1])
+    for sub, read in ((a.full_attn_allocator, a.translate_kv_loc), (a.swa_attn_allocator, a.translate_loc_from_full_to_swa)):
+        phys = sub.virtual_to_physical[loc // page_size]
+        assert torch.equal(read(loc), torch.where(phys > 0, phys * page_size + loc % page_size, 0))

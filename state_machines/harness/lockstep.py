@@ -244,13 +244,13 @@ class TensorCensus(Census):
 
     def change(self, model) -> tuple[list[int], list[int]]:
         # Per id, from the model's free flags: no set of the pool is built.
+        # An id below 0 or past the flags (whatever the allocator lists) is
+        # left to the sets, which take any id.
         flags, t = getattr(model, "free_flags", None), self._tensor
-        if not flags or (t.numel() and int(t.min()) < 0):
+        if not flags or (t.numel() and not 0 <= int(t.min()) <= int(t.max()) < len(flags)):
             return super().change(model)
-        n = max(len(flags), int(t.max()) + 1 if t.numel() else 0)
-        listed = torch.bincount(t, minlength=n) > 0
-        free = torch.zeros(n, dtype=torch.bool)
-        free[: len(flags)] = torch.frombuffer(flags, dtype=torch.int64) == 1
+        listed = torch.bincount(t, minlength=len(flags)) > 0
+        free = torch.frombuffer(flags, dtype=torch.int64) == 1
         return (torch.nonzero(free & ~listed).reshape(-1).tolist(),
                 torch.nonzero(listed & ~free).reshape(-1).tolist())
 
@@ -269,9 +269,10 @@ TENSOR_CENSUS_PAGES = 512
 
 
 def integral(t: torch.Tensor) -> bool:
-    """Whether ``t`` holds integers (no float, complex or bool): what the
-    torch fast paths compare as int64 without changing a value."""
-    return not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool
+    """Whether ``t`` holds integers (no float, complex or bool) that the
+    torch fast paths compare as int64 without changing a value (not
+    uint64, whose top half int64 would read as negative: 2**64 - 1 as -1)."""
+    return not t.is_floating_point() and not t.is_complex() and t.dtype not in (torch.bool, torch.uint64)
 
 
 def rows_to_read(got: torch.Tensor, page_size: int, full, side, *, sentinel: bool,

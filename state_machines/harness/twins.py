@@ -113,7 +113,9 @@ def page_table_holds(pool, v2p: torch.Tensor, p2v: torch.Tensor, pages: torch.Te
     bound, virtual = physical.masked_select(live), pages.masked_select(live)
     if bound.numel():
         lo, hi = torch.aminmax(bound)
-        if int(lo) < pool.first or int(hi) >= pool.end:
+        # (A page below 0, inside a pool a confused allocator starts there,
+        # is left to the predicate, which reads it as it is.)
+        if int(lo) < max(pool.first, 0) or int(hi) >= pool.end:
             return False
         if int(hi) < len(p2v):
             # Each bound page names its own virtual page back, and the
@@ -168,12 +170,17 @@ def read_path_holds(got: torch.Tensor, v2p: torch.Tensor, pages: torch.Tensor, l
 
 
 def int_view(t: torch.Tensor):
-    """``t``'s values, flat, as a sequence of Python ints without a copy
-    (a memoryview of its int64 buffer: reading an entry makes an int);
-    its list where it holds something else."""
+    """``t``'s values, flat, as a sequence of Python ints, built in C: a
+    memoryview of its int64 CPU buffer (of ``t`` itself where it is one,
+    else of a copy; reading an entry makes an int), so a few entries read
+    cost no list of the whole table; its list where it holds something
+    else, or where this torch has no NumPy bridge."""
     if not integral(t):
         return ids(t)
-    return memoryview(cpu(t).contiguous().numpy())
+    try:
+        return memoryview(cpu(t).contiguous().numpy())
+    except (RuntimeError, TypeError, ValueError):
+        return ids(t)
 
 
 def tokens_of(pages: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -248,7 +255,7 @@ def tables_hold(v2p: torch.Tensor, p2v: torch.Tensor, first: int, num_pages: int
     pages, names = v2p[:rows].masked_select(mapped), torch.nonzero(mapped).reshape(-1)
     if pages.numel():
         lo, hi = torch.aminmax(pages)
-        if int(lo) < first or int(hi) >= min(num_pages, len(p2v)):
+        if int(lo) < max(first, 0) or int(hi) >= min(num_pages, len(p2v)):
             return False
         # Each mapped page names its own virtual page back, and the virtual
         # pages are distinct: so are the pages.

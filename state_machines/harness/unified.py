@@ -283,7 +283,7 @@ class UnifiedLockstep(FreesNothing, Clears, Lockstep):
             self._judge(ru.allocator_accounting_clean, self._call("_byte_accounting_violations()", own))
         judge_reader_views(self, a, self.model.owner.keys(), lambda: live)
         # What kv_follows_mapping reads: the bounds and v2p, where the twins
-        # left the rows unread (a view: it reads the live pages' entries only).
+        # left the rows unread (``int_view``: it reads the live pages' entries only).
         self._write_kv(tables if tables.v2p else attrs.evolve(tables, v2p=twins.int_view(v2p)), live)
 
     def _write_kv(self, tables: ru.PageTables, live: set[int]) -> None:

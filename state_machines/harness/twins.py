@@ -171,14 +171,14 @@ def read_path_holds(got: torch.Tensor, v2p: torch.Tensor, pages: torch.Tensor, l
 
 def int_view(t: torch.Tensor):
     """``t``'s values, flat, as a sequence of Python ints, built in C: a
-    memoryview of its int64 CPU buffer (of ``t`` itself where it is one,
-    else of a copy; reading an entry makes an int), so a few entries read
-    cost no list of the whole table; its list where it holds something
-    else, or where this torch has no NumPy bridge."""
+    memoryview of an int64 CPU copy (reading an entry makes an int; what
+    the allocator does to ``t`` afterwards changes nothing read), so a few
+    entries read cost no list of the whole table; its list where it holds
+    something else, or where this torch has no NumPy bridge."""
     if not integral(t):
         return ids(t)
     try:
-        return memoryview(cpu(t).contiguous().numpy())
+        return memoryview(cpu(t).clone(memory_format=torch.contiguous_format).numpy())
     except (RuntimeError, TypeError, ValueError):
         return ids(t)
 

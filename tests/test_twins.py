@@ -196,7 +196,6 @@ def test_the_class_twin_holds_exactly_where_its_predicate_does(lists, shard_size
     assert twins.classes_hold(tensors, shard_size) is (pi.free_pages_in_own_class(lists, shard_size) is None)
 
 
-
 @pytest.mark.parametrize("config", list(large_pools.configs(
     {"unified-swa": (1, 2, 4, 8), "unified-mamba": (1, 2, 4, 8), "page-interleave": (1, 2, 4, 8), "multi-ended": (1, 2, 4, 8)})),
     ids=str)

@@ -99,12 +99,12 @@ class OwnerMap(dict):
             self.held = keys - self.free
         self.flags: array | None = None
         self.codes: bytearray | None = None
-        if set(map(type, keys)) <= {int} and min(self) >= 0:
+        if set(map(type, keys)) <= {int} and (least := min(self)) >= 0:
             top = max(self)
             if top < limit(len(self)):
                 flags = array("q", bytes(8 * (top + 1)))
                 codes = bytearray(top + 1)
-                low = min(self.free, default=0) if self.held else min(self)
+                low = min(self.free, default=0) if self.held else least
                 high = max(self.free, default=-1) if self.held else top
                 if self.free and high - low + 1 == len(self.free):
                     # A run of free ids (a fresh pool's): one slice assignment.

@@ -247,8 +247,12 @@ class TensorCensus(Census):
         # An id below 0 or past the flags (whatever the allocator lists) is
         # left to the sets, which take any id.
         flags, t = getattr(model, "free_flags", None), self._tensor
-        if not flags or (t.numel() and not 0 <= int(t.min()) <= int(t.max()) < len(flags)):
+        if not flags:
             return super().change(model)
+        if t.numel():
+            low, high = (int(v) for v in torch.aminmax(t))
+            if low < 0 or high >= len(flags):
+                return super().change(model)
         listed = torch.bincount(t, minlength=len(flags)) > 0
         free = torch.frombuffer(flags, dtype=torch.int64) == 1
         return (torch.nonzero(free & ~listed).reshape(-1).tolist(),

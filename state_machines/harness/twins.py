@@ -218,8 +218,10 @@ def roles_hold(p2v: torch.Tensor, first: int, num_pages: int, span: tuple[int, i
 def classes_hold(lists: list[torch.Tensor], shard_size: int) -> bool:
     """``free_pages_in_own_class``' twin: class ``c``'s list holds only
     pages ``l`` with ``l % shard_size == c``."""
-    if not lists or not all(map(integral, lists)):
-        return False if lists else True
+    if not lists:
+        return True
+    if not all(map(integral, lists)):
+        return False
     # One pass over all the lists: each page's class against its list's.
     pages = torch.cat([cpu(t) for t in lists])
     classes = torch.repeat_interleave(torch.arange(len(lists)), torch.tensor([t.numel() for t in lists]))

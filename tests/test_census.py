@@ -80,6 +80,17 @@ def test_a_census_listing_each_free_page_once_is_judged_in_torch():
     assert not TensorCensus(torch.tensor(free + [3]), model).exact()
 
 
+def test_a_census_counts_afresh_in_the_buffer_it_reuses():
+    """``_counts`` hands out the same buffer each call: a count over more
+    ids, then over fewer, then of ids the first listed, each starts at 0."""
+    model = _model(set())
+    many = torch.arange(1, POOL + 1).repeat(3)
+    assert TensorCensus(many, model)._counts(POOL + 1)[1:].tolist() == [3] * POOL
+    assert TensorCensus(torch.tensor([2, 2]), model)._counts(4).tolist() == [0, 0, 2, 0]
+    assert TensorCensus(torch.tensor([5]), model)._counts(4) is None
+    assert TensorCensus(torch.tensor(sorted(model.free_pages)), model).exact()
+
+
 def test_read_census_uses_torch_only_for_large_pools():
     """Below TENSOR_CENSUS_PAGES free pages the plain census is cheaper, and is the one read."""
 

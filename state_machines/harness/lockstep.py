@@ -237,7 +237,7 @@ class TensorCensus(Census):
         37-42 in a Mamba step at 16,384 slots), and nothing sized by the
         allocator's largest id is made (a garbage id of 2**40 would ask
         ``bincount`` for terabytes)."""
-        counts = torch.zeros(size, dtype=torch.int64)
+        counts = _zeroed(size)
         try:
             counts.index_add_(0, self._tensor, _ONE.expand(self._tensor.numel()))
         except (IndexError, RuntimeError):
@@ -278,6 +278,19 @@ class TensorCensus(Census):
 
 # What ``TensorCensus._counts`` adds per id listed, expanded.
 _ONE = torch.ones(1, dtype=torch.int64)
+# The buffer ``_zeroed`` hands out views of, grown as needed.
+_SCRATCH = [torch.zeros(0, dtype=torch.int64)]
+
+
+def _zeroed(size: int) -> torch.Tensor:
+    """``size`` int64 zeros in a buffer kept between calls: its next call
+    overwrites them, so the caller reads them before then.  At 16,384 ids
+    a fresh ``torch.zeros`` (past glibc's mmap threshold: new pages each
+    time, faulted in) took 18 µs of a Mamba step, zeroing these 3."""
+    buf = _SCRATCH[0]
+    if buf.numel() < size:
+        buf = _SCRATCH[0] = torch.empty(size, dtype=torch.int64)
+    return buf[:size].zero_()
 
 # Below this many pages a Python set beats the torch ops' fixed cost.
 TENSOR_CENSUS_PAGES = 512

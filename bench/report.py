@@ -217,7 +217,8 @@ def _clean_sections(data: dict) -> list[str]:
         "",
         "Every step reads the allocator's whole free list (the census) once and checks it against the model. "
         "Below 512 pages the checks read it as a Python list and build one set; from 512 pages on they read it as one "
-        "tensor, whose per-id counts (a `bincount`) are compared with the model's free flags "
+        "tensor, whose per-id counts (one `index_add_`, which bounds each id as it counts it) are compared with the "
+        "model's free flags "
         "(`OwnershipModel.free_flags`, one per page id, kept current on every ownership change), so no check loops "
         "over the pool in Python. The model keeps its free set, per-kind counts and held pages as ownership changes. "
         "The side pools (SWA, HiSparse device: `SWASide`) keep flat per-id mirrors of their free set and peer map "

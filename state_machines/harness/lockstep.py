@@ -361,10 +361,6 @@ def rows_to_read(got: torch.Tensor, page_size: int, full, side, *, sentinel: boo
     return differ
 
 
-def _held() -> bool:
-    return True
-
-
 # What ``_kept`` makes of an input it cannot copy faithfully: equal to
 # nothing, so the twin runs again.
 _UNKEPT = object()
@@ -1422,14 +1418,10 @@ class Lockstep:
         compared element by element, the rest by ``==``).  A twin is a pure
         function of its inputs, so where they are those it last held on
         under ``name`` it holds again, unrun: a step that leaves one side's
-        tables as they were pays a compare (memcmp) for them, not the twin."""
+        tables as they were pays a compare (memcmp) for them, not the twin.
+        The compare counts as the predicate's time too."""
         if on is not None:
-            name, inputs = on
-            last = self._held_on.get(name)
-            if last is not None and _same_inputs(last, inputs):
-                holds = _held
-            else:
-                holds = functools.partial(self._remember_held, name, inputs, holds)
+            holds = functools.partial(self._remembered, *on, holds)
         if _observer is None or _observer.judged is None:
             return holds()
         t0 = time.perf_counter()
@@ -1438,8 +1430,13 @@ class Lockstep:
         finally:
             _observer.judged(predicate.__name__, time.perf_counter() - t0)
 
-    def _remember_held(self, name: str, inputs: tuple, holds: Callable[[], bool]) -> bool:
-        self._held_on.pop(name, None)
+    def _remembered(self, name: str, inputs: tuple, holds: Callable[[], bool]) -> bool:
+        """True where ``inputs`` are those the twin last held on under
+        ``name``; else ``holds()``, remembering ``inputs`` where it holds."""
+        last = self._held_on.pop(name, None)
+        if last is not None and _same_inputs(last, inputs):
+            self._held_on[name] = last
+            return True
         if not holds():
             return False
         # Copies: the allocator (and the model) change their tensors and lists in place.

@@ -268,7 +268,8 @@ class OwnershipModel:
         with nothing live): ownership and counts start again; request and
         entry numbers go on, so a trace never names one twice."""
         assert not self.requests and not self.cache and self.ledger.group is None, "a rebuild with something live"
-        self.owner = OwnerMap(dict.fromkeys(free_pages, FREE_OWNER))
+        # A plain dict: the field's converter makes the one OwnerMap (given one, it made a second).
+        self.owner = dict.fromkeys(free_pages, FREE_OWNER)
         self.ledger = Ledger(len(free_pages), defers=self.ledger.defers)
 
     def clear(self) -> None:

@@ -144,4 +144,18 @@ def _costs(config: Config, job: dict) -> dict:
     return {"steps": timer.steps, "step_us": step_us, "us_per_step": us}
 
 
-_RUNNERS = {"ablation": _ablation, "harness": _harness, "ci": _harness, "baseline": _baseline, "baseline_again": _baseline, "shrink": _shrink, "throughput": _throughput, "costs": _costs}
+def _scaling(config: Config, job: dict) -> dict:
+    """``_costs`` at each of ``job["sizes"]`` (slots -> examples), the sizes
+    in turn, ``job["repeats"]`` times: at each size, the run whose step cost
+    least (an error wherever one run met one)."""
+    best: dict[int, dict] = {}
+    for _ in range(job["repeats"]):
+        for size, examples in job["sizes"].items():
+            run = _costs(Config.from_dict({**job["config"], "size": int(size)}), {"max_examples": examples})
+            was = best.get(size)
+            if was is None or (not was.get("error") and (run.get("error") or run["step_us"] < was["step_us"])):
+                best[size] = run
+    return {"sizes": best}
+
+
+_RUNNERS = {"ablation": _ablation, "harness": _harness, "ci": _harness, "baseline": _baseline, "baseline_again": _baseline, "shrink": _shrink, "throughput": _throughput, "costs": _costs, "scaling": _scaling}

@@ -646,7 +646,10 @@ def _scaling_table(data: dict) -> list[str]:
         "",
         "µs per step (baseline driver, timers on) at pool sizes of "
         + ", ".join(f"{int(s):,}" for s in sizes)
-        + " slots; *growth* is the last over the first; the split is at the largest pool.",
+        + " slots"
+        + (f", the least of {repeats} runs at each size, the sizes taken in turn in one process while no other job runs"
+           if (repeats := data["settings"].get("scaling_repeats")) else "")
+        + "; *growth* is the last over the first; the split is at the largest pool.",
         "",
         "| target | " + " | ".join(f"{int(s):,} slots" for s in sizes) + " | growth | allocator | census | checks | rest | costliest check at largest |",
         "| --- | " + " | ".join("---" for _ in sizes) + " | --- | --- | --- | --- | --- | --- |",

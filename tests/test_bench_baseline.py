@@ -124,3 +124,30 @@ def test_without_the_allocs_while_few_requests_are_live_a_two_request_decode_bug
     steps = {off: sum(jobs.run({"kind": "ablation", "config": config.to_dict(), "seed": s, "max_examples": 200,
                                 "off": list(off)})["steps"] for s in range(5)) for off in ((), ("populate",))}
     assert steps[("populate",)] > steps[()], steps
+
+
+def test_the_scaling_job_keeps_each_size_s_cheapest_run_taking_the_sizes_in_turn(monkeypatch):
+    """``jobs._scaling``: every size once per round, rounds in turn, and at
+    each size the run whose step cost least; an error at a size stays."""
+    from bench import jobs
+
+    order, costs = [], iter([300.0, 900.0, 200.0, 1000.0, 250.0, 800.0])
+
+    def fake(config, job):
+        order.append((config.size, job["max_examples"]))
+        us = next(costs)
+        return {"error": "clean target failed"} if (config.size, us) == (16, 1000.0) else {"step_us": us}
+
+    monkeypatch.setattr(jobs, "_costs", fake)
+    got = jobs.run({"kind": "scaling", "config": Config().to_dict(), "sizes": {8: 60, 16: 10}, "repeats": 3})["sizes"]
+    assert order == [(8, 60), (16, 10)] * 3
+    assert got == {8: {"step_us": 200.0}, 16: {"error": "clean target failed"}}
+
+
+def test_the_bench_plans_one_scaling_job_per_clean_target():
+    """Growth with the pool is measured by its own jobs, one per clean target (``plan_scaling``), not among the others."""
+    from bench.run import SCALING, SCALING_REPEATS, plan, plan_scaling
+
+    config = Config()
+    assert [j["kind"] for j in plan([], [config], seeds=1, shrink_seeds=0)] == ["throughput", "costs"]
+    assert plan_scaling([config]) == [{"kind": "scaling", "config": config.to_dict(), "sizes": SCALING, "repeats": SCALING_REPEATS}]

@@ -151,3 +151,17 @@ def test_the_bench_plans_one_scaling_job_per_clean_target():
     config = Config()
     assert [j["kind"] for j in plan([], [config], seeds=1, shrink_seeds=0)] == ["throughput", "costs"]
     assert plan_scaling([config]) == [{"kind": "scaling", "config": config.to_dict(), "sizes": SCALING, "repeats": SCALING_REPEATS}]
+
+
+def test_the_bench_reads_growth_off_the_scaling_job():
+    """``collect``: a clean target's scaling is its scaling job's, size by size, beside its throughput and costs."""
+    from bench.run import collect
+
+    config = Config()
+    c = config.to_dict()
+    costs = {"steps": 10, "step_us": 100.0, "us_per_step": {}}
+    results = [{"kind": "throughput", "config": c, "harness_steps_per_s": 1.0, "baseline_steps_per_s": 2.0},
+               {"kind": "costs", "config": c, **costs},
+               {"kind": "scaling", "config": c, "sizes": {64: costs, 16384: {**costs, "step_us": 250.0}}}]
+    (row,) = collect([], [config], results)[1]
+    assert {size: r["step_us"] for size, r in row["scaling"].items()} == {"64": 100.0, "16384": 250.0}

@@ -78,6 +78,9 @@ def test_a_census_listing_each_free_page_once_is_judged_in_torch():
     assert not TensorCensus(torch.tensor(free + [free[0]]), model).exact()
     assert not TensorCensus(torch.tensor(free[1:]), model).exact()
     assert not TensorCensus(torch.tensor(free + [3]), model).exact()
+    # -1 in place of the last free page: counted as the last id (as indexing
+    # wraps it), it would pass for it.
+    assert not TensorCensus(torch.tensor(free[:-1] + [-1]), model).exact()
 
 
 def test_a_census_counts_afresh_in_the_buffer_it_reuses():
@@ -87,7 +90,8 @@ def test_a_census_counts_afresh_in_the_buffer_it_reuses():
     many = torch.arange(1, POOL + 1).repeat(3)
     assert TensorCensus(many, model)._counts(POOL + 1)[1:].tolist() == [3] * POOL
     assert TensorCensus(torch.tensor([2, 2]), model)._counts(4).tolist() == [0, 0, 2, 0]
-    assert TensorCensus(torch.tensor([5]), model)._counts(4) is None
+    # Counted up to the id past the size, then refused: the next count starts at 0 all the same.
+    assert TensorCensus(torch.tensor([2, 5]), model)._counts(4) is None
     assert TensorCensus(torch.tensor(sorted(model.free_pages)), model).exact()
 
 

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from reference_model import OwnershipModel
+from reference_model.model import OwnerMap
 from state_machines.harness import Step, build
 from state_machines.harness.lockstep import InvariantViolation
 from state_machines.runs.trace import TraceError, run_steps
@@ -32,8 +33,11 @@ def test_a_clear_drops_the_cache_and_frees_every_page_in_the_model():
     req = model.new_request(0, [1, 2])
     model.rematch(req.rid, 0, None)
     model.finish(req.rid)
+    owner = model.owner
     model.clear()
     assert (model.cache, model.free_pages, model.ledger.allocated) == ({}, {1, 2, 3}, 0)
+    # An owner map afresh, with its mirrors (the field's converter made it from the dict the rebuild hands it).
+    assert type(model.owner) is OwnerMap and model.owner is not owner and list(model.owner.flags) == [0, 1, 1, 1]
 
 
 @pytest.mark.parametrize("target", TWINS)

@@ -230,8 +230,10 @@ class TensorCensus(Census):
         return counts is not None and torch.equal(counts, torch.frombuffer(flags, dtype=torch.int64))
 
     def _counts(self, size: int) -> torch.Tensor | None:
-        """How many times the census lists each id below ``size``; None
-        where it lists one below 0 or past it.  ``index_add_`` checks each
+        """How many times the census lists each id below ``size`` (in
+        ``_zeroed``'s buffer: good until this thread's next call); None
+        where it lists one below 0 or past it, or where torch cannot count
+        it as ids (another dtype, another device).  ``index_add_`` checks each
         id against the size as it counts it (one read of the census, where
         ``aminmax`` and then ``bincount`` read it twice: 58-62 µs against
         37-42 in a Mamba step at 16,384 slots), and nothing sized by the
@@ -278,18 +280,19 @@ class TensorCensus(Census):
 
 # What ``TensorCensus._counts`` adds per id listed, expanded.
 _ONE = torch.ones(1, dtype=torch.int64)
-# The buffer ``_zeroed`` hands out views of, grown as needed.
-_SCRATCH = [torch.zeros(0, dtype=torch.int64)]
+# The buffer ``_zeroed`` hands out views of, one per thread (a harness may
+# run off the main thread, and torch ops let go of the GIL), grown as needed.
+_SCRATCH = threading.local()
 
 
 def _zeroed(size: int) -> torch.Tensor:
-    """``size`` int64 zeros in a buffer kept between calls: its next call
-    overwrites them, so the caller reads them before then.  At 16,384 ids
-    a fresh ``torch.zeros`` (past glibc's mmap threshold: new pages each
-    time, faulted in) took 18 µs of a Mamba step, zeroing these 3."""
-    buf = _SCRATCH[0]
-    if buf.numel() < size:
-        buf = _SCRATCH[0] = torch.empty(size, dtype=torch.int64)
+    """``size`` int64 zeros in this thread's buffer, kept between calls:
+    the next call in the thread overwrites them, so the caller reads them
+    before then.  At 16,384 ids a fresh ``torch.zeros`` took 18 µs of a
+    Mamba step (new memory, faulted in), zeroing these 3-7."""
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.numel() < size:
+        buf = _SCRATCH.buf = torch.empty(size, dtype=torch.int64)
     return buf[:size].zero_()
 
 # Below this many pages a Python set beats the torch ops' fixed cost.

@@ -43,9 +43,9 @@ SCALING = {64: 60, 1024: 30, 16384: 10}
 # Runs at each size: the least is kept.  The sizes are taken in turn, in one
 # process while no other job runs (``run_jobs`` with one process, after the
 # bug and clean-target jobs, before the lever ablation), so a slow spell of
-# the machine reaches every size alike; with both
-# workers running other jobs beside them, growth ratios moved by half from
-# one run to the next (hisparse at page size 4: 3.1 then 5.8).
+# the machine reaches every size alike; with both workers running other
+# jobs beside them, growth ratios moved by half from one run to the next
+# (hisparse at page size 4: 3.1 then 5.8).
 SCALING_REPEATS = 3
 
 

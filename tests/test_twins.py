@@ -199,7 +199,7 @@ def test_the_class_twin_holds_exactly_where_its_predicate_does(lists, shard_size
     ids=str)
 def test_a_twin_skipped_on_inputs_it_held_on_changes_no_verdict(config, monkeypatch):
     """A twin whose inputs are those it last held on is not run again
-    (``_twin_holds(on=)``): each run, mutants included, meets the same
+    (``_twin_holds``): each run, mutants included, meets the same
     failure at the same step as when every twin runs every step, and on a
     clean target the memo is hit."""
     seed = random.Random(str(config)).randrange(100)

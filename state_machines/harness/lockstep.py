@@ -1413,35 +1413,33 @@ class Lockstep:
         if problem:
             self._fail(name or predicate.__name__, label + problem)
 
-    def _twin_holds(self, predicate: Callable[..., str | None], holds: Callable[[], bool], *,
-                    on: tuple[str, tuple] | None = None) -> bool:
-        """Whether ``predicate``'s torch twin (``twins``) says it holds;
-        an observer counts its time as the predicate's, as ``_judge`` does.
+    def _twin_holds(self, predicate: Callable[..., str | None], name: str, twin: Callable[..., bool], *inputs) -> bool:
+        """Whether ``predicate``'s torch twin (``twins``), ``twin(*inputs)``,
+        says it holds; an observer counts its time as the predicate's, as
+        ``_judge`` does.
 
-        ``on``, ``(name, inputs)``: every input of the twin (tensors
-        compared element by element, the rest by ``==``).  A twin is a pure
-        function of its inputs, so where they are those it last held on
-        under ``name`` it holds again, unrun: a step that leaves one side's
-        tables as they were pays a compare (memcmp) for them, not the twin.
-        The compare counts as the predicate's time too."""
-        if on is not None:
-            holds = functools.partial(self._remembered, *on, holds)
+        The twin is called on exactly ``inputs``, so they are every input it
+        reads (tensors compared element by element, the rest by ``==``).  A
+        twin is a pure function of its inputs, so where they are those it
+        last held on under ``name`` it holds again, unrun: a step that leaves
+        one side's tables as they were pays a compare (memcmp) for them, not
+        the twin.  The compare counts as the predicate's time too."""
         if _observer is None or _observer.judged is None:
-            return holds()
+            return self._remembered(name, twin, inputs)
         t0 = time.perf_counter()
         try:
-            return holds()
+            return self._remembered(name, twin, inputs)
         finally:
             _observer.judged(predicate.__name__, time.perf_counter() - t0)
 
-    def _remembered(self, name: str, inputs: tuple, holds: Callable[[], bool]) -> bool:
+    def _remembered(self, name: str, twin: Callable[..., bool], inputs: tuple) -> bool:
         """True where ``inputs`` are those the twin last held on under
-        ``name``; else ``holds()``, remembering ``inputs`` where it holds."""
+        ``name``; else ``twin(*inputs)``, remembering ``inputs`` where it holds."""
         last = self._held_on.pop(name, None)
         if last is not None and _same_inputs(last, inputs):
             self._held_on[name] = last
             return True
-        if not holds():
+        if not twin(*inputs):
             return False
         # Copies: the allocator (and the model) change their tensors and lists in place.
         self._held_on[name] = tuple(map(_kept, inputs))

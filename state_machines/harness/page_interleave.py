@@ -124,7 +124,7 @@ class PageInterleaveLockstep(Lockstep):
         n = self.shard_size
         lists = self._call("class census", lambda: [torch.cat((f, r)) for f, r in zip(a.class_free_pages, a.class_release_pages)])
         if sum(pages.numel() for pages in lists) < TENSOR_CENSUS_PAGES or not self._twin_holds(
-                pi.free_pages_in_own_class, lambda: twins.classes_hold(lists, n), on=("classes", (n, *lists))):
+                pi.free_pages_in_own_class, "classes", twins.classes_hold, lists, n):
             self._judge(pi.free_pages_in_own_class, [ids(pages) for pages in lists], n)
         available = self._count("available_size()", a.available_size)
         self._judge(pi.interleave_available_size_agrees, available, pi.class_free_counts(self.model, self.shard_size),

@@ -18,7 +18,6 @@ as no H2D copy was queued).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import attrs
@@ -261,7 +260,7 @@ class UnifiedLockstep(FreesNothing, Clears, Lockstep):
         # twin that cannot say the predicate holds hands it the whole tables.
         first, n, span = tables.first_page, tables.num_pages, tables.span
         if len(self.model.owner) >= TENSOR_CENSUS_PAGES:
-            # Each twin with every input it reads (``_twin_holds(on=)``).
+            # Each twin with the inputs it is called on (``_twin_holds``).
             fast = {
                 ru.tables_bijective: (twins.tables_hold, (v2p, p2v, first, n, self.model.owner.codes)),
                 ru.physical_pages_owned_once: (twins.roles_hold, (p2v, first, n, span, holes, tables.pending, lent)),
@@ -273,7 +272,7 @@ class UnifiedLockstep(FreesNothing, Clears, Lockstep):
                                 (ru.span_within_arena, arena_bytes(a)), (ru.physical_frees_match_logical, (self.model,))):
             if predicate in fast:
                 twin, inputs = fast[predicate]
-                if self._twin_holds(predicate, functools.partial(twin, *inputs), on=(predicate.__name__, inputs)):
+                if self._twin_holds(predicate, predicate.__name__, twin, *inputs):
                     continue
             if not tables.v2p and predicate is not ru.span_within_arena:
                 tables = self._call("page tables", page_tables, a)

@@ -112,19 +112,17 @@ def judge_tables(state: Lockstep, name: str, pool: SubPool, sub, live: LiveSets,
     pages, mask = live.pages, live.mask(side)
     v2p, p2v = sub.virtual_to_physical, sub.physical_to_virtual
     if mask is not None and state._twin_holds(
-            unified_page_table_bijective, lambda: twins.page_table_holds(pool, v2p, p2v, pages, mask),
-            on=(f"{name} page tables", (pool, v2p, p2v, pages, mask))):
+            unified_page_table_bijective, f"{name} page tables", twins.page_table_holds, pool, v2p, p2v, pages, mask):
         physical = twins.live_pages(v2p, pages, mask)
     else:
-        v2p, p2v = ids(sub.virtual_to_physical), ids(sub.physical_to_virtual)
+        v2p, p2v = ids(v2p), ids(p2v)
         state._judge(unified_page_table_bijective, pool, v2p, p2v, live[side], set(live.universe),
                      name=f"{name}_page_table_bijective")
         physical = [v2p[v] for v in live[side]]
     if compacts:
         tokens = state._count(f"{name} allocated_count()", sub.allocated_count)
         if not (isinstance(physical, torch.Tensor) and state._twin_holds(
-                unified_compacted, lambda: twins.compacted_holds(pool, physical, tokens, page_size),
-                on=(f"{name} compacted", (pool, physical, tokens, page_size)))):
+                unified_compacted, f"{name} compacted", twins.compacted_holds, pool, physical, tokens, page_size)):
             state._judge(unified_compacted, pool, list(map(int, physical)), tokens, page_size, name=f"{name}_compacted")
     return physical
 
@@ -135,9 +133,9 @@ def judge_span(state: Lockstep, name: str, sub) -> None:
     tables are large), and inside the arena (``span_within_arena``)."""
     tables, p2v, holes = state._call(f"{name} page tables", lambda: (
         page_tables(sub, rows=False), sub.physical_to_virtual, sub._free_phys_pages))
-    roles = (p2v, tables.first_page, tables.num_pages, tables.span, holes, tables.pending)
     if not (p2v.numel() >= TENSOR_CENSUS_PAGES and state._twin_holds(
-            physical_pages_owned_once, lambda: twins.roles_hold(*roles), on=(f"{name} roles", roles))):
+            physical_pages_owned_once, f"{name} roles", twins.roles_hold,
+            p2v, tables.first_page, tables.num_pages, tables.span, holes, tables.pending)):
         tables = state._call(f"{name} page tables", page_tables, sub)
         state._judge(physical_pages_owned_once, tables, [], name=f"{name}_physical_pages_owned_once")
     state._judge(span_within_arena, tables, *arena_bytes(sub), name=f"{name}_span_within_arena")
@@ -419,11 +417,10 @@ class UnifiedSWALockstep(FreesNothing, Clears, SWALockstep):
             mask = live.mask(side)
             v2p = sub.virtual_to_physical
             if mask is not None and self._twin_holds(
-                    unified_read_path_agrees, lambda: twins.read_path_holds(got, v2p, pages, mask, ps),
-                    on=(f"{side} read path", (got, v2p, pages, mask, ps))):
+                    unified_read_path_agrees, f"{side} read path", twins.read_path_holds, got, v2p, pages, mask, ps):
                 continue
             tokens = tokens if tokens is not None else ids(loc)
-            self._judge(unified_read_path_agrees, side, tokens, ids(got), ids(sub.virtual_to_physical), live[side], ps,
+            self._judge(unified_read_path_agrees, side, tokens, ids(got), ids(v2p), live[side], ps,
                         name=f"{side}_read_path_agrees")
 
     # -- steps --

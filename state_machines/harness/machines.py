@@ -314,6 +314,13 @@ class FreeGroupMachine(RuleBasedStateMachine):
         # chain a second report onto the first.
         if hasattr(self, "state") and not getattr(self, "failed", False):
             self._do("teardown")
+            # Let go of a clean example's state: Hypothesis's machine sits in
+            # a reference cycle (its rule strategy holds it), so the state
+            # would wait for the cyclic collector, which reads every entry
+            # of every owner map and set the dead models hold (3 ms a
+            # collection in a Mamba run at 16,384 slots, about 7 dead models
+            # each time).  The state holds no cycle: it goes at once.
+            del self.state
 
 
 def one_step_machine(base: type) -> type:

@@ -14,7 +14,8 @@ from bench.baseline import random_fuzz
 from reference_model import page_interleave as pi
 from reference_model import unified as ru
 from reference_model import unified_hybrid as rh
-from state_machines.harness import lockstep, twins
+from state_machines.config import Config
+from state_machines.harness import build, lockstep, twins
 from state_machines.harness import unified_hybrid as hybrid
 from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, ids
 from tests import large_pools
@@ -252,3 +253,51 @@ def test_a_table_is_read_as_ints_through_a_view_or_a_list(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "numpy", no_bridge)
     assert twins.int_view(torch.tensor([7, 8])) == [7, 8]
     assert not lockstep.integral(torch.tensor([2**63], dtype=torch.uint64))
+
+
+def test_a_remembered_tensor_is_compared_byte_for_byte_in_its_shape():
+    """``_same`` compares a tensor's bytes as words where its layout lets
+    it (a bool mask as int64): a mask of other shape but the same bytes,
+    one flipped entry, a mask off a word's edge (compared as it is), each
+    is seen for what it is."""
+    mask = torch.rand(64, generator=torch.Generator().manual_seed(0)) > 0.5
+    kept = lockstep._kept(mask)
+    assert lockstep._words(mask).dtype == torch.int64 and lockstep._same(kept, mask)
+    assert not lockstep._same(kept, mask.reshape(8, 8))
+    flipped = mask.clone()
+    flipped[37] = ~flipped[37]
+    assert not lockstep._same(kept, flipped)
+    odd = torch.zeros(65, dtype=torch.bool)[1:]
+    assert lockstep._words(odd) is odd and lockstep._same(lockstep._kept(odd), odd)
+    assert not lockstep._same(lockstep._kept(odd), torch.ones(64, dtype=torch.bool))
+
+
+def test_an_unchanging_tensor_is_remembered_as_itself_and_no_other_is():
+    """A universe (``unchanging``) is kept by identity and taken for itself
+    with no compare; an equal tensor that is not it is compared; any other
+    tensor is kept as a copy, so writing it shows."""
+    universe = twins.universe_tensor(frozenset(range(1, lockstep.TENSOR_CENSUS_PAGES + 1)))
+    assert lockstep._kept(universe) is universe and lockstep._same(universe, universe)
+    assert lockstep._same(universe, universe.clone()) and not lockstep._same(universe, universe + 1)
+    table = torch.arange(8)
+    kept = lockstep._kept(table)
+    assert kept is not table
+    table[3] = -1
+    assert not lockstep._same(kept, table)
+
+
+def test_what_is_derived_while_a_twin_holds_lasts_as_long_as_its_inputs():
+    """``_while_held``: kept while the memo's entry stands (the twin held
+    again on the same inputs), made again once they change."""
+    state = build(Config(target="builtin:unified-swa", page_size=1))
+    table = torch.arange(4)
+    made = []
+
+    def holds(name):
+        assert state._twin_holds(lambda: None, name, lambda t: True, table)
+        return state._while_held(name, lambda: made.append(table.sum().item()) or made[-1])
+
+    assert holds("t") == 6 and holds("t") == 6 and made == [6]
+    table[0] = 10
+    assert holds("t") == 16 and made == [6, 16]
+    assert state._while_held("never held", lambda: 1) == 1 and "never held" not in state._derived

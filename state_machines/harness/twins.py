@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, TensorCensus, ids, integral
+from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, TensorCensus, ids, integral, unchanging
 
 
 def cpu(t: torch.Tensor) -> torch.Tensor:
@@ -51,7 +51,7 @@ def universe_tensor(universe: frozenset[int]) -> torch.Tensor | None:
     else:
         pages = next((t for u, t in _UNIVERSES if u == universe), None)
         if pages is None:
-            pages = torch.tensor(sorted(universe), dtype=torch.int64)
+            pages = unchanging(torch.tensor(sorted(universe), dtype=torch.int64))
     _UNIVERSES.insert(0, (universe, pages))
     del _UNIVERSES[8:]
     return pages

@@ -113,7 +113,7 @@ def judge_tables(state: Lockstep, name: str, pool: SubPool, sub, live: LiveSets,
     v2p, p2v = sub.virtual_to_physical, sub.physical_to_virtual
     if mask is not None and state._twin_holds(
             unified_page_table_bijective, f"{name} page tables", twins.page_table_holds, pool, v2p, p2v, pages, mask):
-        physical = twins.live_pages(v2p, pages, mask)
+        physical = state._while_held(f"{name} page tables", lambda: twins.live_pages(v2p, pages, mask))
     else:
         v2p, p2v = ids(v2p), ids(p2v)
         state._judge(unified_page_table_bijective, pool, v2p, p2v, live[side], set(live.universe),

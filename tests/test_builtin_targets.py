@@ -3,8 +3,10 @@
 import gc
 import weakref
 
+import attrs
 import pytest
 
+from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES
 from state_machines.runs.runner import fuzz
 from state_machines.targets.catalogue import clean_configs
 
@@ -28,7 +30,13 @@ def test_a_made_states_runs_answers_as_why_not_does_for_every_step(config):
         assert {r: state.runs(r) for r in RULES} == {r: state.why_not(r) is None for r in RULES}
 
 
-@pytest.mark.parametrize("config", [c for c in clean_configs() if not c.need_sort], ids=lambda c: c.label())
+# Every built-in target, and at a pool its fast paths read (tensor
+# censuses, twins and their memo) the families that have them.
+_TEARDOWN_CONFIGS = [*clean_configs(), *(attrs.evolve(c, size=2 * TENSOR_CENSUS_PAGES * c.page_size) for c in clean_configs()
+                                          if c.target in ("builtin:unified-swa", "builtin:unified-mamba", "builtin:mamba", "builtin:multi-ended"))]
+
+
+@pytest.mark.parametrize("config", _TEARDOWN_CONFIGS, ids=lambda c: c.label() + (f" size={c.size}" if c.size else ""))
 def test_a_clean_examples_state_goes_when_its_teardown_returns(config, monkeypatch):
     """No cyclic collection is needed to free a clean example's state.  A
     state the machine kept, or one in a reference cycle, would wait for the

@@ -272,18 +272,31 @@ def test_a_remembered_tensor_is_compared_byte_for_byte_in_its_shape():
     assert not lockstep._same(lockstep._kept(odd), torch.ones(64, dtype=torch.bool))
 
 
-def test_an_unchanging_tensor_is_remembered_as_itself_and_no_other_is():
+def test_an_unchanging_tensor_is_remembered_as_itself_and_no_other_is(monkeypatch):
     """A universe (``unchanging``) is kept by identity and taken for itself
-    with no compare; an equal tensor that is not it is compared; any other
-    tensor is kept as a copy, so writing it shows."""
+    with no compare, until torch counts a write to it; an equal tensor that
+    is not it is compared; any other tensor is kept as a copy, so writing
+    it shows."""
     universe = twins.universe_tensor(frozenset(range(1, lockstep.TENSOR_CENSUS_PAGES + 1)))
-    assert lockstep._kept(universe) is universe and lockstep._same(universe, universe)
+    assert lockstep._kept(universe) is universe
     assert lockstep._same(universe, universe.clone()) and not lockstep._same(universe, universe + 1)
     table = torch.arange(8)
     kept = lockstep._kept(table)
     assert kept is not table
     table[3] = -1
     assert not lockstep._same(kept, table)
+    written = lockstep.unchanging(torch.arange(8))
+    equal = torch.equal
+
+    def no_compare(a, b):
+        assert a is not universe, "an unchanging tensor was compared"
+        return equal(a, b)
+
+    monkeypatch.setattr(torch, "equal", no_compare)
+    assert lockstep._same(universe, universe)
+    assert lockstep._kept(written) is written
+    written[0] = 5
+    assert lockstep._kept(written) is not written and not lockstep._is_unchanging(written)
 
 
 def test_what_is_derived_while_a_twin_holds_lasts_as_long_as_its_inputs():

@@ -370,31 +370,42 @@ def rows_to_read(got: torch.Tensor, page_size: int, full, side, *, sentinel: boo
 # nothing, so the twin runs again.
 _UNKEPT = object()
 
-# Tensors the harness makes once and never writes again (``unchanging``),
-# by id while they live: a memo keeps such a one as it is, and takes it for
-# itself by identity, with no compare (a universe of 16,384 pages cost 17 µs
-# a compare in a unified step, four compares a step).
-_UNCHANGING: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+# Tensors the harness makes once and never writes again (``unchanging``):
+# id -> (a weak reference to the tensor, its version counter then).  A memo
+# keeps such a one as it is, and takes it for itself by identity, with no
+# compare (a universe of 16,384 pages cost 17 µs a compare in a unified
+# step, four compares a step), while torch counts no write to it.
+_UNCHANGING: dict[int, tuple[weakref.ref, int]] = {}
 
 
 def unchanging(t: torch.Tensor) -> torch.Tensor:
     """``t``, marked as one no one writes again (a memo of twin inputs
-    keeps it by identity); only for a tensor the harness made and owns."""
-    _UNCHANGING[id(t)] = t
+    keeps it by identity); only for a tensor the harness made and owns.
+    A write torch counts (in place, through a view) ends the mark; one
+    torch does not count (through NumPy) would go unseen: never write it."""
+    key = id(t)
+
+    def gone(ref: weakref.ref) -> None:
+        if _UNCHANGING.get(key, (None,))[0] is ref:
+            del _UNCHANGING[key]
+
+    _UNCHANGING[key] = (weakref.ref(t, gone), t._version)
     return t
 
 
 def _is_unchanging(t: torch.Tensor) -> bool:
-    return _UNCHANGING.get(id(t)) is t
+    mark = _UNCHANGING.get(id(t))
+    return mark is not None and mark[0]() is t and mark[1] == t._version
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
     """``t``'s bytes as int64 words where its layout allows (contiguous on
     the CPU, a whole number of aligned words), else ``t``: ``torch.equal``
     costs per element, and a bool mask of 16,384 pages compares as 2,048
-    words in a third of the time.  Equal words are equal bytes, so equal
-    tensors of one dtype and shape (a float NaN too, as a twin would read
-    it)."""
+    words in a third of the time.  Two tensors of one dtype and shape with
+    equal words hold the same bytes, so a twin reads the same values in
+    both; unequal words may still be equal values (-0.0 and 0.0, a bool
+    byte other than 0 or 1), which costs only a run of the twin."""
     if t.dtype.itemsize >= 8 or t.device.type != "cpu" or not t.is_contiguous() or t.numel() * t.dtype.itemsize % 8:
         return t
     try:
@@ -422,9 +433,10 @@ def _kept(x):
 
 def _same_inputs(last: tuple, inputs: tuple) -> bool:
     """Whether ``inputs`` are ``last`` (``_kept`` copies) again: each tensor
-    equal in shape, dtype, device and every byte (an ``unchanging`` one:
-    the very tensor kept), each list or tuple item by item, the rest ``==``
-    and of the same type."""
+    equal in shape, dtype and device, and in every byte where ``_words``
+    views it as words, else in every element (an ``unchanging`` one: the
+    very tensor kept), each list or tuple item by item, the rest ``==`` and
+    of the same type."""
     return _same(last, inputs)
 
 
@@ -1482,6 +1494,8 @@ class Lockstep:
         if last is not None and _same_inputs(last, inputs):
             self._held_on[name] = last
             return True
+        # What was derived from the inputs held on before (``_while_held``) goes with them.
+        self._derived.pop(name, None)
         if not twin(*inputs):
             return False
         # Copies: the allocator (and the model) change their tensors and lists in place.
@@ -1489,12 +1503,13 @@ class Lockstep:
         return True
 
     def _while_held(self, name: str, derive: Callable[[], Any]) -> Any:
-        """``derive()``, called right after the twin remembered under
-        ``name`` held, and kept for as long as its inputs stay those it
-        held on: the memo keeps its entry (the very tuple) only while they
-        do.  For a pure function of those inputs whose result no one
-        writes (a unified step's live physical pages, a gather of 16,384
-        entries, where a step left the tables as they were)."""
+        """``derive()``, kept for as long as the inputs of the twin
+        remembered under ``name`` stay those it held on: the memo keeps its
+        entry (the very tuple) only while they do.  Call it right after
+        ``_twin_holds`` under ``name`` said True, with one ``derive`` per
+        name: a pure function of those inputs whose result no one writes
+        (a unified step's live physical pages, a gather of 16,384 entries,
+        where a step left the tables as they were)."""
         held = self._held_on.get(name)
         kept = self._derived.get(name)
         if held is not None and kept is not None and kept[0] is held:

@@ -319,7 +319,9 @@ class FreeGroupMachine(RuleBasedStateMachine):
             # would wait for the cyclic collector, which reads every entry
             # of every owner map and set the dead models hold (3 ms a
             # collection in a Mamba run at 16,384 slots, about 7 dead models
-            # each time).  The state holds no cycle: it goes at once.
+            # each time).  The state holds no cycle: reference counting
+            # frees it once nothing else holds it (a coverage probe keeps
+            # the last one until the next example starts).
             del self.state
 
 

@@ -42,7 +42,8 @@ _UNIVERSES: list[tuple[frozenset[int], torch.Tensor | None]] = []
 
 def universe_tensor(universe: frozenset[int]) -> torch.Tensor | None:
     """The pool's pages, sorted, as int64; None where a Python walk costs
-    less than the torch ops (a small pool) or an id is negative."""
+    less than the torch ops (a small pool) or an id is negative.  Shared
+    and ``unchanging``: never write into it (hand an allocator a copy)."""
     for known, pages in _UNIVERSES:
         if known is universe:
             return pages
@@ -188,6 +189,24 @@ def tokens_of(pages: torch.Tensor, page_size: int) -> torch.Tensor:
     return (pages[:, None] * page_size + torch.arange(page_size)).reshape(-1)
 
 
+# The tokens of the last few universes, by the universe's identity (each
+# holds it, so its id stays its own) and page size.
+_TOKENS: list[tuple[torch.Tensor, int, torch.Tensor]] = []
+
+
+def universe_tokens(pages: torch.Tensor, page_size: int) -> torch.Tensor:
+    """``tokens_of`` a universe (``universe_tensor``), made once and kept
+    ``unchanging``: a unified step asks both read paths for them (its
+    callers pass copies; the allocator may write what it is given)."""
+    for known, ps, tokens in _TOKENS:
+        if known is pages and ps == page_size:
+            return tokens
+    tokens = unchanging(tokens_of(pages, page_size))
+    _TOKENS.insert(0, (pages, page_size, tokens))
+    del _TOKENS[8:]
+    return tokens
+
+
 def roles_hold(p2v: torch.Tensor, first: int, num_pages: int, span: tuple[int, int], *others) -> bool:
     """``physical_pages_owned_once``' twin: each physical page inside the
     span has exactly one role (bound in ``p2v`` at ``first`` or past it,
@@ -200,19 +219,29 @@ def roles_hold(p2v: torch.Tensor, first: int, num_pages: int, span: tuple[int, i
     lo, hi = span
     if lo < 0 or hi < 0:
         return False
-    # Per physical page, its roles: bound (p2v names a virtual page, from
-    # ``first`` below ``num_pages``), then one more per listing in others.
-    bound = cpu(p2v)[:num_pages] != -1
-    bound[: max(first, 0)] = False
-    listed = torch.cat([cpu(o) for o in others]) if others else torch.zeros(0, dtype=torch.int64)
-    if listed.numel() and int(listed.min()) < 0:
-        return False
-    length = max(hi, len(bound), int(listed.max()) + 1 if listed.numel() else 0)
-    roles = torch.bincount(listed, minlength=length)
-    roles[: len(bound)] += bound
-    want = torch.zeros(length, dtype=torch.int64)
-    want[lo:hi] = 1
-    return torch.equal(roles, want)
+    # The bound pages: p2v names a virtual page, from ``first`` below ``num_pages``.
+    roles = cpu(p2v)[:num_pages] != -1
+    roles[: max(first, 0)] = False
+    listed = [cpu(o) for o in others if o.numel()]
+    past = 0
+    if listed:
+        listed = torch.cat(listed) if len(listed) > 1 else listed[0]
+        # Each listed page inside the span, listed once, and not bound: its one role.
+        least, most = torch.aminmax(listed)
+        if int(least) < lo or int(most) >= hi or torch.unique(listed).numel() != listed.numel():
+            return False
+        within = listed < len(roles)
+        if not bool(within.all()):
+            listed, past = listed[within], int((~within).sum())
+        if bool(roles[listed].any()):
+            return False
+        roles[listed] = True
+    # Now no page has two roles: one each inside the span and none outside,
+    # when the span's pages in the table all have one, no other does, and
+    # the listings name each of the span's pages past the table.
+    inside = roles[lo:hi]
+    return (bool(inside.all()) and int(roles.sum()) == inside.numel()
+            and past == max(hi - max(lo, len(roles)), 0))
 
 
 def classes_hold(lists: list[torch.Tensor], shard_size: int) -> bool:

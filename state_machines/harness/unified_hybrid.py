@@ -409,7 +409,7 @@ class UnifiedSWALockstep(FreesNothing, Clears, SWALockstep):
             tokens = [v * ps + k for v in sorted(self.universe) for k in range(ps)]
             loc = torch.tensor(tokens, dtype=torch.int64, device=self.rows.device)
         else:
-            loc, tokens = twins.tokens_of(pages, ps).to(self.rows.device), None
+            loc, tokens = twins.universe_tokens(pages, ps).to(self.rows.device), None
         for side, name, sub in (("full", "translate_kv_loc", a.full_attn_allocator),
                                 ("swa", "translate_loc_from_full_to_swa", a.swa_attn_allocator)):
             # A copy each: what a call does to its argument changes no token judged.

@@ -115,14 +115,16 @@ def test_the_read_path_twin_holds_exactly_where_its_predicate_does(data, ps, cor
     assert twins.read_path_holds(_t(got), _t(v2p), pages, mask, ps) == want
 
 
-@given(st.lists(st.integers(-1, 9), min_size=1, max_size=14), st.integers(0, 3), st.integers(0, 14),
-       st.tuples(st.integers(0, 14), st.integers(0, 14)), st.lists(st.integers(0, 15), max_size=4),
-       st.lists(st.integers(0, 15), max_size=3))
-def test_the_roles_twin_holds_exactly_where_its_predicate_does(p2v, first, n, span, holes, pending):
+@given(st.lists(st.integers(-1, 9), min_size=1, max_size=14), st.integers(0, 3), st.integers(0, 16),
+       st.tuples(st.integers(0, 16), st.integers(0, 16)), st.lists(st.integers(-1, 17), max_size=4),
+       st.lists(st.integers(0, 17), max_size=3), st.lists(st.integers(0, 17), max_size=3))
+def test_the_roles_twin_holds_exactly_where_its_predicate_does(p2v, first, n, span, holes, pending, lent):
+    """Over spans reaching past the table, listings that repeat, fall
+    outside or name a bound page, and pages lent."""
     tables = ru.PageTables(v2p=(), p2v=tuple(p2v), first_page=first, num_pages=n, span=span, holes=tuple(holes),
                            pending=tuple(pending))
-    want = ru.physical_pages_owned_once(tables, []) is None
-    assert twins.roles_hold(_t(p2v), first, n, span, _t(holes), pending) == want
+    want = ru.physical_pages_owned_once(tables, lent) is None
+    assert twins.roles_hold(_t(p2v), first, n, span, _t(holes), tuple(pending), list(lent)) == want
 
 
 def test_the_page_table_twin_sees_two_live_pages_on_one_page_past_p2v():

@@ -283,19 +283,39 @@ def tables_hold(v2p: torch.Tensor, p2v: torch.Tensor, first: int, num_pages: int
     mapped[: max(first, 0)] = False
     if not torch.equal(mapped, live):
         return False
-    pages, names = v2p[:rows].masked_select(mapped), torch.nonzero(mapped).reshape(-1)
-    if pages.numel():
+    count = int(mapped.sum())
+    if count:
+        # Each virtual page's page, a mapped one's own, an unmapped one's
+        # the first page in range: one gather of the whole table (a masked
+        # select and a nonzero cost twice as much).
+        low = max(first, 0)
+        pages = torch.where(mapped, v2p[:rows], low)
         lo, hi = torch.aminmax(pages)
-        if int(lo) < max(first, 0) or int(hi) >= min(num_pages, len(p2v)):
+        if int(lo) < low or int(hi) >= min(num_pages, len(p2v)):
             return False
         # Each mapped page names its own virtual page back, and the virtual
         # pages are distinct: so are the pages.
-        if not torch.equal(p2v.index_select(0, pages), names):
+        names = _arange(rows)
+        if not torch.equal(torch.where(mapped, p2v.index_select(0, pages), names), names):
             return False
     # Every mapped page is bound (it names its virtual page), so the bound
     # pages are exactly the mapped ones, each naming one that maps back to
     # it, when, and only when, there are as many.
-    return bound_count(p2v, first, num_pages) == pages.numel()
+    return bound_count(p2v, first, num_pages) == count
+
+
+def _arange(n: int) -> torch.Tensor:
+    """``torch.arange(n)`` (int64), made once per length and kept
+    ``unchanging``: never write it."""
+    got = _ARANGES.get(n)
+    if got is None:
+        got = _ARANGES[n] = unchanging(torch.arange(n))
+        while len(_ARANGES) > 8:
+            del _ARANGES[next(iter(_ARANGES))]
+    return got
+
+
+_ARANGES: dict[int, torch.Tensor] = {}
 
 
 def bound_count_is(p2v: torch.Tensor, first: int, num_pages: int, held: int) -> bool:

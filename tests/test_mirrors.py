@@ -180,3 +180,15 @@ def test_a_side_s_counts_are_summed_once_while_it_holds_still():
     full.new_request(row=1, pages=[9])
     side.take([9], [19])
     assert side.counts() == outside + Counter({REQUEST: 1}) - Counter({FREE: 1})
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 4, 8, 12, 16, 32])
+def test_the_rows_a_mapping_check_reads_are_those_with_any_entry_differing(width):
+    """``_any_per_row`` (a row read as one integer, or as words): nonzero in
+    exactly the rows ``any(1)`` marks, a strided matrix too."""
+    gen = torch.Generator().manual_seed(width)
+    for share in (0.0, 0.02, 0.5, 1.0):
+        flags = torch.rand(64, width, generator=gen) < share
+        assert torch.equal(lockstep._any_per_row(flags).reshape(-1) != 0, flags.any(1))
+    strided = (torch.rand(64, 2 * width, generator=gen) < 0.05)[:, ::2]
+    assert torch.equal(lockstep._any_per_row(strided).reshape(-1) != 0, strided.any(1))

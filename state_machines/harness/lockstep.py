@@ -351,19 +351,40 @@ def rows_to_read(got: torch.Tensor, page_size: int, full, side, *, sentinel: boo
     if ps == 1:
         want = torch.where(live, peer, 0)[:, None]
     else:
-        want = torch.where(live[:, None], peer[:, None] * ps + torch.arange(ps), 0)
+        # A page's slots where it is live, else 0: times the mask (0 or 1)
+        # costs two thirds of a broadcast ``where``.
+        want = (peer[:, None] * ps + torch.arange(ps)) * live[:, None]
     for page, fill in side.filled.items():
         if type(page) is int and 0 <= page <= n and fill < ps:
             want[page, max(fill, 0):] = 0
     rows = got[: (n + 1) * ps].view(n + 1, ps)
-    differ = rows[1:] != want[1:]
-    differ = (differ if ps == 1 else differ.any(1, keepdim=True)).nonzero()[:, 0].add(1).tolist()
+    differ = _any_per_row(rows[1:] != want[1:]).nonzero()[:, 0].add(1).tolist()
     if free_census is not None and (flags := side.free_flags):
         held = peer.masked_select(live)
         held = held.masked_select(held < len(flags))
         if held.numel() and bool(torch.frombuffer(flags, dtype=torch.int64).index_select(0, held).any()):
             return None
     return differ
+
+
+# A row of 2, 4 or 8 bools read as one integer (``_any_per_row``).
+_ROW_AS_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _any_per_row(flags: torch.Tensor) -> torch.Tensor:
+    """Per row of a bool matrix, nonzero where any entry is True: a row of
+    1 as it is, of 2, 4 or 8 as one integer (a third of what ``any(1)``
+    costs at 4,096 rows of 4), a longer one of whole 8-byte words as those
+    words, ``any(1)`` over them; else ``any(1)``."""
+    width = flags.shape[1]
+    if width == 1:
+        return flags
+    if flags.is_contiguous():
+        if width in _ROW_AS_INT:
+            return flags.view(_ROW_AS_INT[width])
+        if width % 8 == 0:
+            return flags.view(torch.int64).any(1, keepdim=True)
+    return flags.any(1, keepdim=True)
 
 
 # What ``_kept`` makes of an input it cannot copy faithfully: equal to

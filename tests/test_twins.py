@@ -316,3 +316,18 @@ def test_what_is_derived_while_a_twin_holds_lasts_as_long_as_its_inputs():
     table[0] = 10
     assert holds("t") == 16 and made == [6, 16]
     assert state._while_held("never held", lambda: 1) == 1 and "never held" not in state._derived
+
+
+def test_a_universe_is_sliced_where_its_ids_are_a_run_and_gathered_elsewhere():
+    """``at_pages``: a run of ids reads a slice of the table (a view, no
+    element of the universe read), other ids a gather; the runs kept for
+    the universes stay as few as the universes kept."""
+    table = torch.arange(4 * TENSOR_CENSUS_PAGES) * 10
+    run = twins.universe_tensor(frozenset(range(5, 5 + TENSOR_CENSUS_PAGES)))
+    spaced = twins.universe_tensor(frozenset(range(5, 5 + 2 * TENSOR_CENSUS_PAGES, 2)))
+    assert twins.at_pages(table, run)._base is table and torch.equal(twins.at_pages(table, run), table[run])
+    assert twins.at_pages(table, spaced)._base is None and torch.equal(twins.at_pages(table, spaced), table[spaced])
+    assert torch.equal(twins.at_pages(table, run.clone()), table[run])
+    for k in range(20):
+        twins.universe_tensor(frozenset(range(k + 1, k + 1 + TENSOR_CENSUS_PAGES)))
+    assert len(twins._RUNS) <= 8

@@ -53,9 +53,20 @@ def universe_tensor(universe: frozenset[int]) -> torch.Tensor | None:
         pages = next((t for u, t in _UNIVERSES if u == universe), None)
         if pages is None:
             pages = unchanging(torch.tensor(sorted(universe), dtype=torch.int64))
+            low = min(universe)
+            _RUNS[id(pages)] = (pages, low if max(universe) - low + 1 == len(universe) else None)
     _UNIVERSES.insert(0, (universe, pages))
+    for _, gone in _UNIVERSES[8:]:
+        if gone is not None and not any(gone is t for _, t in _UNIVERSES[:8]):
+            _RUNS.pop(id(gone), None)
     del _UNIVERSES[8:]
     return pages
+
+
+# id -> (a universe tensor of ``_UNIVERSES``, its first id where its ids
+# are a run, else None): ``at_pages`` reads no element of it (two element
+# reads cost more than the slice, three calls a unified step).
+_RUNS: dict[int, tuple[torch.Tensor, int | None]] = {}
 
 
 def at_pages(t: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
@@ -64,8 +75,13 @@ def at_pages(t: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
     as a pool's usually are, else one ``index_select`` (advanced indexing
     costs twice that)."""
     n = pages.numel()
-    if n and int(pages[-1]) - int(pages[0]) + 1 == n:
-        return t[int(pages[0]) : int(pages[0]) + n]
+    known = _RUNS.get(id(pages))
+    if known is not None and known[0] is pages:
+        start = known[1]
+    else:
+        start = int(pages[0]) if n and int(pages[-1]) - int(pages[0]) + 1 == n else None
+    if n and start is not None:
+        return t[start : start + n]
     return t.index_select(0, pages)
 
 

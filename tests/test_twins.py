@@ -140,11 +140,12 @@ def test_the_page_table_twin_sees_two_live_pages_on_one_page_past_p2v():
 def test_the_tables_twin_holds_exactly_where_its_predicate_does(data, corrupt):
     """``tables_bijective`` over tables a bijection builds, then corrupts;
     the model's held pages are its owner codes of 2 and up."""
-    first, num_pages = data.draw(st.integers(0, 2)), 20
+    first, num_pages = data.draw(st.integers(0, 3)), data.draw(st.sampled_from([20, *range(23)]))
     codes = bytearray(data.draw(st.lists(st.integers(0, 5), min_size=1, max_size=30)))
     live = {v for v, code in enumerate(codes) if code >= 2}
-    physical = data.draw(st.permutations(range(first, num_pages)))
-    v2p, p2v = [-1] * data.draw(st.integers(1, 32)), [-1] * data.draw(st.integers(5, num_pages + 1))
+    # Pages up to past num_pages: a table can bind a page outside the pool.
+    physical = data.draw(st.permutations(range(first, max(num_pages, first) + 3)))
+    v2p, p2v = [-1] * data.draw(st.integers(1, 32)), [-1] * data.draw(st.integers(1, num_pages + 4))
     large_pools.bijection(v2p, p2v, zip(sorted(live), physical), corrupt)
     tables = ru.PageTables(v2p=tuple(v2p), p2v=tuple(p2v), first_page=first, num_pages=num_pages, span=(0, 0), holes=())
     try:
@@ -297,8 +298,12 @@ def test_an_unchanging_tensor_is_remembered_as_itself_and_no_other_is(monkeypatc
     monkeypatch.setattr(torch, "equal", no_compare)
     assert lockstep._same(universe, universe)
     assert lockstep._kept(written) is written
+    remembered = lockstep._kept((written,))
+    assert lockstep._same_inputs(remembered, (written,))
     written[0] = 5
     assert lockstep._kept(written) is not written and not lockstep._is_unchanging(written)
+    # One the memo held on, kept as itself, is not the same once written.
+    assert not lockstep._same_inputs(remembered, (written,))
 
 
 def test_what_is_derived_while_a_twin_holds_lasts_as_long_as_its_inputs():

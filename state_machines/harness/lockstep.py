@@ -406,9 +406,10 @@ def unchanging(t: torch.Tensor) -> torch.Tensor:
     torch does not count (through NumPy) would go unseen: never write it."""
     key = id(t)
 
-    def gone(ref: weakref.ref) -> None:
-        if _UNCHANGING.get(key, (None,))[0] is ref:
-            del _UNCHANGING[key]
+    def gone(ref: weakref.ref, marks: dict = _UNCHANGING) -> None:
+        # ``marks`` bound now: at interpreter exit the module's globals may be gone.
+        if marks.get(key, (None,))[0] is ref:
+            del marks[key]
 
     _UNCHANGING[key] = (weakref.ref(t, gone), t._version)
     return t
@@ -463,8 +464,10 @@ def _same_inputs(last: tuple, inputs: tuple) -> bool:
 
 def _same(was, now) -> bool:
     if isinstance(now, torch.Tensor):
-        if was is now and _is_unchanging(now):
-            return True
+        if was is now:
+            # Kept as itself: the same only while no write to it is counted
+            # (compared with itself, a written one would pass).
+            return _is_unchanging(now)
         if not (isinstance(was, torch.Tensor) and was.dtype == now.dtype and was.device == now.device
                 and was.shape == now.shape):
             return False

@@ -302,8 +302,10 @@ def test_an_unchanging_tensor_is_remembered_as_itself_and_no_other_is(monkeypatc
     assert lockstep._same_inputs(remembered, (written,))
     written[0] = 5
     assert lockstep._kept(written) is not written and not lockstep._is_unchanging(written)
-    # One the memo held on, kept as itself, is not the same once written.
+    # One the memo held on, kept as itself, stands for nothing once written:
+    # not the same as itself, nor as a tensor equal to what it now holds.
     assert not lockstep._same_inputs(remembered, (written,))
+    assert not lockstep._same_inputs(remembered, (written.clone(),))
 
 
 def test_what_is_derived_while_a_twin_holds_lasts_as_long_as_its_inputs():

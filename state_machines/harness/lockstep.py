@@ -420,6 +420,12 @@ def _is_unchanging(t: torch.Tensor) -> bool:
     return mark is not None and mark[0]() is t and mark[1] == t._version
 
 
+def _marked(t: torch.Tensor) -> bool:
+    """Whether ``t`` was marked ``unchanging``, written since or not."""
+    mark = _UNCHANGING.get(id(t))
+    return mark is not None and mark[0]() is t
+
+
 def _words(t: torch.Tensor) -> torch.Tensor:
     """``t``'s bytes as int64 words where its layout allows (contiguous on
     the CPU, a whole number of aligned words), else ``t``: ``torch.equal``
@@ -464,10 +470,14 @@ def _same_inputs(last: tuple, inputs: tuple) -> bool:
 
 def _same(was, now) -> bool:
     if isinstance(now, torch.Tensor):
-        if was is now:
-            # Kept as itself: the same only while no write to it is counted
-            # (compared with itself, a written one would pass).
-            return _is_unchanging(now)
+        if isinstance(was, torch.Tensor) and _marked(was):
+            # Kept as itself: it stands for what the twin held on only while
+            # no write to it is counted (a written one would pass against
+            # itself, or against a tensor equal to what it now holds).
+            if not _is_unchanging(was):
+                return False
+            if was is now:
+                return True
         if not (isinstance(was, torch.Tensor) and was.dtype == now.dtype and was.device == now.device
                 and was.shape == now.shape):
             return False

@@ -327,8 +327,8 @@ def test_what_is_derived_while_a_twin_holds_lasts_as_long_as_its_inputs():
 
 def test_a_universe_is_sliced_where_its_ids_are_a_run_and_gathered_elsewhere():
     """``at_pages``: a run of ids reads a slice of the table (a view, no
-    element of the universe read), other ids a gather; the runs kept for
-    the universes stay as few as the universes kept."""
+    element of the universe read), other ids a gather; the runs are kept
+    with the universes, as few as they."""
     table = torch.arange(4 * TENSOR_CENSUS_PAGES) * 10
     run = twins.universe_tensor(frozenset(range(5, 5 + TENSOR_CENSUS_PAGES)))
     spaced = twins.universe_tensor(frozenset(range(5, 5 + 2 * TENSOR_CENSUS_PAGES, 2)))
@@ -337,4 +337,4 @@ def test_a_universe_is_sliced_where_its_ids_are_a_run_and_gathered_elsewhere():
     assert torch.equal(twins.at_pages(table, run.clone()), table[run])
     for k in range(20):
         twins.universe_tensor(frozenset(range(k + 1, k + 1 + TENSOR_CENSUS_PAGES)))
-    assert len(twins._RUNS) <= 8
+    assert len(twins._UNIVERSES) <= 8

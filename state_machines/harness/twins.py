@@ -32,57 +32,54 @@ def _ints(pages) -> torch.Tensor | None:
     return torch.tensor(list(pages), dtype=torch.int64) if all(type(p) is int for p in pages) else None
 
 
-# The last few universes and their tensors, matched by identity first: a
+# The last few universes, their tensors and where a run of ids starts
+# (None: not a run), matched by identity first: a
 # machine keeps one universe object for an example, so a step's lookup is a
 # pointer compare.  (An lru_cache compared each new example's equal
 # universe with the first's, element by element, on every lookup: 0.2 ms a
 # step at 16,384 pages.)
-_UNIVERSES: list[tuple[frozenset[int], torch.Tensor | None]] = []
+_UNIVERSES: list[tuple[frozenset[int], torch.Tensor | None, int | None]] = []
 
 
 def universe_tensor(universe: frozenset[int]) -> torch.Tensor | None:
     """The pool's pages, sorted, as int64; None where a Python walk costs
     less than the torch ops (a small pool) or an id is negative.  Shared
     and ``unchanging``: never write into it (hand an allocator a copy)."""
-    for known, pages in _UNIVERSES:
+    for known, pages, _ in _UNIVERSES:
         if known is universe:
             return pages
     if len(universe) < TENSOR_CENSUS_PAGES or min(universe) < 0:
-        pages = None
+        pages, start = None, None
     else:
-        pages = next((t for u, t in _UNIVERSES if u == universe), None)
+        pages, start = next(((t, s) for u, t, s in _UNIVERSES if u == universe), (None, None))
         if pages is None:
             pages = unchanging(torch.tensor(sorted(universe), dtype=torch.int64))
+            # Its first id where its ids are a run (``at_pages``), from the set.
             low = min(universe)
-            _RUNS[id(pages)] = (pages, low if max(universe) - low + 1 == len(universe) else None)
-    _UNIVERSES.insert(0, (universe, pages))
-    for _, gone in _UNIVERSES[8:]:
-        if gone is not None and not any(gone is t for _, t in _UNIVERSES[:8]):
-            _RUNS.pop(id(gone), None)
+            start = low if max(universe) - low + 1 == len(universe) else None
+    _UNIVERSES.insert(0, (universe, pages, start))
     del _UNIVERSES[8:]
     return pages
-
-
-# id -> (a universe tensor of ``_UNIVERSES``, its first id where its ids
-# are a run, else None): ``at_pages`` reads no element of it (two element
-# reads cost more than the slice, three calls a unified step).
-_RUNS: dict[int, tuple[torch.Tensor, int | None]] = {}
 
 
 def at_pages(t: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
     """``t[pages]`` for ``pages`` a universe (``universe_tensor``: sorted,
     distinct, each below ``len(t)``): a slice where they are a run of ids,
     as a pool's usually are, else one ``index_select`` (advanced indexing
-    costs twice that)."""
+    costs twice that).  A kept universe's run is known without reading an
+    element of it (two element reads cost more than the slice, three calls
+    a unified step)."""
     n = pages.numel()
-    known = _RUNS.get(id(pages))
-    if known is not None and known[0] is pages:
-        start = known[1]
-    else:
-        start = int(pages[0]) if n and int(pages[-1]) - int(pages[0]) + 1 == n else None
-    if n and start is not None:
-        return t[start : start + n]
+    known = next((s for _, p, s in _UNIVERSES if p is pages), _UNKNOWN)
+    if known is _UNKNOWN:
+        known = int(pages[0]) if n and int(pages[-1]) - int(pages[0]) + 1 == n else None
+    if n and known is not None:
+        return t[known : known + n]
     return t.index_select(0, pages)
+
+
+# A universe ``at_pages`` was handed that ``_UNIVERSES`` does not keep.
+_UNKNOWN = object()
 
 
 def live_mask(pages: torch.Tensor, free_flags) -> torch.Tensor | None:

@@ -179,6 +179,13 @@ def _shapes_built(drive) -> set[tuple]:
     return seen
 
 
+def _caches_of_its_own(monkeypatch) -> None:
+    """Fresh shape caches for one test: shapes another test probed would
+    hide a probe here, and a verdict faked here must not reach another."""
+    monkeypatch.setattr(family, "_shapes", functools.cache(family._shapes.__wrapped__))
+    monkeypatch.setattr(family, "_drawable", functools.cache(family._drawable.__wrapped__))
+
+
 def test_the_walk_reaches_every_pool_shape():
     """A hundred one-step walk examples build the pool in each size, need_sort and row count."""
     seen = _shapes_built(lambda m: walk(m, random.Random(0), 100, steps=1))
@@ -190,12 +197,33 @@ def test_the_walk_reaches_every_pool_shape():
 def test_the_first_walk_example_runs_on_the_runs_own_pool_and_probes_no_other_shape(monkeypatch):
     """A walk's first example builds only the run's own pool shape, and nothing probes the others before a second example."""
     probed = []
-    # A cache of its own: shapes another test probed would hide a probe here.
-    monkeypatch.setattr(family, "_shapes", functools.cache(family._shapes.__wrapped__))
+    _caches_of_its_own(monkeypatch)
     monkeypatch.setattr(family, "may_draw", lambda config: probed.append(config) or True)
     monkeypatch.setattr(family, "_sorts", lambda config: probed.append(config) or True)
     assert _shapes_built(lambda m: walk(m, random.Random(0), 1, steps=3)) == {(None, False, 4)}
     assert probed == []
+
+
+def test_the_walks_shape_draw_is_uniform_among_the_shapes_that_build_and_probes_only_what_it_draws(monkeypatch):
+    """With the 24-slot pool refused, the walk's draw never lands there and
+    lands on each other size about as often; each verdict is taken once,
+    the first draw's (the run's own on an axis probing nothing) alone."""
+    _caches_of_its_own(monkeypatch)
+    probed = []
+    monkeypatch.setattr(family, "may_draw", lambda config: probed.append(config) or config.size != 24)
+    monkeypatch.setattr(family, "_sorts", lambda config: probed.append(config) or True)
+    rng = random.Random(0)
+    first = family.drawn_shape(Config(), rng)
+    # Size and rows take may_draw's verdict and need_sort _sorts': only the axes drawn off the run's own.
+    assert len(probed) == sum(getattr(first, k) != getattr(Config(), k) for k in ("size", "need_sort", "rows"))
+    drawn = [family.drawn_shape(Config(), rng) for _ in range(3000)]
+    sizes = Counter(c.size for c in drawn)
+    assert set(sizes) == {None, 4, 64} and all(900 < n < 1100 for n in sizes.values())
+    assert Counter(c.need_sort for c in drawn).keys() == {False, True}
+    assert Counter(c.rows for c in drawn).keys() == {4, *(r for r in POOL_ROWS if r)}
+    assert len(probed) == len(set(probed)) == 6  # three sizes, need_sort, two row counts
+    # Hypothesis's shapes reuse those verdicts, and agree.
+    assert family._shapes(Config()).sizes == (None, 4, 64) and len(probed) == 6
 
 
 def test_hypothesis_draws_need_sort_and_rows_per_example():
@@ -581,7 +609,7 @@ def test_machines_of_like_targets_share_one_rules_class_and_each_run_its_own_sub
 def test_a_configurations_pool_shapes_are_probed_once_a_process(monkeypatch):
     """A second run of one configuration probes no shape again: its shapes are kept."""
     probed = []
-    monkeypatch.setattr(family, "_shapes", functools.cache(family._shapes.__wrapped__))
+    _caches_of_its_own(monkeypatch)
     monkeypatch.setattr(family, "may_draw", lambda config: probed.append(config) or True)
     first = machine_for(Config()).shapes()
     count = len(probed)

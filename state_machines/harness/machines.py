@@ -177,6 +177,10 @@ class FreeGroupMachine(RuleBasedStateMachine):
     # kept (``machine_for``).  Probing builds the target in every shape, so
     # it waits until an example needs another than the run's own.
     shape_probe: Callable[[], PoolShapes] = staticmethod(lambda: OWN_SHAPE)
+    # (config, random.Random) -> config in a pool shape drawn as an index
+    # into each of ``shapes()`` would be, probing only what it draws
+    # (``family.drawn_shape``): the walk's draw.
+    shape_drawn: Callable[[Config, Any], Config] = staticmethod(lambda config, rng: config)
 
     def __init__(self) -> None:
         self.record.start_example()
@@ -480,8 +484,12 @@ class PoolShapeRule:
 
     def shape(self, size: int = 0, need_sort: int = 0, rows: int = 0) -> None:
         """Build the example's state in the shape of these indices (``shaped``)."""
+        self.shape_as(self.shaped(self.config, size, need_sort, rows))
+
+    def shape_as(self, config: Config) -> None:
+        """Build the example's state on ``config`` (the machine's in a pool shape)."""
         try:
-            self.state = self.build(self.shaped(self.config, size, need_sort, rows))
+            self.state = self.build(config)
         except InvariantViolation:
             # The fresh pool fails in this shape (``family.may_draw`` keeps
             # such shapes): the example's failure, before any step.

@@ -4,7 +4,8 @@ Hypothesis pays several times a step's own cost per step (its engine
 records, spans and mutates every choice), so a failure a plain walk meets in
 a few examples costs it many times as long.  The walk runs the very machine
 Hypothesis runs (rules, guards, argument normalization, checks), drawing
-each example's pool shape as Hypothesis would (``FreeGroupMachine.shaped``;
+each example's pool shape as Hypothesis would, uniform among the shapes
+that build, but probing only the shapes it draws (``family.drawn_shape``;
 the first example on the run's own), then each step's rule uniformly among
 those whose guard holds (a share ``STEER`` of steps steered toward the
 coverage probe's group orders; a share ``POPULATE`` of those taken while
@@ -273,9 +274,10 @@ def walk(
             if machine.draws_shape and index == 0:
                 machine.shape(0, 0, 0)
             elif machine.draws_shape:
-                shapes = machine.shapes()
-                drawn = tuple(rng.randrange(len(c)) for c in (shapes.sizes, shapes.sorts, shapes.row_counts))
-                machine.shape(*((0, 0, 0) if "shape" in off else drawn))
+                # Probing only the shapes drawn: the other shapes are built
+                # when an example first draws them, not all at the second.
+                drawn = machine.shape_drawn(machine.config, rng)
+                machine.shape_as(machine.config if "shape" in off else drawn)
             steer = _Steer()
             # The decode steered to at the edge; None for the rest of the
             # example once the target refused one (``_refused``), which the

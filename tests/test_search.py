@@ -28,6 +28,7 @@ from state_machines.runs.minimize import _without, minimize
 from state_machines.runs.runner import _walk_key, fuzz, fuzz_settings, replay
 from state_machines.runs.trace import Trace
 from state_machines.runs.walk import _applicable, _at_edge, _decoded, _filling, _Steer, _steered, walk
+from state_machines.targets import TargetError
 from tests.test_minimize import ALIAS, TOKEN_ALIAS
 
 BIG_POOL = next(c for c in HARD if c.target.endswith("BigPool"))
@@ -183,7 +184,7 @@ def _caches_of_its_own(monkeypatch) -> None:
     """Fresh shape caches for one test: shapes another test probed would
     hide a probe here, and a verdict faked here must not reach another."""
     monkeypatch.setattr(family, "_shapes", functools.cache(family._shapes.__wrapped__))
-    monkeypatch.setattr(family, "_drawable", functools.cache(family._drawable.__wrapped__))
+    monkeypatch.setattr(family, "_VERDICTS", {})
 
 
 def test_the_walk_reaches_every_pool_shape():
@@ -204,26 +205,67 @@ def test_the_first_walk_example_runs_on_the_runs_own_pool_and_probes_no_other_sh
     assert probed == []
 
 
-def test_the_walks_shape_draw_is_uniform_among_the_shapes_that_build_and_probes_only_what_it_draws(monkeypatch):
-    """With the 24-slot pool refused, the walk's draw never lands there and
-    lands on each other size about as often; each verdict is taken once,
-    the first draw's (the run's own on an axis probing nothing) alone."""
+def test_the_walks_shape_draw_probes_nothing_and_is_uniform_over_the_offered_shapes(monkeypatch):
+    """Before any shape is refused the walk's draw builds nothing to probe,
+    and lands on each size about as often."""
     _caches_of_its_own(monkeypatch)
     probed = []
-    monkeypatch.setattr(family, "may_draw", lambda config: probed.append(config) or config.size != 24)
+    monkeypatch.setattr(family, "may_draw", lambda config: probed.append(config) or True)
     monkeypatch.setattr(family, "_sorts", lambda config: probed.append(config) or True)
     rng = random.Random(0)
-    first = family.drawn_shape(Config(), rng)
-    # Size and rows take may_draw's verdict and need_sort _sorts': only the axes drawn off the run's own.
-    assert len(probed) == sum(getattr(first, k) != getattr(Config(), k) for k in ("size", "need_sort", "rows"))
-    drawn = [family.drawn_shape(Config(), rng) for _ in range(3000)]
+    drawn = [family.drawn_shape(Config(), rng) for _ in range(4000)]
+    assert probed == []
     sizes = Counter(c.size for c in drawn)
-    assert set(sizes) == {None, 4, 64} and all(900 < n < 1100 for n in sizes.values())
+    assert set(sizes) == {None, *(p for p in POOL_PAGES if p)} and all(900 < n < 1100 for n in sizes.values())
     assert Counter(c.need_sort for c in drawn).keys() == {False, True}
     assert Counter(c.rows for c in drawn).keys() == {4, *(r for r in POOL_ROWS if r)}
-    assert len(probed) == len(set(probed)) == 6  # three sizes, need_sort, two row counts
-    # Hypothesis's shapes reuse those verdicts, and agree.
-    assert family._shapes(Config()).sizes == (None, 4, 64) and len(probed) == 6
+
+
+def test_a_shape_the_target_refuses_is_probed_once_and_never_drawn_again(monkeypatch):
+    """Where the target refuses a 24-slot pool and drops need_sort, the walk
+    builds each at most once, takes the verdicts of a refused shape's
+    values, and then draws only the shapes that build, each size about as
+    often; Hypothesis's shapes agree, taking no verdict twice."""
+    _caches_of_its_own(monkeypatch)
+    built, probed = Counter(), []
+
+    def spy(config):
+        built[(config.size, config.need_sort, config.rows)] += 1
+        if config.size == 24:
+            raise TargetError("no 24-slot pools")
+        state = build(attrs.evolve(config, need_sort=False))
+        state.allocator.need_sort = False  # as a class that ignores the setting
+        return state
+
+    monkeypatch.setattr(family, "build", spy)
+    monkeypatch.setattr(family, "may_draw", lambda config: probed.append(config) or config.size != 24)
+    monkeypatch.setattr(family, "_sorts", lambda config: probed.append(config) or False)
+    walk(type("Spy", (machine_for(Config()),), {"build": staticmethod(spy)}), random.Random(0), 600, steps=1)
+    # Each built at most once: by an example that drew it, or by no one where a redraw's probe refused it first.
+    assert sum(n for (size, _, _), n in built.items() if size == 24) <= 1
+    assert sum(n for (_, need_sort, _), n in built.items() if need_sort) <= 1
+    assert any(c.size == 24 for c in probed) and any(c.need_sort for c in probed)
+    sizes = Counter()
+    for (size, need_sort, _), n in built.items():
+        sizes[size] += n if size != 24 and not need_sort else 0
+    assert set(sizes) >= {None, 4, 64} and all(160 < sizes[s] < 240 for s in (None, 4, 64)), sizes
+    assert family._shapes(Config()).sizes == (None, 4, 64) and family._shapes(Config()).sorts == (None,)
+    assert len(probed) == len(set(probed))
+
+
+def test_a_shape_refused_only_as_a_whole_ends_the_walk_with_its_error(monkeypatch):
+    """A 64-slot pool of 16 rows is refused where each of its values
+    builds alone: no redraw hides it, the walk raises what the build did."""
+    _caches_of_its_own(monkeypatch)
+
+    def spy(config):
+        if (config.size, config.rows) == (64, 16):
+            raise TargetError("no 64-slot pools of 16 rows")
+        return build(config)
+
+    monkeypatch.setattr(family, "build", spy)
+    with pytest.raises(TargetError, match="16 rows"):
+        walk(type("Spy", (machine_for(Config()),), {"build": staticmethod(spy)}), random.Random(0), 200, steps=1)
 
 
 def test_hypothesis_draws_need_sort_and_rows_per_example():

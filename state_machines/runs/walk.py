@@ -5,8 +5,8 @@ records, spans and mutates every choice), so a failure a plain walk meets in
 a few examples costs it many times as long.  The walk runs the very machine
 Hypothesis runs (rules, guards, argument normalization, checks), drawing
 each example's pool shape as Hypothesis would, uniform among the shapes
-that build, but probing only the shapes it draws (``family.drawn_shape``;
-the first example on the run's own), then each step's rule uniformly among
+that build, but with the example's own build as its probe
+(``family.drawn_shape``, ``_shaped``; the first example on the run's own), then each step's rule uniformly among
 those whose guard holds (a share ``STEER`` of steps steered toward the
 coverage probe's group orders; a share ``POPULATE`` of those taken while
 fewer than two requests are live an alloc; a decode wherever the pool is
@@ -21,6 +21,8 @@ examples.
 from __future__ import annotations
 
 import random
+
+import attrs
 
 from state_machines.harness.lockstep import InvariantViolation
 from state_machines.harness.machines import machine_rules
@@ -274,10 +276,7 @@ def walk(
             if machine.draws_shape and index == 0:
                 machine.shape(0, 0, 0)
             elif machine.draws_shape:
-                # Probing only the shapes drawn: the other shapes are built
-                # when an example first draws them, not all at the second.
-                drawn = machine.shape_drawn(machine.config, rng)
-                machine.shape_as(machine.config if "shape" in off else drawn)
+                _shaped(machine, rng, "shape" in off)
             steer = _Steer()
             # The decode steered to at the edge; None for the rest of the
             # example once the target refused one (``_refused``), which the
@@ -340,6 +339,29 @@ class _Steer:
             self.freed = True
         elif in_group and self.freed and name in _WRITES:
             self.written = True
+
+
+def _shaped(machine, rng: random.Random, own: bool) -> None:
+    """Build ``machine``'s example in a pool shape drawn from ``rng``
+    (``family.drawn_shape``; with ``own``, the draw taken, on the run's own
+    shape).  The example's build is the drawn shape's probe: only a shape
+    it refuses (its build raises, or its allocator drops need_sort) has
+    its values probed, and the shape is drawn again among those that build."""
+    config = machine.config
+    drawn = machine.shape_drawn(config, rng)
+    drawn = config if own else drawn
+    try:
+        machine.shape_as(drawn)
+    except InvariantViolation:
+        raise
+    except Exception:
+        if (again := machine.shape_drawn(config, rng, drawn)) is None:
+            raise  # every value builds on its own: the shape fails as a whole, which the run reports
+        machine.shape_as(again)
+        return
+    if drawn.need_sort != config.need_sort and getattr(machine.state.allocator, "need_sort", False) is not True:
+        again = machine.shape_drawn(config, rng, drawn)
+        machine.shape_as(again or attrs.evolve(drawn, need_sort=config.need_sort))
 
 
 def _at_edge(decode, machine):

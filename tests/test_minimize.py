@@ -587,6 +587,29 @@ def test_minimize_puts_a_step_on_the_same_request_in_place_of_one_first():
     _shrinks_to(attrs.evolve(THIRD_GROUP, need_sort=True), fifteen, "free_sets_agree", 10)
 
 
+def test_minimize_puts_a_free_of_a_rule_the_trace_lacks_in_place_of_a_rematch():
+    """Unified-swa segment-queues-view as the bench's seed 0 met it: the
+    group frees the request's tail by a rematch over its cached prefix.
+    A free_segment of that tail (a rule the trace lacks; its slots those
+    the allocs that grew the request took) is tried in its place before
+    the dearer moves run out of budget, and the cache entry then goes:
+    nine steps to the known five."""
+    nine = (
+        Step("alloc", {"n": 8}, "req_0"),
+        Step("rematch", {"req": "req_0", "dup": 0}, "cache_0"),
+        Step("alloc", {"n": 4, "req": "req_0"}),
+        Step("begin", {}),
+        Step("alloc", {"n": 4, "req": "req_0"}),
+        Step("rematch", {"req": "req_0", "dup": 2, "entry": "cache_0"}),
+        Step("finish", {"req": "req_0"}),
+        Step("overwrite_row", {"row": 0}),
+        Step("end", {}),
+    )
+    config = Config(target="builtin:unified-swa", mutant="segment-queues-view", page_size=4)
+    shortest = _shrinks_to(config, nine, "no_page_freed_twice", 5)
+    assert [s.rule for s in shortest.steps] == ["alloc", "begin", "free_segment", "overwrite_row", "end"]
+
+
 def test_minimize_moves_a_step_and_puts_a_new_one_after_it_where_no_single_move_helps():
     """swa end-resolves-swa as the bench's seed 0 left it before the pass of
     two moves (``paired``): the begin moved before the rematch still fails;

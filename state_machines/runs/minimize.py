@@ -17,6 +17,7 @@ from state_machines.config import Config
 from state_machines.harness import Step, build
 from state_machines.harness.family import builds_fresh
 from state_machines.harness.machines import EXTEND_TOKENS_PAGES, MAX_PAGES
+from state_machines.runs.coverage import FREES_A_REQUEST
 from state_machines.runs.trace import (
     ENTRY,
     FLAG,
@@ -300,6 +301,22 @@ def _candidate_steps(rules: tuple[str, ...], config: Config, made: dict[str, lis
         for combo in itertools.product(*(values for _, values in options)):
             found.append(Step(rule, {key: v for (key, _), v in zip(options, combo) if v is not None}))
     return sorted(found, key=_simplicity)
+
+
+def _other_frees(steps: tuple[Step, ...], i: int, rules: tuple[str, ...], config: Config, made: dict[str, list[str]]):
+    """Simpler steps in place of ``steps[i]`` where it frees a request's
+    pages (``FREES_A_REQUEST``): each other such rule the trace lacks,
+    naming what the step names, its amounts also those of the steps that
+    make or name it (a rematch's segment free as a ``free_segment`` of the
+    request's tail, whose slots the allocs that grew it give)."""
+    step = steps[i]
+    if step.rule not in FREES_A_REQUEST:
+        return []
+    named, had = _refs(step), {s.rule for s in steps}
+    amounts = _ints_in([step]) | _ints_in([s for s in steps if s.returns in named or _refs(s) & named])
+    others = tuple(r for r in rules if r in FREES_A_REQUEST and r not in had)
+    return [c for c in _candidate_steps(others, config, made, amounts)
+            if _simplicity(c) < _simplicity(step) and _refs(c) & named]
 
 
 def _ints_in(steps) -> set[int]:
@@ -781,7 +798,10 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     of their own rules (``_candidate_steps``, its amounts perhaps the sum
     of theirs) in place of two adjacent ones; put one simpler step of a
     rule the trace has, naming a request or entry the step named, in place
-    of it (a group's free by a rematch made a finish); swap two adjacent steps where
+    of it (a group's free by a rematch made a finish), or for a free of a
+    request's pages one of another such rule the trace lacks, its amounts
+    also those of the steps naming the request (``_other_frees``: a
+    rematch's segment free made a ``free_segment``); swap two adjacent steps where
     ``descend`` then ends shorter; put one simple step of another rule in
     place of two adjacent ones; delete two steps apart; put any other
     simple step in place of one it is simpler than (``_simplicity``), which can
@@ -928,6 +948,9 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                     close = width == 1 and step.rule in had and _refs(step) & _refs(replaced[0])
                     (merges if own else near if close else others).append(
                         (best.config, (*steps[:i], step, *steps[i + width :]), width > 1))
+                if width == 1:
+                    near += [(best.config, (*steps[:i], step, *steps[i + 1 :]), False)
+                             for step in _other_frees(steps, i, rules[best.config], best.config, made)]
             if width == 2:
                 pairs = itertools.combinations(range(len(steps)), 2)
                 others += [(best.config, steps[:i] + steps[i + 1 : j] + steps[j + 1 :], True)

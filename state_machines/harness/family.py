@@ -149,7 +149,12 @@ def machine_for(config: Config, record: RunRecord | None = None, *, draw_size: b
         return _shapes(config) if draws else OWN_SHAPE
 
     def drawn(now: Config, rng: random.Random, refused: Config | None = None) -> Config | None:
-        return drawn_shape(now, rng, refused) if draws else None if refused else now
+        # Verdicts are kept for the run's configuration, not for ``now`` (a
+        # hang watch's copy with a shorter call limit): the shape drawn goes onto ``now``.
+        if not draws:
+            return None if refused is not None else now
+        shape = drawn_shape(config, rng, None if refused is None else _with_axes(config, _axes_of(refused)))
+        return None if shape is None else _with_axes(now, _axes_of(shape))
 
     # The shapes offered before probing which build: whether an example draws one at all.
     offered = PoolShapes(pool_sizes(config, _any), pool_sorts(config, _any), pool_rows(config, _any))
@@ -217,36 +222,59 @@ _AXES = (("size", pool_sizes), ("need_sort", pool_sorts), ("rows", pool_rows))
 
 def drawn_shape(config: Config, rng: random.Random, refused: Config | None = None) -> Config | None:
     """``config`` in a pool shape drawn from ``rng``: on each axis (size,
-    need_sort, rows) a value uniform among those ``_shapes`` keeps, as
-    Hypothesis draws an index into each of ``shapes()``, but probing none:
-    a value is left out only once its verdict (``_drawable``) says it does
-    not build.  The walk builds the example on the shape drawn; where that
-    is ``refused`` (it raised, or its allocator dropped need_sort), this
-    takes the verdict of each value of that shape, and draws again, every
-    value now probed: the first draw stood where all its values build, the
-    second is uniform among the values that do, so each shape that builds
-    is drawn as often as before.  None where no value of ``refused`` is
-    refused (the shape fails as a whole: the walk reports it); a shape
-    off the run's own on one axis only is its value's verdict, taken with
-    no build again (one that hung would hang again).  A search
-    that fails in its second example no longer builds the target in every
-    shape first (6 builds, 8 ms for dsv4-hisparse)."""
-    probe = refused is not None
-    if probe:
-        differ = [name for name, _ in _AXES if getattr(refused, name) != getattr(config, name)]
-        if len(differ) == 1:
-            _VERDICTS[refused, differ[0] == "need_sort"] = False
-        elif all(_drawable(attrs.evolve(config, **{name: getattr(refused, name)}), name == "need_sort") for name in differ):
-            return None
+    need_sort, rows) a value uniform among those offered, one draw an axis
+    and no probe, whatever verdicts the process already holds (a seed draws
+    the same shapes in any process).  The walk builds its example there:
+    that build is the shape's probe.  Where the example is ``refused`` (its
+    build raised, or its allocator dropped need_sort), or a value drawn is
+    one a verdict (``_drawable``) already refused, this takes the verdict
+    of each value of that shape off the run's own and draws again, each
+    value drawn now probed and left out where it does not build: a first
+    draw stands where its shape builds, and the second is uniform among
+    the values that build, so each shape that builds is drawn as often as
+    Hypothesis draws it from ``shapes()``.  A shape off the run's own on
+    one axis is its value's probe, so its refusal is that value's verdict,
+    taken with no second build.  None where every value of ``refused``
+    builds on its own (the shape fails as a whole: the walk reports it).
+    A search that fails in its second example no longer builds the target
+    in every shape first (6 builds, 8 ms for dsv4-hisparse)."""
+    if refused is None:
+        drawn = _with_axes(config, {name: _one(rng, offered(config, _any)) for name, offered in _AXES})
+        if not any(_VERDICTS.get(key) is False for key in _axis_keys(config, drawn)):
+            return drawn
+        refused = drawn
+    keys = _axis_keys(config, refused)
+    if len(keys) == 1:
+        _VERDICTS[keys[0]] = False
+    elif all(_drawable(*key) for key in keys):
+        return None
     changes = {}
     for name, offered in _AXES:
         left = list(offered(config, _any))
         while (value := left.pop(rng.randrange(len(left)))) is not None:
-            key = (attrs.evolve(config, **{name: value}), name == "need_sort")
-            if _drawable(*key) if probe else _VERDICTS.get(key, True):
+            if _drawable(attrs.evolve(config, **{name: value}), name == "need_sort"):
                 changes[name] = value
                 break
     return attrs.evolve(config, **changes)
+
+
+def _axes_of(shape: Config) -> dict:
+    return {name: getattr(shape, name) for name, _ in _AXES}
+
+
+def _one(rng: random.Random, values: tuple):
+    return values[rng.randrange(len(values))]
+
+
+def _with_axes(config: Config, values: dict) -> Config:
+    """``config`` with each axis value that is not None (None: its own)."""
+    return attrs.evolve(config, **{name: v for name, v in values.items() if v is not None})
+
+
+def _axis_keys(config: Config, shape: Config) -> list[tuple[Config, bool]]:
+    """The ``_VERDICTS`` key of each value of ``shape`` off ``config``'s own."""
+    return [(attrs.evolve(config, **{name: getattr(shape, name)}), name == "need_sort")
+            for name, _ in _AXES if getattr(shape, name) != getattr(config, name)]
 
 
 def forget_machines() -> None:

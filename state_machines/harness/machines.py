@@ -175,12 +175,15 @@ class FreeGroupMachine(RuleBasedStateMachine):
     draws_shape: bool = False
     # () -> PoolShapes: the shapes that build, probed on the first call and
     # kept (``machine_for``).  Probing builds the target in every shape, so
-    # it waits until an example needs another than the run's own.
+    # it waits until Hypothesis (or a shrink's pool sizes) asks: the walk
+    # draws without it (``shape_drawn``).
     shape_probe: Callable[[], PoolShapes] = staticmethod(lambda: OWN_SHAPE)
-    # (config, random.Random) -> config in a pool shape drawn as an index
-    # into each of ``shapes()`` would be, probing only what it draws
-    # (``family.drawn_shape``): the walk's draw.
-    shape_drawn: Callable[[Config, Any], Config] = staticmethod(lambda config, rng: config)
+    # (config, random.Random, refused=None) -> config in a pool shape drawn
+    # as an index into each of ``shapes()`` would be, probing only a shape an
+    # example refused (``family.drawn_shape``; None where that shape fails as
+    # a whole): the walk's draw.
+    shape_drawn: Callable[..., Config | None] = staticmethod(
+        lambda config, rng, refused=None: None if refused is not None else config)
 
     def __init__(self) -> None:
         self.record.start_example()

@@ -310,7 +310,8 @@ def _other_frees(steps: tuple[Step, ...], i: int, rules: tuple[str, ...], config
     make or name it (a rematch's segment free as a ``free_segment`` of the
     request's tail, whose slots the allocs that grew it give)."""
     step = steps[i]
-    if step.rule not in FREES_A_REQUEST:
+    # A step whose entry a later step names cannot go (a rematch that cached a prefix).
+    if step.rule not in FREES_A_REQUEST or (step.returns and any(step.returns in _refs(s) for s in steps[i + 1 :])):
         return []
     named, had = _refs(step), {s.rule for s in steps}
     amounts = _ints_in([step]) | _ints_in([s for s in steps if s.returns in named or _refs(s) & named])

@@ -360,6 +360,9 @@ def _shaped(machine, rng: random.Random, own: bool) -> None:
         machine.shape_as(again)
         return
     if drawn.need_sort != config.need_sort and getattr(machine.state.allocator, "need_sort", False) is not True:
+        # None: need_sort is kept on its own but dropped in this shape (no
+        # verdict says so; each such draw builds twice), which then runs
+        # with need_sort off, as its allocator did.
         again = machine.shape_drawn(config, rng, drawn)
         machine.shape_as(again or attrs.evolve(drawn, need_sort=config.need_sort))
 

@@ -240,19 +240,19 @@ def drawn_shape(config: Config, rng: random.Random, refused: Config | None = Non
     in every shape first (6 builds, 8 ms for dsv4-hisparse)."""
     if refused is None:
         drawn = _with_axes(config, {name: _one(rng, offered(config, _any)) for name, offered in _AXES})
-        if not any(_VERDICTS.get(key) is False for key in _axis_keys(config, drawn)):
+        if not _known_refused(_axis_keys(config, drawn)):
             return drawn
         refused = drawn
     keys = _axis_keys(config, refused)
     if len(keys) == 1:
         _VERDICTS[keys[0]] = False
-    elif all(_drawable(*key) for key in keys):
+    elif not _known_refused(keys) and all(_drawable(*key) for key in keys):
         return None
     changes = {}
     for name, offered in _AXES:
         left = list(offered(config, _any))
         while (value := left.pop(rng.randrange(len(left)))) is not None:
-            if _drawable(attrs.evolve(config, **{name: value}), name == "need_sort"):
+            if _drawable(*_axis_key(config, name, value)):
                 changes[name] = value
                 break
     return attrs.evolve(config, **changes)
@@ -271,10 +271,21 @@ def _with_axes(config: Config, values: dict) -> Config:
     return attrs.evolve(config, **{name: v for name, v in values.items() if v is not None})
 
 
+def _axis_key(config: Config, name: str, value) -> tuple[Config, bool]:
+    """The ``_VERDICTS`` key of ``config`` with axis ``name`` at ``value``."""
+    return attrs.evolve(config, **{name: value}), name == "need_sort"
+
+
 def _axis_keys(config: Config, shape: Config) -> list[tuple[Config, bool]]:
     """The ``_VERDICTS`` key of each value of ``shape`` off ``config``'s own."""
-    return [(attrs.evolve(config, **{name: getattr(shape, name)}), name == "need_sort")
-            for name, _ in _AXES if getattr(shape, name) != getattr(config, name)]
+    return [_axis_key(config, name, getattr(shape, name)) for name, _ in _AXES
+            if getattr(shape, name) != getattr(config, name)]
+
+
+def _known_refused(keys: list[tuple[Config, bool]]) -> bool:
+    """Whether a kept verdict already refuses one of ``keys`` (no probe: a
+    shape with such a value is refused whatever its others' verdicts)."""
+    return any(_VERDICTS.get(key) is False for key in keys)
 
 
 def forget_machines() -> None:

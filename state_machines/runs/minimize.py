@@ -303,18 +303,20 @@ def _candidate_steps(rules: tuple[str, ...], config: Config, made: dict[str, lis
     return sorted(found, key=_simplicity)
 
 
-def _other_frees(steps: tuple[Step, ...], i: int, rules: tuple[str, ...], config: Config, made: dict[str, list[str]]):
+def _other_frees(steps: tuple[Step, ...], i: int, rules: tuple[str, ...], config: Config, made: dict[str, list[str]],
+                 had: set[str]):
     """Simpler steps in place of ``steps[i]`` where it frees a request's
-    pages (``FREES_A_REQUEST``): each other such rule the trace lacks,
-    naming what the step names, its amounts also those of the steps that
-    make or name it (a rematch's segment free as a ``free_segment`` of the
-    request's tail, whose slots the allocs that grew it give)."""
+    pages (``FREES_A_REQUEST``): each other such rule the trace lacks (not
+    in ``had``), naming what the step names, its amounts those of the steps
+    that make or name it, itself among them (a rematch's segment free as a
+    ``free_segment`` of the request's tail, whose slots the allocs that
+    grew it give)."""
     step = steps[i]
     # A step whose entry a later step names cannot go (a rematch that cached a prefix).
     if step.rule not in FREES_A_REQUEST or (step.returns and any(step.returns in _refs(s) for s in steps[i + 1 :])):
         return []
-    named, had = _refs(step), {s.rule for s in steps}
-    amounts = _ints_in([step]) | _ints_in([s for s in steps if s.returns in named or _refs(s) & named])
+    named = _refs(step)
+    amounts = _ints_in([s for s in steps if s.returns in named or _refs(s) & named])
     others = tuple(r for r in rules if r in FREES_A_REQUEST and r not in had)
     return [c for c in _candidate_steps(others, config, made, amounts)
             if _simplicity(c) < _simplicity(step) and _refs(c) & named]
@@ -951,7 +953,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                         (best.config, (*steps[:i], step, *steps[i + width :]), width > 1))
                 if width == 1:
                     near += [(best.config, (*steps[:i], step, *steps[i + 1 :]), False)
-                             for step in _other_frees(steps, i, rules[best.config], best.config, made)]
+                             for step in _other_frees(steps, i, rules[best.config], best.config, made, had)]
             if width == 2:
                 pairs = itertools.combinations(range(len(steps)), 2)
                 others += [(best.config, steps[:i] + steps[i + 1 : j] + steps[j + 1 :], True)

@@ -416,14 +416,16 @@ def unchanging(t: torch.Tensor) -> torch.Tensor:
 
 
 def _is_unchanging(t: torch.Tensor) -> bool:
-    mark = _UNCHANGING.get(id(t))
-    return mark is not None and mark[0]() is t and mark[1] == t._version
+    return _mark(t) is True
 
 
-def _marked(t: torch.Tensor) -> bool:
-    """Whether ``t`` was marked ``unchanging``, written since or not."""
+def _mark(t: torch.Tensor) -> bool | None:
+    """None where ``t`` was never marked ``unchanging``; else whether it is
+    still (no write to it counted since)."""
     mark = _UNCHANGING.get(id(t))
-    return mark is not None and mark[0]() is t
+    if mark is None or mark[0]() is not t:
+        return None
+    return mark[1] == t._version
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
@@ -470,11 +472,11 @@ def _same_inputs(last: tuple, inputs: tuple) -> bool:
 
 def _same(was, now) -> bool:
     if isinstance(now, torch.Tensor):
-        if isinstance(was, torch.Tensor) and _marked(was):
+        if isinstance(was, torch.Tensor) and (unchanged := _mark(was)) is not None:
             # Kept as itself: it stands for what the twin held on only while
             # no write to it is counted (a written one would pass against
             # itself, or against a tensor equal to what it now holds).
-            if not _is_unchanging(was):
+            if not unchanged:
                 return False
             if was is now:
                 return True

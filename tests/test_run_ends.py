@@ -1676,6 +1676,43 @@ def test_a_signal_to_the_whole_group_stops_a_long_run_without_a_death(tmp_path, 
     assert not list((tmp_path / "traces").rglob("*.json"))
 
 
+def test_a_signal_while_messages_are_read_raises_once_they_are_all_handled():
+    """The parent's ``KeyboardInterrupt`` came wherever its signal did: in
+    the middle of a worker's message it cut the pipe's framing, the next
+    read dropped the channel, and a worker that then stopped as told (its
+    ``done`` unread) was judged ``worker_died``, exit 0 (CI on 0422818,
+    the SIGHUP case above).  It now waits until the messages read are
+    handled, and the channels stay whole."""
+    import multiprocessing
+
+    from state_machines.runs.watchdog import Channel, Signals, receive
+
+    ctx = multiprocessing.get_context("fork")
+    channels = {i: Channel(ctx) for i in range(3)}
+    for i, channel in channels.items():
+        channel.put(("stats", i))
+        channel.put(("done", i))
+    handled = []
+
+    def handle(message):
+        handled.append(message)
+        if len(handled) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # as a group's signal lands mid-read
+
+    signals = Signals()
+    signals.install()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            receive(channels, 1.0, handle)
+    finally:
+        signals.restore()
+    assert signals.got == signal.SIGTERM
+    assert handled == [("stats", 0), ("stats", 1), ("stats", 2)]
+    while receive(channels, 0, handled.append):
+        pass
+    assert handled[3:] == [("done", 0), ("done", 1), ("done", 2)] and len(channels) == 3
+
+
 def _forkserver_of(proc, within: float = WAIT_S) -> int:
     """The pid of ``proc``'s forkserver, once it runs."""
     deadline = time.monotonic() + within

@@ -275,8 +275,7 @@ def run(
             ended.add(index)
 
     def drain_now():
-        for message in receive_all(channels):
-            handle(message)
+        receive_all(channels, handle)
 
     def verdict(trace, line):
         path = write_or_why(trace, Path(trace_dir) / "unshrunk")
@@ -323,8 +322,7 @@ def run(
     def pump(until: float):
         nonlocal last_watch
         while any(i not in ended for i in range(len(started_workers))) and time.monotonic() < until:
-            for message in receive(channels, POLL_S):
-                handle(message)
+            receive(channels, POLL_S, handle)
             if time.monotonic() - last_watch >= POLL_S:
                 last_watch = time.monotonic()
                 watch()

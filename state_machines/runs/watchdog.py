@@ -27,6 +27,7 @@ and a short JSON line per step.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import multiprocessing
@@ -182,35 +183,41 @@ class Channel:
         self.writer.close()
 
 
-def receive(channels: dict, timeout: float) -> list:
-    """The messages ready within ``timeout`` on the open ``channels``
-    (index: Channel), at most one each; a channel that has ended is
-    dropped from ``channels``."""
+def receive(channels: dict, timeout: float, handle) -> int:
+    """Pass the messages ready within ``timeout`` on the open ``channels``
+    (index: Channel), at most one each, to ``handle``; returns how many.  A
+    channel that has ended is dropped from ``channels``.
+
+    A stop signal that comes while a message is read or handled raises its
+    ``KeyboardInterrupt`` once all are handled (``whole_messages``): raised
+    in the middle of a read, it cut the message's framing, the channel's
+    next read failed and dropped it, and a worker that then ended as told
+    (its ``done`` unread) was judged dead, exit 0."""
     from multiprocessing.connection import wait
 
     if not channels:
         time.sleep(timeout)
-        return []
+        return 0
     ready = wait([c.reader for c in channels.values()], timeout)
-    out = []
-    for index, channel in list(channels.items()):
-        if channel.reader in ready:
-            try:
-                out.append(channel.reader.recv())
-            except (EOFError, OSError):
-                channel.reader.close()
-                del channels[index]
-    return out
+    count = 0
+    with whole_messages():
+        for index, channel in list(channels.items()):
+            if channel.reader in ready:
+                try:
+                    message = channel.reader.recv()
+                except (EOFError, OSError):
+                    channel.reader.close()
+                    del channels[index]
+                    continue
+                handle(message)
+                count += 1
+    return count
 
 
-def receive_all(channels: dict) -> list:
-    """Everything already sent on ``channels``, without waiting."""
-    out = []
-    while True:
-        got = receive(channels, 0) if channels else []
-        if not got:
-            return out
-        out += got
+def receive_all(channels: dict, handle) -> None:
+    """Pass everything already sent on ``channels`` to ``handle``, without waiting."""
+    while channels and receive(channels, 0, handle):
+        pass
 
 
 class _Publisher:
@@ -361,6 +368,31 @@ STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 RECEIVED: list[int] = []
 
 
+# Set by ``whole_messages``: a stop signal's ``KeyboardInterrupt`` waits.
+_held = 0
+_deferred = False
+
+
+@contextlib.contextmanager
+def whole_messages():
+    """A stop signal (``Signals``) that comes inside raises its
+    ``KeyboardInterrupt`` on the way out, not where it came: a message is
+    never read in part nor read and dropped.  (Blocking the signals would
+    not do: the kernel gives a signal the main thread blocks to another
+    thread, and Python runs its handler in the main thread all the same.)"""
+    global _held, _deferred
+    _held += 1
+    try:
+        yield
+    finally:
+        _held -= 1
+        fire = _deferred and not _held
+        if fire:
+            _deferred = False
+    if fire:
+        raise KeyboardInterrupt
+
+
 class Signals:
     """SIGINT, SIGTERM and SIGHUP (``STOPS``) raise ``KeyboardInterrupt`` in
     the parent, which remembers which came (the exit code is 128 + its
@@ -377,8 +409,12 @@ class Signals:
                          if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN}
 
     def _handle(self, signum, frame):
+        global _deferred
         self.got = signum
         RECEIVED.append(signum)
+        if _held:
+            _deferred = True
+            return
         raise KeyboardInterrupt
 
     def ignore(self) -> None:
@@ -713,10 +749,7 @@ def _drain(channels: dict, handle, done, timeout: float = 0.0) -> None:
     ``timeout`` seconds have brought nothing more."""
     end = time.monotonic() + timeout
     while not done() and channels:
-        got_now = receive(channels, max(0.0, end - time.monotonic()))
-        for message in got_now:
-            handle(message)
-        if not got_now and time.monotonic() >= end:
+        if not receive(channels, max(0.0, end - time.monotonic()), handle) and time.monotonic() >= end:
             return
 
 
@@ -731,8 +764,7 @@ def _watch(child, channels: dict, beacon: Beacon, config: Config, handle, done,
     building its target (``build_death``), else ``("verdict", worker_died
     trace)``."""
     while not done():
-        for message in receive(channels, POLL_S):
-            handle(message)
+        receive(channels, POLL_S, handle)
         if done():
             return None
         now = time.monotonic()

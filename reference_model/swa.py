@@ -54,6 +54,21 @@ class SideOwners(Mapping):
         return self._dict().keys()
 
 
+def _fresh_side(pages: tuple) -> tuple:
+    """A fresh side pool's free set, its pages, and their lanes (``mirrors.lanes``)."""
+    free = FlagSet(pages)
+    return free, frozenset(free), mirrors.lanes(free.bits)
+
+
+def _side_copy(kept: tuple) -> tuple:
+    # The pages and their lanes never change: shared.
+    free, universe, lanes = kept
+    return free._copy(), universe, lanes
+
+
+_FRESH_SIDES: dict = {}
+
+
 @define
 class SWASide:
     """SWA pages: free, queued in a group, or the live peer of a held full page."""
@@ -82,12 +97,12 @@ class SWASide:
 
     @classmethod
     def from_census(cls, full: OwnershipModel, free_pages: list[int]) -> SWASide:
-        ledger = Ledger(len(set(free_pages)), defers=full.defers_frees)
-        free = FlagSet(free_pages)
+        free, universe, universe_lanes = mirrors.fresh(_FRESH_SIDES, free_pages, _fresh_side, _side_copy)
+        ledger = Ledger(len(universe), defers=full.defers_frees)
         top, peer_top = (len(ids) - 1 if ids else 0 for ids in (full.owner.codes, free.flags))
         mapping = PeerMap(top=top, peer_top=peer_top)
-        side = cls(full=full, universe=frozenset(free), free=free, ledger=ledger, mapping=mapping)
-        side._universe_lanes = mirrors.lanes(free.bits)
+        side = cls(full=full, universe=universe, free=free, ledger=ledger, mapping=mapping)
+        side._universe_lanes = universe_lanes
         return side
 
     # -- the views the invariants read --

@@ -46,6 +46,44 @@ def test_a_peer_map_mirrors_its_pages_and_peers(ops):
         assert all(peers.held[i] == held[i] for i in range(len(peers.held)))
 
 
+@pytest.mark.parametrize("pages", [list(range(1, 2049)), [5, 3, 9, 3], [], [0, -2, 7]])
+def test_a_fresh_pool_s_models_are_copies_built_as_ever_and_each_its_own(pages, monkeypatch):
+    """``mirrors.fresh`` builds a fresh pool's mirrors once and hands out
+    copies: each equal to what building gives, mirrors and all, and changed
+    without reaching the kept one or another copy; the kept pools are
+    bounded, the last asked for kept longest."""
+    from reference_model import mirrors
+    from reference_model.model import FREE_OWNER, OwnerMap, owner
+    from reference_model.swa import _fresh_side
+
+    def owners(model):
+        o = model.owner
+        return dict(o), o.free, o.held, o.kinds, o.flags, o.codes
+
+    def side(s):
+        return set(s.free), s.free.flags, s.free.bits, s.universe, s._universe_lanes
+
+    built = OwnershipModel(owner=OwnerMap(dict.fromkeys(pages, FREE_OWNER)), ledger=None)
+    free, universe, lanes = _fresh_side(tuple(pages))
+    side_built = set(free), free.flags, free.bits, universe, lanes
+    first, second = OwnershipModel.from_census(pages), OwnershipModel.from_census(pages)
+    assert first.owner is not second.owner and owners(first) == owners(second) == owners(built)
+    one, two = SWASide.from_census(first, pages), SWASide.from_census(second, pages)
+    assert one.free is not two.free and side(one) == side(two) == side_built
+    if pages:
+        first.owner[pages[0]] = owner(REQUEST, 0)
+        one.free.discard(pages[0])
+    assert owners(second) == owners(OwnershipModel.from_census(pages)) == owners(built)
+    assert side(two) == side(SWASide.from_census(second, pages)) == side_built
+    first.clear()
+    assert owners(first) == owners(OwnershipModel(owner=OwnerMap(dict.fromkeys(sorted(set(pages)), FREE_OWNER)), ledger=None))
+    kept: dict = {}
+    monkeypatch.setattr(mirrors, "FRESH_KEPT", 2)
+    for n in (1, 2, 1, 3):
+        assert mirrors.fresh(kept, range(n), list, list) == list(range(n))
+    assert list(kept) == [(0,), (0, 1, 2)]
+
+
 def test_the_mirrored_containers_refuse_changes_their_mirrors_would_miss():
     with pytest.raises(TypeError):
         FlagSet({1, 2}).clear()

@@ -24,8 +24,10 @@ _SPARSE = 4
 LANE_MOST = 63
 
 
-# Fresh pools kept by ``fresh``, per kind of mirror: a run's pool shapes.
+# Fresh pools kept by ``fresh``, per kind of mirror: a run's pool shapes;
+# a pool of more pages is built each time (a kept one doubles its memory).
 FRESH_KEPT = 8
+FRESH_MOST_PAGES = 1 << 20
 
 
 def fresh(kept: dict, pages, build, copy):
@@ -37,6 +39,8 @@ def fresh(kept: dict, pages, build, copy):
     2.5 ms, a copy of them 0.12 ms.  Pages equal to those kept (``1.0`` for
     ``1``) are taken as those kept."""
     ids = tuple(pages)
+    if len(ids) > FRESH_MOST_PAGES:
+        return build(ids)
     pristine = kept.pop(ids, None)
     if pristine is None:
         pristine = build(ids)

@@ -82,6 +82,8 @@ def test_a_fresh_pool_s_models_are_copies_built_as_ever_and_each_its_own(pages, 
     for n in (1, 2, 1, 3):
         assert mirrors.fresh(kept, range(n), list, list) == list(range(n))
     assert list(kept) == [(0,), (0, 1, 2)]
+    monkeypatch.setattr(mirrors, "FRESH_MOST_PAGES", 3)
+    assert mirrors.fresh(kept, range(4), list, list) == list(range(4)) and len(kept) == 2
 
 
 def test_the_mirrored_containers_refuse_changes_their_mirrors_would_miss():

@@ -275,6 +275,43 @@ def test_a_remembered_tensor_is_compared_byte_for_byte_in_its_shape():
     assert not lockstep._same(lockstep._kept(odd), torch.ones(64, dtype=torch.bool))
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.float32])
+@pytest.mark.parametrize("n", [64, 4096, 16386])
+def test_a_large_tensor_compares_by_memcmp_as_torch_equal_does(dtype, n):
+    """Above ``MEMCMP_BYTES`` two plain CPU tensors compare by memcmp:
+    ``equal`` (a twin's) and ``_same`` (the memo's) give ``torch.equal``'s
+    answer for a copy, a change at either end or in the middle, a view at
+    an offset, a transposed (not contiguous) one and another dtype; a
+    float's -0.0 against 0.0 is unequal bytes, which ``_same`` reads as a
+    change (the twin runs again) and ``equal`` leaves to ``torch.equal``."""
+    g = torch.Generator().manual_seed(n)
+    a = (torch.randint(-5, 5, (n,), generator=g) > 0) if dtype is torch.bool else torch.randint(-5, 5, (n,), generator=g).to(dtype)
+    cases = [a.clone(), a.to(torch.int16) if dtype is not torch.int16 else a.to(torch.int32),
+             torch.cat([a, a])[n:], torch.cat([a, a]).reshape(2, n)[1]]
+    for at in (0, n // 2, n - 1):
+        changed = a.clone()
+        changed[at] = (~changed[at]) if dtype is torch.bool else changed[at] + 1
+        cases.append(changed)
+    for b in cases:
+        assert lockstep.equal(a, b) == torch.equal(a, b)
+        assert lockstep._same(lockstep._kept(a), b) == (a.dtype == b.dtype and torch.equal(a, b))
+    square = a[: 64 * (n // 64)].reshape(64, -1)
+    assert lockstep.equal(square, square.t().contiguous().t()) and lockstep._same(lockstep._kept(square), square.t().contiguous().t())
+    if dtype is torch.float32:
+        zeros = torch.zeros(n)
+        assert lockstep.equal(zeros, -zeros) and not lockstep._same(lockstep._kept(zeros), -zeros)
+
+
+def test_memcmp_reads_a_bool_byte_other_than_one_as_unequal_where_torch_equal_does_not():
+    """A bool byte other than 0 or 1 (written through a uint8 view) is True
+    to ``torch.equal`` and unequal bytes to memcmp: ``equal`` then says
+    unequal, the safe side (the twin does not hold, its predicate judges)."""
+    ones = torch.ones(4096, dtype=torch.bool)
+    odd = ones.clone()
+    odd.view(torch.uint8)[7] = 2
+    assert torch.equal(ones, odd) and not lockstep.equal(ones, odd)
+
+
 def test_an_unchanging_tensor_is_remembered_as_itself_and_no_other_is(monkeypatch):
     """A universe (``unchanging``) is kept by identity and taken for itself
     with no compare, until torch counts a write to it; an equal tensor that

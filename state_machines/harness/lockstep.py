@@ -18,6 +18,7 @@ import _signal
 import atexit
 import collections
 import collections.abc
+import ctypes
 import functools
 import os
 import signal
@@ -228,7 +229,7 @@ class TensorCensus(Census):
             return False
         counts = self._counts(len(flags))
         # A zero-copy view: the model stays torch-free, and no page is visited in Python.
-        return counts is not None and torch.equal(counts, torch.frombuffer(flags, dtype=torch.int64))
+        return counts is not None and equal(counts, torch.frombuffer(flags, dtype=torch.int64))
 
     def _counts(self, size: int) -> torch.Tensor | None:
         """How many times the census lists each id below ``size`` (in
@@ -428,6 +429,50 @@ def _mark(t: torch.Tensor) -> bool | None:
     return mark[1] == t._version
 
 
+def _libc_memcmp():
+    """libc's ``memcmp``, or None where ctypes cannot reach it."""
+    try:
+        memcmp = ctypes.CDLL(None).memcmp
+    except (OSError, AttributeError, TypeError):
+        return None
+    memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+    memcmp.restype = ctypes.c_int
+    return memcmp
+
+
+_MEMCMP = _libc_memcmp()
+# Below this many bytes ``torch.equal`` costs no more than ``_plain``'s questions.
+MEMCMP_BYTES = 1024
+# The dtypes whose values are their bytes: equal bytes exactly where
+# ``torch.equal`` says equal (a bool byte other than 0 or 1 aside).
+_BYTES_ARE_VALUES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
+
+
+def _plain(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many bytes ``a`` and ``b`` hold where both are dense,
+    contiguous CPU tensors of one dtype and shape, read as they lie (no
+    negated or conjugated view) and at least ``MEMCMP_BYTES`` long; else 0."""
+    if _MEMCMP is None or a.dtype != b.dtype or a.shape != b.shape:
+        return 0
+    n = a.numel() * a.element_size()
+    if (n < MEMCMP_BYTES or a.layout != torch.strided or b.layout != torch.strided or a.device.type != "cpu"
+            or b.device.type != "cpu" or not (a.is_contiguous() and b.is_contiguous())
+            or a.is_neg() or b.is_neg() or a.is_conj() or b.is_conj()):
+        return 0
+    return n
+
+
+def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``torch.equal(a, b)`` for a twin's verdict: a memcmp where both are
+    ``_plain`` integers or bools of one dtype (at 16,384 int64 3.7 µs
+    against 14), which may say two unequal where ``torch.equal`` would
+    not only for a bool byte other than 0 or 1: a twin that then does not
+    hold leaves the verdict to its predicate."""
+    if a.dtype in _BYTES_ARE_VALUES and (n := _plain(a, b)):
+        return _MEMCMP(a.data_ptr(), b.data_ptr(), n) == 0
+    return torch.equal(a, b)
+
+
 def _words(t: torch.Tensor) -> torch.Tensor:
     """``t``'s bytes as int64 words where its layout allows (contiguous on
     the CPU, a whole number of aligned words), else ``t``: ``torch.equal``
@@ -483,6 +528,9 @@ def _same(was, now) -> bool:
         if not (isinstance(was, torch.Tensor) and was.dtype == now.dtype and was.device == now.device
                 and was.shape == now.shape):
             return False
+        if n := _plain(was, now):
+            # Equal bytes, whatever the dtype: a twin reads the same values in both.
+            return _MEMCMP(was.data_ptr(), now.data_ptr(), n) == 0
         words = _words(was), _words(now)
         # Both as words, or both as they are (one may lie off a word's edge).
         return torch.equal(*words) if words[0].dtype == words[1].dtype else torch.equal(was, now)

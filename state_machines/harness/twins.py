@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, TensorCensus, ids, integral, unchanging
+from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, TensorCensus, equal, ids, integral, unchanging
 
 
 def cpu(t: torch.Tensor) -> torch.Tensor:
@@ -122,7 +122,7 @@ def page_table_holds(pool, v2p: torch.Tensor, p2v: torch.Tensor, pages: torch.Te
     if pages.numel() and int(pages[-1]) >= len(v2p):
         return False
     physical = at_pages(v2p, pages)
-    if not torch.equal(physical != -1, live):
+    if not equal(physical != -1, live):
         return False
     bound, virtual = physical.masked_select(live), pages.masked_select(live)
     if bound.numel():
@@ -134,11 +134,11 @@ def page_table_holds(pool, v2p: torch.Tensor, p2v: torch.Tensor, pages: torch.Te
         if int(hi) < len(p2v):
             # Each bound page names its own virtual page back, and the
             # virtual pages are distinct: so are the bound pages.
-            if not torch.equal(p2v.index_select(0, bound), virtual):
+            if not equal(p2v.index_select(0, bound), virtual):
                 return False
         else:
             paired = bound < len(p2v)
-            if not torch.equal(p2v[bound[paired]], virtual[paired]):
+            if not equal(p2v[bound[paired]], virtual[paired]):
                 return False
             rest = bound[~paired]
             if torch.unique(rest).numel() != rest.numel():
@@ -180,7 +180,7 @@ def read_path_holds(got: torch.Tensor, v2p: torch.Tensor, pages: torch.Tensor, l
     offsets = torch.arange(ps)
     want = torch.where(live[:, None], at_pages(v2p, pages)[:, None] * ps + offsets, 0).reshape(-1)
     got = cpu(got)
-    return got.numel() == want.numel() and torch.equal(got, want)
+    return got.numel() == want.numel() and equal(got, want)
 
 
 def int_view(t: torch.Tensor):
@@ -267,7 +267,7 @@ def classes_hold(lists: list[torch.Tensor], shard_size: int) -> bool:
     # One pass over all the lists: each page's class against its list's.
     pages = torch.cat([cpu(t) for t in lists])
     classes = torch.repeat_interleave(torch.arange(len(lists)), torch.tensor([t.numel() for t in lists]))
-    return torch.equal(pages.remainder(shard_size), classes)
+    return equal(pages.remainder(shard_size), classes)
 
 
 def tables_hold(v2p: torch.Tensor, p2v: torch.Tensor, first: int, num_pages: int, codes) -> bool:
@@ -294,7 +294,7 @@ def tables_hold(v2p: torch.Tensor, p2v: torch.Tensor, first: int, num_pages: int
         live[: len(held)] = held
     mapped = v2p[:rows] != -1
     mapped[: max(first, 0)] = False
-    if not torch.equal(mapped, live):
+    if not equal(mapped, live):
         return False
     count = int(mapped.sum())
     if count:
@@ -309,7 +309,7 @@ def tables_hold(v2p: torch.Tensor, p2v: torch.Tensor, first: int, num_pages: int
         # Each mapped page names its own virtual page back, and the virtual
         # pages are distinct: so are the pages.
         names = _arange(rows)
-        if not torch.equal(torch.where(mapped, p2v.index_select(0, pages), names), names):
+        if not equal(torch.where(mapped, p2v.index_select(0, pages), names), names):
             return False
     # Every mapped page is bound (it names its virtual page), so the bound
     # pages are exactly the mapped ones, each naming one that maps back to

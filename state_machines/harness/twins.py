@@ -124,7 +124,10 @@ def page_table_holds(pool, v2p: torch.Tensor, p2v: torch.Tensor, pages: torch.Te
     physical = at_pages(v2p, pages)
     if not equal(physical != -1, live):
         return False
-    bound, virtual = physical.masked_select(live), pages.masked_select(live)
+    # The live pages' places, then two small gathers: a masked select reads
+    # the whole mask each time, and few pages of a large pool are live.
+    at = live.nonzero().reshape(-1)
+    bound, virtual = physical.index_select(0, at), pages.index_select(0, at)
     if bound.numel():
         lo, hi = torch.aminmax(bound)
         # (A page below 0, inside a pool a confused allocator starts there,
@@ -146,8 +149,8 @@ def page_table_holds(pool, v2p: torch.Tensor, p2v: torch.Tensor, pages: torch.Te
     # No stray name: every bound page inside p2v's inner range names its
     # virtual page back (above), so the inner pages naming any virtual page
     # are exactly those when, and only when, there are as many of them.
-    named = int((p2v[1:-1] != -1).sum())
-    return named == int(((bound >= 1) & (bound < len(p2v) - 1)).sum())
+    named = int(torch.count_nonzero(p2v[1:-1] != -1))
+    return named == int(torch.count_nonzero((bound >= 1) & (bound < len(p2v) - 1)))
 
 
 def compacted_holds(pool, physical: torch.Tensor, allocated_tokens: int, page_size: int) -> bool:
@@ -177,8 +180,10 @@ def read_path_holds(got: torch.Tensor, v2p: torch.Tensor, pages: torch.Tensor, l
     v2p, ps = cpu(v2p), page_size
     if pages.numel() and int(pages[-1]) >= len(v2p):
         return False
-    offsets = torch.arange(ps)
-    want = torch.where(live[:, None], at_pages(v2p, pages)[:, None] * ps + offsets, 0).reshape(-1)
+    if ps == 1:
+        want = torch.where(live, at_pages(v2p, pages), 0)
+    else:
+        want = torch.where(live[:, None], at_pages(v2p, pages)[:, None] * ps + torch.arange(ps), 0).reshape(-1)
     got = cpu(got)
     return got.numel() == want.numel() and equal(got, want)
 
@@ -253,7 +258,7 @@ def roles_hold(p2v: torch.Tensor, first: int, num_pages: int, span: tuple[int, i
     # when the span's pages in the table all have one, no other does, and
     # the listings name each of the span's pages past the table.
     inside = roles[lo:hi]
-    return (bool(inside.all()) and int(roles.sum()) == inside.numel()
+    return (bool(inside.all()) and int(torch.count_nonzero(roles)) == inside.numel()
             and past == max(hi - max(lo, len(roles)), 0))
 
 
@@ -296,7 +301,7 @@ def tables_hold(v2p: torch.Tensor, p2v: torch.Tensor, first: int, num_pages: int
     mapped[: max(first, 0)] = False
     if not equal(mapped, live):
         return False
-    count = int(mapped.sum())
+    count = int(torch.count_nonzero(mapped))
     if count:
         # Each virtual page's page, a mapped one's own, an unmapped one's
         # the first page in range: one gather of the whole table (a masked
@@ -340,4 +345,4 @@ def bound_count_is(p2v: torch.Tensor, first: int, num_pages: int, held: int) -> 
 def bound_count(p2v: torch.Tensor, first: int, num_pages: int) -> int:
     """How many pages ``PageTables.bound()`` holds: those from ``first``
     below ``num_pages`` whose ``p2v`` names a virtual page."""
-    return int((cpu(p2v)[:num_pages][max(first, 0):] != -1).sum())
+    return int(torch.count_nonzero(cpu(p2v)[:num_pages][max(first, 0):] != -1))

@@ -358,9 +358,11 @@ class UnifiedSWALockstep(FreesNothing, Clears, SWALockstep):
     def check(self) -> None:
         censuses = self._censuses()
         for pool, census in zip(self.pools(), censuses):
-            for predicate in UNIFIED_CHECKS:
-                self._judge(predicate, census, len(census) * self.page_size, self.page_size, pool.model,
-                            name=pool.prefix + predicate.__name__, label=pool.label)
+            # A side pool's counts summed once for the checks that read them (``SWASide.unchanging``).
+            with pool.model.unchanging():
+                for predicate in UNIFIED_CHECKS:
+                    self._judge(predicate, census, len(census) * self.page_size, self.page_size, pool.model,
+                                name=pool.prefix + predicate.__name__, label=pool.label)
         self.check_joint(censuses)
 
     def _censuses(self) -> list[Census | list[int]]:

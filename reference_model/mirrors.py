@@ -24,27 +24,30 @@ _SPARSE = 4
 LANE_MOST = 63
 
 
-# Fresh pools kept by ``fresh``, per kind of mirror: a run's pool shapes;
-# a pool of more pages is built each time (a kept one doubles its memory).
+# Fresh pools kept by ``fresh``, per kind of mirror: a run's pool shapes,
+# and at most this many pages in all (a kept pool doubles its models' memory).
 FRESH_KEPT = 8
-FRESH_MOST_PAGES = 1 << 20
+FRESH_KEPT_PAGES = 1 << 20
 
 
 def fresh(kept: dict, pages, build, copy):
     """``copy`` of ``build(ids)``, ``ids`` the tuple of ``pages``, built
-    once while ``kept`` (a dict of the ``FRESH_KEPT`` pools last asked for)
-    holds it.  Every example starts its models on the same fresh pool, and
-    a clear starts them again: building the mirrors of 16,384 free pages
-    (a set, the least and largest id, the type of each, flag arrays) took
-    2.5 ms, a copy of them 0.12 ms.  Pages equal to those kept (``1.0`` for
-    ``1``) are taken as those kept."""
+    once while ``kept`` (a dict of the pools last asked for: at most
+    ``FRESH_KEPT``, ``FRESH_KEPT_PAGES`` pages in all) holds it.  Every
+    example starts its models on the same fresh pool, and a clear starts
+    them again: building the mirrors of 16,384 free pages (a set, the
+    least and largest id, the type of each, flag arrays) took 2.5 ms, a
+    copy of them 0.12 ms.  Only ids that are all ``int`` are kept: equal
+    ids of another type (``1.0``, ``True``) hash and compare as ints do,
+    and would be handed the ints' copy, mirrors and all (or the ints
+    theirs); those, and a pool past the page budget, are built each time."""
     ids = tuple(pages)
-    if len(ids) > FRESH_MOST_PAGES:
+    if len(ids) > FRESH_KEPT_PAGES or not set(map(type, ids)) <= {int}:
         return build(ids)
     pristine = kept.pop(ids, None)
     if pristine is None:
         pristine = build(ids)
-        while len(kept) >= FRESH_KEPT:
+        while kept and (len(kept) >= FRESH_KEPT or sum(map(len, kept)) + len(ids) > FRESH_KEPT_PAGES):
             del kept[next(iter(kept))]
     kept[ids] = pristine  # the last asked for, last out
     return copy(pristine)

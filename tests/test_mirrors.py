@@ -82,8 +82,25 @@ def test_a_fresh_pool_s_models_are_copies_built_as_ever_and_each_its_own(pages, 
     for n in (1, 2, 1, 3):
         assert mirrors.fresh(kept, range(n), list, list) == list(range(n))
     assert list(kept) == [(0,), (0, 1, 2)]
-    monkeypatch.setattr(mirrors, "FRESH_MOST_PAGES", 3)
-    assert mirrors.fresh(kept, range(4), list, list) == list(range(4)) and len(kept) == 2
+    # At most FRESH_KEPT_PAGES pages in all: the oldest go first, and a pool past it is never kept.
+    monkeypatch.setattr(mirrors, "FRESH_KEPT_PAGES", 4)
+    assert mirrors.fresh(kept, range(5), list, list) == list(range(5)) and list(kept) == [(0,), (0, 1, 2)]
+    mirrors.fresh(kept, range(2), list, list)
+    assert list(kept) == [(0, 1)]
+
+
+def test_a_fresh_pool_of_ids_not_all_ints_is_built_each_time_and_shares_no_copy():
+    """Ids equal to ints but of another type (a float census) hash and
+    compare as the ints do: kept, they would be handed the ints' model
+    (int keys, mirrors) or the ints theirs (float keys, no mirrors)."""
+    from reference_model.model import OwnerMap
+
+    floats = OwnerMap.all_free([1.0, 2.0, 3.0])
+    ints = OwnerMap.all_free([1, 2, 3])
+    assert [type(p) for p in floats] == [float] * 3 and floats.flags is None
+    assert [type(p) for p in ints] == [int] * 3 and list(ints.flags) == [0, 1, 1, 1]
+    assert [type(p) for p in OwnerMap.all_free([1.0, 2.0, 3.0])] == [float] * 3
+    assert {type(p) for p in SWASide.from_census(OwnershipModel.from_census([1.0, 2.0]), [1.0, 2.0]).free} == {float}
 
 
 def test_the_mirrored_containers_refuse_changes_their_mirrors_would_miss():

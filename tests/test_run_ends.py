@@ -1681,36 +1681,90 @@ def test_a_signal_while_messages_are_read_raises_once_they_are_all_handled():
     the middle of a worker's message it cut the pipe's framing, the next
     read dropped the channel, and a worker that then stopped as told (its
     ``done`` unread) was judged ``worker_died``, exit 0 (CI on 0422818,
-    the SIGHUP case above).  It now waits until the messages read are
-    handled, and the channels stay whole."""
+    the SIGHUP case above).  Now a signal that comes while messages are
+    read and handled raises once every one read is handled, and the
+    channels stay whole."""
+    from state_machines.runs import watchdog
+
+    handled = []
+
+    def signal_at_first(message):
+        handled.append(message)
+        if len(handled) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # as a group's signal lands while a message is taken
+
+    with _channels(3) as channels, _signals() as signals:
+        with pytest.raises(KeyboardInterrupt):
+            watchdog.receive(channels, 1.0, signal_at_first)
+        assert signals.got == signal.SIGTERM
+        assert handled == [("stats", 0), ("stats", 1), ("stats", 2)]
+        while watchdog.receive(channels, 0, handled.append):
+            pass
+        assert handled[3:] == [("done", 0), ("done", 1), ("done", 2)]
+    assert (watchdog._held, watchdog._deferred) == (0, False)
+
+
+def test_a_signal_held_for_a_message_is_raised_when_its_handling_fails_and_a_second_at_once():
+    """A signal held while a message is handled still stops the run when
+    the handling raises (a print to a terminal that hung up: EIO): its
+    ``KeyboardInterrupt``, chained to that error.  A second signal is not
+    held: a worker stalled in the middle of a message would hold the first."""
+    from state_machines.runs import watchdog
+
+    def hangup_then_eio(message):
+        os.kill(os.getpid(), signal.SIGHUP)
+        raise OSError(5, "Input/output error")
+
+    went_on = []
+
+    def two_signals(message):
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+        went_on.append(message)  # the second signal did not raise at once
+
+    for handle, last in ((hangup_then_eio, signal.SIGHUP), (two_signals, signal.SIGINT)):
+        with _channels(1) as channels, _signals() as signals:
+            with pytest.raises(KeyboardInterrupt) as raised:
+                watchdog.receive(channels, 1.0, handle)
+            assert signals.got == last
+            if handle is hangup_then_eio:
+                assert isinstance(raised.value.__context__, OSError)
+        assert (watchdog._held, watchdog._deferred) == (0, False) and not went_on
+
+
+@contextlib.contextmanager
+def _channels(n: int):
+    """``n`` worker channels (``watchdog.Channel``), each holding a
+    ``stats`` and a ``done``, closed afterwards."""
     import multiprocessing
 
-    from state_machines.runs.watchdog import Channel, Signals, receive
+    from state_machines.runs.watchdog import Channel
 
     ctx = multiprocessing.get_context("fork")
-    channels = {i: Channel(ctx) for i in range(3)}
+    channels = {i: Channel(ctx) for i in range(n)}
+    kept = list(channels.values())
     for i, channel in channels.items():
         channel.put(("stats", i))
         channel.put(("done", i))
-    handled = []
+    try:
+        yield channels
+    finally:
+        for channel in kept:
+            channel.reader.close()
+            channel.writer.close()
 
-    def handle(message):
-        handled.append(message)
-        if len(handled) == 1:
-            os.kill(os.getpid(), signal.SIGTERM)  # as a group's signal lands mid-read
+
+@contextlib.contextmanager
+def _signals():
+    """The command's stop-signal handlers (``watchdog.Signals``) installed."""
+    from state_machines.runs.watchdog import Signals
 
     signals = Signals()
     signals.install()
     try:
-        with pytest.raises(KeyboardInterrupt):
-            receive(channels, 1.0, handle)
+        yield signals
     finally:
         signals.restore()
-    assert signals.got == signal.SIGTERM
-    assert handled == [("stats", 0), ("stats", 1), ("stats", 2)]
-    while receive(channels, 0, handled.append):
-        pass
-    assert handled[3:] == [("done", 0), ("done", 1), ("done", 2)] and len(channels) == 3
 
 
 def _forkserver_of(proc, within: float = WAIT_S) -> int:

@@ -302,6 +302,18 @@ def test_a_large_tensor_compares_by_memcmp_as_torch_equal_does(dtype, n):
         assert lockstep.equal(zeros, -zeros) and not lockstep._same(lockstep._kept(zeros), -zeros)
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_quantized_tensor_is_compared_by_value_not_by_its_bytes():
+    """A quantized tensor's bytes leave out its scale: two of equal bytes
+    may hold other values, so neither memcmp nor the words view takes it
+    (the words view of one had crashed the interpreter)."""
+    one = torch.quantize_per_tensor(torch.ones(4096), 0.1, 0, torch.qint8)
+    two = torch.quantize_per_tensor(torch.full((4096,), 2.0), 0.2, 0, torch.qint8)
+    assert torch.equal(one.int_repr(), two.int_repr())
+    assert lockstep._plain(one, two) == 0 and not lockstep._same(lockstep._kept(one), two)
+    assert lockstep._same(lockstep._kept(one), one)
+
+
 def test_memcmp_reads_a_bool_byte_other_than_one_as_unequal_where_torch_equal_does_not():
     """A bool byte other than 0 or 1 (written through a uint8 view) is True
     to ``torch.equal`` and unequal bytes to memcmp: ``equal`` then says

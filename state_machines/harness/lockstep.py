@@ -432,7 +432,9 @@ def _mark(t: torch.Tensor) -> bool | None:
 def _libc_memcmp():
     """libc's ``memcmp``, or None where ctypes cannot reach it."""
     try:
-        memcmp = ctypes.CDLL(None).memcmp
+        # PyDLL: the call keeps the GIL, so no other thread frees a tensor's
+        # storage while it reads it (CDLL lets go of it).
+        memcmp = ctypes.PyDLL(None).memcmp
     except (OSError, AttributeError, TypeError):
         return None
     memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
@@ -451,13 +453,14 @@ _BYTES_ARE_VALUES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16,
 def _plain(a: torch.Tensor, b: torch.Tensor) -> int:
     """How many bytes ``a`` and ``b`` hold where both are dense,
     contiguous CPU tensors of one dtype and shape, read as they lie (no
-    negated or conjugated view) and at least ``MEMCMP_BYTES`` long; else 0."""
+    negated or conjugated view, not quantized: a scale the bytes do not
+    hold) and at least ``MEMCMP_BYTES`` long; else 0."""
     if _MEMCMP is None or a.dtype != b.dtype or a.shape != b.shape:
         return 0
     n = a.numel() * a.element_size()
     if (n < MEMCMP_BYTES or a.layout != torch.strided or b.layout != torch.strided or a.device.type != "cpu"
             or b.device.type != "cpu" or not (a.is_contiguous() and b.is_contiguous())
-            or a.is_neg() or b.is_neg() or a.is_conj() or b.is_conj()):
+            or a.is_neg() or b.is_neg() or a.is_conj() or b.is_conj() or a.is_quantized or b.is_quantized):
         return 0
     return n
 
@@ -481,7 +484,8 @@ def _words(t: torch.Tensor) -> torch.Tensor:
     equal words hold the same bytes, so a twin reads the same values in
     both; unequal words may still be equal values (-0.0 and 0.0, a bool
     byte other than 0 or 1), which costs only a run of the twin."""
-    if t.dtype.itemsize >= 8 or t.device.type != "cpu" or not t.is_contiguous() or t.numel() * t.dtype.itemsize % 8:
+    if (t.dtype.itemsize >= 8 or t.device.type != "cpu" or t.is_quantized or not t.is_contiguous()
+            or t.numel() * t.dtype.itemsize % 8):
         return t
     try:
         return t.reshape(-1).view(torch.int64)

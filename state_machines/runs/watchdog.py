@@ -377,20 +377,23 @@ _deferred = False
 def whole_messages():
     """A stop signal (``Signals``) that comes inside raises its
     ``KeyboardInterrupt`` on the way out, not where it came: a message is
-    never read in part nor read and dropped.  (Blocking the signals would
-    not do: the kernel gives a signal the main thread blocks to another
-    thread, and Python runs its handler in the main thread all the same.)"""
+    never read in part nor read and dropped.  Leaving by an exception (a
+    print to a terminal that hung up: EIO) raises it all the same, chained
+    to that exception: the stop came first.  A second signal inside raises
+    at once: a worker stalled in the middle of a message (stopped, under a
+    debugger) would hold the first until it went on.  (Blocking the signals
+    would not do: the kernel gives a signal the main thread blocks to
+    another thread, and Python runs its handler in the main thread all the
+    same.)"""
     global _held, _deferred
     _held += 1
     try:
         yield
     finally:
         _held -= 1
-        fire = _deferred and not _held
-        if fire:
+        if _deferred and not _held:
             _deferred = False
-    if fire:
-        raise KeyboardInterrupt
+            raise KeyboardInterrupt
 
 
 class Signals:
@@ -412,9 +415,10 @@ class Signals:
         global _deferred
         self.got = signum
         RECEIVED.append(signum)
-        if _held:
+        if _held and not _deferred:
             _deferred = True
             return
+        _deferred = False
         raise KeyboardInterrupt
 
     def ignore(self) -> None:

@@ -89,18 +89,25 @@ def test_a_fresh_pool_s_models_are_copies_built_as_ever_and_each_its_own(pages, 
     assert list(kept) == [(0, 1)]
 
 
-def test_a_fresh_pool_of_ids_not_all_ints_is_built_each_time_and_shares_no_copy():
+def test_a_fresh_pool_of_ids_not_all_ints_is_not_kept_and_equal_ones_get_the_ints_copy():
     """Ids equal to ints but of another type (a float census) hash and
-    compare as the ints do: kept, they would be handed the ints' model
-    (int keys, mirrors) or the ints theirs (float keys, no mirrors)."""
-    from reference_model.model import OwnerMap
+    compare as the ints do.  A pool of such ids is built each time, never
+    kept: were it kept, int ids would be handed its float keys, which
+    reach the allocator as floats, and no mirrors.  Once the ints' pool is
+    kept, equal floats are handed its copy: ints, mirrors and all."""
+    from reference_model import mirrors
+    from reference_model.model import _FRESH_OWNERS, OwnerMap
 
-    floats = OwnerMap.all_free([1.0, 2.0, 3.0])
-    ints = OwnerMap.all_free([1, 2, 3])
-    assert [type(p) for p in floats] == [float] * 3 and floats.flags is None
-    assert [type(p) for p in ints] == [int] * 3 and list(ints.flags) == [0, 1, 1, 1]
-    assert [type(p) for p in OwnerMap.all_free([1.0, 2.0, 3.0])] == [float] * 3
-    assert {type(p) for p in SWASide.from_census(OwnershipModel.from_census([1.0, 2.0]), [1.0, 2.0]).free} == {float}
+    pages = [1001, 1003]  # ids no other test keeps
+    floats = OwnerMap.all_free([float(p) for p in pages])
+    assert [type(p) for p in floats] == [float] * 2 and floats.flags is None
+    assert tuple(pages) not in _FRESH_OWNERS
+    ints = OwnerMap.all_free(pages)
+    assert [type(p) for p in ints] == [int] * 2 and ints.flags is not None
+    assert [type(p) for p in OwnerMap.all_free([float(p) for p in pages])] == [int] * 2
+    side = SWASide.from_census(OwnershipModel.from_census([0.5, 1.5]), [0.5, 1.5])
+    assert set(side.free) == {0.5, 1.5} and side.free.flags is None
+    assert mirrors.fresh({}, [1.0], list, list) == [1.0]
 
 
 def test_the_mirrored_containers_refuse_changes_their_mirrors_would_miss():

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from bench.baseline import random_fuzz
@@ -118,6 +118,10 @@ def test_the_read_path_twin_holds_exactly_where_its_predicate_does(data, ps, cor
 @given(st.lists(st.integers(-1, 9), min_size=1, max_size=14), st.integers(0, 3), st.integers(0, 16),
        st.tuples(st.integers(0, 16), st.integers(0, 16)), st.lists(st.integers(-1, 17), max_size=4),
        st.lists(st.integers(0, 17), max_size=3), st.lists(st.integers(0, 17), max_size=3))
+# A page listed twice, inside the table and past it, where all else holds.
+@example([-1, -1, -1], 0, 3, (0, 3), [0, 0, 1], [2], [])
+@example([-1, -1, 4], 0, 3, (0, 3), [0], [1], [1])
+@example([-1], 0, 1, (0, 4), [0, 1], [2], [2])
 def test_the_roles_twin_holds_exactly_where_its_predicate_does(p2v, first, n, span, holes, pending, lent):
     """Over spans reaching past the table, listings that repeat, fall
     outside or name a bound page, and pages lent."""
@@ -134,6 +138,16 @@ def test_the_page_table_twin_sees_two_live_pages_on_one_page_past_p2v():
     v2p, p2v = [-1, 12, 12, -1], [-1] * 10
     assert rh.unified_page_table_bijective(pool, v2p, p2v, {1, 2}, {1, 2, 3}) is not None
     assert not twins.page_table_holds(pool, _t(v2p), _t(p2v), _t([1, 2, 3]), _t([1, 1, 0]).bool())
+
+
+def test_the_page_table_twin_sees_a_page_not_live_yet_mapped_to_a_page_naming_none():
+    """A page the model holds free, still mapped in v2p to a page whose p2v
+    names no virtual page: no count tells it, the live mask does."""
+    pool = rh.SubPool("full", first=1, end=20, page_bytes=1, grows="up")
+    v2p, p2v = [-1] * 32, [-1] * 21
+    v2p[1], p2v[5], v2p[2] = 5, 1, 7
+    assert rh.unified_page_table_bijective(pool, v2p, p2v, {1}, {1, 2}) is not None
+    assert not twins.page_table_holds(pool, _t(v2p), _t(p2v), _t([1, 2]), _t([1, 0]).bool())
 
 
 @given(st.data(), corruptions)

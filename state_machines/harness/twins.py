@@ -10,10 +10,16 @@ So a twin changes how fast a step is judged, never the verdict or the
 message.  A tensor not of integers makes a twin say False: int64 would
 change its values.  The model stays torch-free: its per-page flags are
 viewed in place (``torch.frombuffer``).
+
+The twins that read a whole table each step compute in NumPy, over the
+tensors' own memory (``host``): at 16,384 entries a NumPy op costs a
+third to a quarter of the torch op (whose dispatch alone is several µs),
+and a twin runs ten or so of them.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, TensorCensus, equal, ids, integral, unchanging
@@ -22,6 +28,31 @@ from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, TensorCensus, e
 def cpu(t: torch.Tensor) -> torch.Tensor:
     """``t`` flat, on the CPU, as int64."""
     return t.to("cpu", torch.int64).reshape(-1)
+
+
+def host(t: torch.Tensor, dtype: torch.dtype = torch.int64) -> np.ndarray:
+    """``t`` flat, on the CPU, as ``dtype``, as a NumPy array: over
+    ``t``'s own memory where it is that already (never write into it)."""
+    flat = t.to("cpu", dtype).reshape(-1)
+    return (flat.resolve_neg() if flat.is_neg() else flat).numpy()
+
+
+def _bridge() -> bool:
+    """Whether this torch hands its tensors to NumPy (``host``)."""
+    try:
+        return host(torch.zeros(1, dtype=torch.int64)).shape == (1,)
+    except (RuntimeError, TypeError):
+        return False
+
+
+# Without the NumPy bridge every twin says False: its predicate judges.
+_NUMPY = _bridge()
+
+
+def _hosted(*tables: torch.Tensor) -> bool:
+    """Whether the twins can read ``tables`` in NumPy: integers
+    (``integral``) with a NumPy bridge."""
+    return _NUMPY and all(map(integral, tables))
 
 
 def _ints(pages) -> torch.Tensor | None:
@@ -62,20 +93,21 @@ def universe_tensor(universe: frozenset[int]) -> torch.Tensor | None:
     return pages
 
 
-def at_pages(t: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
-    """``t[pages]`` for ``pages`` a universe (``universe_tensor``: sorted,
-    distinct, each below ``len(t)``): a slice where they are a run of ids,
-    as a pool's usually are, else one ``index_select`` (advanced indexing
-    costs twice that).  A kept universe's run is known without reading an
-    element of it (two element reads cost more than the slice, three calls
-    a unified step)."""
+def at_pages(t, pages: torch.Tensor):
+    """``t[pages]`` (``t`` a tensor or a NumPy array) for ``pages`` a
+    universe (``universe_tensor``: sorted, distinct, each below
+    ``len(t)``): a slice where they are a run of ids, as a pool's usually
+    are, else one gather (``index_select``: advanced indexing costs twice
+    that).  A kept universe's run is known without reading an element of
+    it (two element reads cost more than the slice, three calls a unified
+    step)."""
     n = pages.numel()
     known = next((s for _, p, s in _UNIVERSES if p is pages), _UNKNOWN)
     if known is _UNKNOWN:
         known = int(pages[0]) if n and int(pages[-1]) - int(pages[0]) + 1 == n else None
     if n and known is not None:
         return t[known : known + n]
-    return t.index_select(0, pages)
+    return t.index_select(0, pages) if isinstance(t, torch.Tensor) else t.take(host(pages))
 
 
 # A universe ``at_pages`` was handed that ``_UNIVERSES`` does not keep.
@@ -84,16 +116,26 @@ _UNKNOWN = object()
 
 def live_mask(pages: torch.Tensor, free_flags) -> torch.Tensor | None:
     """Per page of ``pages`` (a universe), whether it is live (not free) by
-    the model's ``free_flags`` (1 per free page id); None without flags."""
-    if not free_flags:
+    the model's ``free_flags`` (1 per free page id); None without flags
+    (or without NumPy: the twins that read it say False there anyway)."""
+    if not free_flags or not _NUMPY:
         return None
-    flags = torch.frombuffer(free_flags, dtype=torch.int64)
+    flags = np.frombuffer(free_flags, dtype=np.int64)
     if not pages.numel() or int(pages[-1]) < len(flags):
-        return at_pages(flags, pages) != 1
-    free = torch.zeros(pages.numel(), dtype=torch.bool)
-    inside = pages < len(flags)
-    free[inside] = flags[pages[inside]] == 1
-    return ~free
+        return torch.from_numpy(at_pages(flags, pages) != 1)
+    free = np.zeros(pages.numel(), dtype=bool)
+    at = host(pages)
+    inside = at < len(flags)
+    free[inside] = flags.take(at[inside]) == 1
+    return torch.from_numpy(~free)
+
+
+def unmapped(v2p: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
+    """The pages of ``pages`` (a universe, each below ``len(v2p)``) that
+    ``v2p`` (of integers) binds to no page (-1), in order."""
+    if not _NUMPY:
+        return pages.masked_select(at_pages(cpu(v2p), pages) == -1)
+    return torch.from_numpy(host(pages)[at_pages(host(v2p), pages) == -1])
 
 
 def census(pages: torch.Tensor, model) -> TensorCensus | list[int]:
@@ -108,7 +150,7 @@ def census(pages: torch.Tensor, model) -> TensorCensus | list[int]:
 def live_pages(v2p: torch.Tensor, pages: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
     """The physical pages ``v2p`` binds the live ones of ``pages`` (a
     universe, each below ``len(v2p)``) to, in the order of ``pages``."""
-    return at_pages(cpu(v2p), pages).masked_select(live)
+    return torch.from_numpy(at_pages(host(v2p), pages)[host(live, torch.bool)])
 
 
 def page_table_holds(pool, v2p: torch.Tensor, p2v: torch.Tensor, pages: torch.Tensor, live: torch.Tensor) -> bool:
@@ -116,58 +158,57 @@ def page_table_holds(pool, v2p: torch.Tensor, p2v: torch.Tensor, pages: torch.Te
     universe) with ``live`` its mask: exactly the live pages are bound,
     each to its own page in ``[first, end)`` whose ``p2v`` names it back,
     and no other physical page names a virtual one."""
-    if not (integral(v2p) and integral(p2v)):
+    if not _hosted(v2p, p2v):
         return False
-    v2p, p2v = cpu(v2p), cpu(p2v)
+    v2p, p2v = host(v2p), host(p2v)
     if pages.numel() and int(pages[-1]) >= len(v2p):
         return False
-    physical = at_pages(v2p, pages)
-    if not equal(physical != -1, live):
+    physical, live = at_pages(v2p, pages), host(live, torch.bool)
+    if not np.array_equal(physical != -1, live):
         return False
-    # The live pages' places, then two small gathers: a masked select reads
-    # the whole mask each time, and few pages of a large pool are live.
-    at = live.nonzero().reshape(-1)
-    bound, virtual = physical.index_select(0, at), pages.index_select(0, at)
-    if bound.numel():
-        lo, hi = torch.aminmax(bound)
+    # The live pages' places, then two small gathers: few pages of a large pool are live.
+    at = np.flatnonzero(live)
+    bound, virtual = physical.take(at), host(pages).take(at)
+    if bound.size:
+        lo, hi = int(bound.min()), int(bound.max())
         # (A page below 0, inside a pool a confused allocator starts there,
         # is left to the predicate, which reads it as it is.)
-        if int(lo) < max(pool.first, 0) or int(hi) >= pool.end:
+        if lo < max(pool.first, 0) or hi >= pool.end:
             return False
-        if int(hi) < len(p2v):
+        if hi < len(p2v):
             # Each bound page names its own virtual page back, and the
             # virtual pages are distinct: so are the bound pages.
-            if not equal(p2v.index_select(0, bound), virtual):
+            if not np.array_equal(p2v.take(bound), virtual):
                 return False
         else:
             paired = bound < len(p2v)
-            if not equal(p2v[bound[paired]], virtual[paired]):
+            if not np.array_equal(p2v.take(bound[paired]), virtual[paired]):
                 return False
             rest = bound[~paired]
-            if torch.unique(rest).numel() != rest.numel():
+            if np.unique(rest).size != rest.size:
                 return False
     # No stray name: every bound page inside p2v's inner range names its
     # virtual page back (above), so the inner pages naming any virtual page
     # are exactly those when, and only when, there are as many of them.
-    named = int(torch.count_nonzero(p2v[1:-1] != -1))
-    return named == int(torch.count_nonzero((bound >= 1) & (bound < len(p2v) - 1)))
+    named = np.count_nonzero(p2v[1:-1] != -1)
+    return named == np.count_nonzero((bound >= 1) & (bound < len(p2v) - 1))
 
 
 def compacted_holds(pool, physical: torch.Tensor, allocated_tokens: int, page_size: int) -> bool:
     """``unified_compacted``'s twin: the live physical pages are the band
     at the pool's end of the arena, and the count is their tokens."""
-    if not integral(physical):
+    if not _hosted(physical):
         return False
     band = pool.band(physical.numel())
     if allocated_tokens != physical.numel() * page_size:
         return False
     if not physical.numel():
         return True
-    lo, hi = torch.aminmax(physical)
-    if int(lo) < band.start or int(hi) >= band.stop:
+    physical = host(physical)
+    if int(physical.min()) < band.start or int(physical.max()) >= band.stop:
         return False
     # As many pages as the band, all inside it: the band when none repeats.
-    return bool((torch.bincount(physical - band.start, minlength=len(band)) == 1).all())
+    return bool((np.bincount(physical - band.start, minlength=len(band)) == 1).all())
 
 
 def read_path_holds(got: torch.Tensor, v2p: torch.Tensor, pages: torch.Tensor, live: torch.Tensor,
@@ -175,17 +216,23 @@ def read_path_holds(got: torch.Tensor, v2p: torch.Tensor, pages: torch.Tensor, l
     """``unified_read_path_agrees``' twin, for the tokens of ``pages`` in
     order, each page's ``page_size`` of them: a live page's tokens resolve
     to its physical page's slots, every other token to 0."""
-    if not (integral(got) and integral(v2p)):
+    if not _hosted(got, v2p):
         return False
-    v2p, ps = cpu(v2p), page_size
+    v2p, ps = host(v2p), page_size
     if pages.numel() and int(pages[-1]) >= len(v2p):
         return False
+    live, got = host(live, torch.bool), host(got)
+    at = at_pages(v2p, pages)
+    # Each page's first token: its physical page's first slot where live, else 0.
+    base = np.where(live, at if ps == 1 else at * ps, 0)
     if ps == 1:
-        want = torch.where(live, at_pages(v2p, pages), 0)
-    else:
-        want = torch.where(live[:, None], at_pages(v2p, pages)[:, None] * ps + torch.arange(ps), 0).reshape(-1)
-    got = cpu(got)
-    return got.numel() == want.numel() and equal(got, want)
+        return np.array_equal(got, base)
+    if got.size != base.size * ps:
+        return False
+    # Row k holds token k of every page: its page's first slot plus k where
+    # live, else 0.  (Laid out page by page, with k the inner axis, NumPy
+    # loops once per page: three times the cost.)
+    return np.array_equal(got.reshape(-1, ps).T, base + np.arange(ps)[:, None] * live)
 
 
 def int_view(t: torch.Tensor):
@@ -229,7 +276,7 @@ def roles_hold(p2v: torch.Tensor, first: int, num_pages: int, span: tuple[int, i
     """``physical_pages_owned_once``' twin: each physical page inside the
     span has exactly one role (bound in ``p2v`` at ``first`` or past it,
     or in one of ``others``: holes, pending, lent), and none outside."""
-    if not integral(p2v):
+    if not _hosted(p2v):
         return False
     others = [_ints(o) for o in others]
     if any(o is None for o in others):
@@ -238,27 +285,34 @@ def roles_hold(p2v: torch.Tensor, first: int, num_pages: int, span: tuple[int, i
     if lo < 0 or hi < 0:
         return False
     # The bound pages: p2v names a virtual page, from ``first`` below ``num_pages``.
-    roles = cpu(p2v)[:num_pages] != -1
+    roles = host(p2v)[:num_pages] != -1
     roles[: max(first, 0)] = False
-    listed = [cpu(o) for o in others if o.numel()]
+    listed = [host(o) for o in others if o.numel()]
     past = 0
     if listed:
-        listed = torch.cat(listed) if len(listed) > 1 else listed[0]
+        listed = np.concatenate(listed) if len(listed) > 1 else listed[0]
         # Each listed page inside the span, listed once, and not bound: its one role.
-        least, most = torch.aminmax(listed)
-        if int(least) < lo or int(most) >= hi or torch.unique(listed).numel() != listed.numel():
+        if int(listed.min()) < lo or int(listed.max()) >= hi:
             return False
         within = listed < len(roles)
-        if not bool(within.all()):
-            listed, past = listed[within], int((~within).sum())
-        if bool(roles[listed].any()):
+        if not within.all():
+            # Past the table: listed once each (a handful at most).
+            outside = listed[~within]
+            if np.unique(outside).size != outside.size:
+                return False
+            listed, past = listed[within], outside.size
+        before = np.count_nonzero(roles)
+        if roles[listed].any():
             return False
         roles[listed] = True
+        # None was bound, so each listed once adds one.
+        if np.count_nonzero(roles) - before != listed.size:
+            return False
     # Now no page has two roles: one each inside the span and none outside,
     # when the span's pages in the table all have one, no other does, and
     # the listings name each of the span's pages past the table.
     inside = roles[lo:hi]
-    return (bool(inside.all()) and int(torch.count_nonzero(roles)) == inside.numel()
+    return (bool(inside.all()) and np.count_nonzero(roles) == inside.size
             and past == max(hi - max(lo, len(roles)), 0))
 
 
@@ -281,68 +335,42 @@ def tables_hold(v2p: torch.Tensor, p2v: torch.Tensor, first: int, num_pages: int
     owner map's ``codes``: 2 and up), each on its own page in ``[first,
     num_pages)`` whose ``p2v`` names it back, and each page bound in
     ``p2v`` (from ``first`` on) names one that maps back to it."""
-    if not (integral(v2p) and integral(p2v)):
+    if not _hosted(v2p, p2v) or codes is None:
         return False
-    if codes is None:
-        return False
-    v2p, p2v = cpu(v2p), cpu(p2v)
+    v2p, p2v = host(v2p), host(p2v)
     rows = len(v2p) - 1
     if rows < 0:
         return False
-    held = torch.frombuffer(codes, dtype=torch.uint8) >= 2 if len(codes) else torch.zeros(0, dtype=torch.bool)
-    if bool(held[rows:].any()):
+    held = np.frombuffer(codes, dtype=np.uint8) >= 2
+    if held[rows:].any():
         return False
-    if len(held) >= rows:
-        live = held[:rows]
-    else:
-        live = torch.zeros(rows, dtype=torch.bool)
-        live[: len(held)] = held
+    live = held[:rows] if len(held) >= rows else np.concatenate([held, np.zeros(rows - len(held), dtype=bool)])
     mapped = v2p[:rows] != -1
     mapped[: max(first, 0)] = False
-    if not equal(mapped, live):
+    if not np.array_equal(mapped, live):
         return False
-    count = int(torch.count_nonzero(mapped))
-    if count:
-        # Each virtual page's page, a mapped one's own, an unmapped one's
-        # the first page in range: one gather of the whole table (a masked
-        # select and a nonzero cost twice as much).
-        low = max(first, 0)
-        pages = torch.where(mapped, v2p[:rows], low)
-        lo, hi = torch.aminmax(pages)
-        if int(lo) < low or int(hi) >= min(num_pages, len(p2v)):
+    at = np.flatnonzero(mapped)
+    if at.size:
+        pages = v2p.take(at)
+        if int(pages.min()) < max(first, 0) or int(pages.max()) >= min(num_pages, len(p2v)):
             return False
         # Each mapped page names its own virtual page back, and the virtual
         # pages are distinct: so are the pages.
-        names = _arange(rows)
-        if not equal(torch.where(mapped, p2v.index_select(0, pages), names), names):
+        if not np.array_equal(p2v.take(pages), at):
             return False
     # Every mapped page is bound (it names its virtual page), so the bound
     # pages are exactly the mapped ones, each naming one that maps back to
     # it, when, and only when, there are as many.
-    return bound_count(p2v, first, num_pages) == count
-
-
-def _arange(n: int) -> torch.Tensor:
-    """``torch.arange(n)`` (int64), made once per length and kept
-    ``unchanging``: never write it."""
-    got = _ARANGES.get(n)
-    if got is None:
-        got = _ARANGES[n] = unchanging(torch.arange(n))
-        while len(_ARANGES) > 8:
-            del _ARANGES[next(iter(_ARANGES))]
-    return got
-
-
-_ARANGES: dict[int, torch.Tensor] = {}
+    return bound_count(p2v, first, num_pages) == at.size
 
 
 def bound_count_is(p2v: torch.Tensor, first: int, num_pages: int, held: int) -> bool:
     """``physical_frees_match_logical``'s twin: as many pages bound
     (``PageTables.bound()``) as the model holds virtual pages (``held``)."""
-    return integral(p2v) and bound_count(p2v, first, num_pages) == held
+    return _hosted(p2v) and bound_count(host(p2v), first, num_pages) == held
 
 
-def bound_count(p2v: torch.Tensor, first: int, num_pages: int) -> int:
+def bound_count(p2v: np.ndarray, first: int, num_pages: int) -> int:
     """How many pages ``PageTables.bound()`` holds: those from ``first``
-    below ``num_pages`` whose ``p2v`` names a virtual page."""
-    return int(torch.count_nonzero(cpu(p2v)[:num_pages][max(first, 0):] != -1))
+    below ``num_pages`` whose ``p2v`` (``host``'s) names a virtual page."""
+    return int(np.count_nonzero(p2v[:num_pages][max(first, 0):] != -1))

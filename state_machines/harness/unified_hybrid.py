@@ -374,7 +374,7 @@ class UnifiedSWALockstep(FreesNothing, Clears, SWALockstep):
         if pages is not None:
             v2p = self._call("SWA census (virtual_to_physical == -1)", lambda: a.swa_attn_allocator.virtual_to_physical)
             if integral(v2p) and int(pages[-1]) < v2p.numel():
-                return [full, twins.census(pages.masked_select(twins.at_pages(twins.cpu(v2p), pages) == -1), self.swa)]
+                return [full, twins.census(twins.unmapped(v2p, pages), self.swa)]
         return [full, self._call("SWA census (virtual_to_physical == -1)", self._swa_census)]
 
     def _held(self) -> tuple[int, int]:

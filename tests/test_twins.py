@@ -401,3 +401,22 @@ def test_a_universe_is_sliced_where_its_ids_are_a_run_and_gathered_elsewhere():
     for k in range(20):
         twins.universe_tensor(frozenset(range(k + 1, k + 1 + TENSOR_CENSUS_PAGES)))
     assert len(twins._UNIVERSES) <= 8
+
+
+@pytest.mark.parametrize("step", [1, 3])
+@pytest.mark.parametrize("flags_past", [0, -6, -7, 40])
+def test_a_live_mask_reads_an_id_past_the_model_s_flags_as_live(step, flags_past):
+    """``live_mask`` against the flags, id by id: 1 is free, anything else
+    live, and an id past the flags (never freed) live; over a run of ids
+    (a slice) and spaced ids (a gather), the flags reaching past the last
+    id or stopping short of it."""
+    import array
+
+    rng = random.Random(step * 100 + flags_past)
+    ids = range(5, 5 + step * TENSOR_CENSUS_PAGES, step)
+    flags = array.array("q", (rng.choice([0, 1, 1, 2]) for _ in range(ids[-1] + 1 + flags_past)))
+    flags[-1] = 1  # the last flag free: an id there (flags_past 0 or -6) must read as free
+    pages = twins.universe_tensor(frozenset(ids))
+    want = [not (v < len(flags) and flags[v] == 1) for v in ids]
+    assert twins.live_mask(pages, flags).tolist() == want
+    assert twins.live_mask(pages.clone(), flags).tolist() == want

@@ -101,13 +101,19 @@ def at_pages(t, pages: torch.Tensor):
     that).  A kept universe's run is known without reading an element of
     it (two element reads cost more than the slice, three calls a unified
     step)."""
+    n, start = pages.numel(), _run_start(pages)
+    if start is not None:
+        return t[start : start + n]
+    return t.index_select(0, pages) if isinstance(t, torch.Tensor) else t.take(host(pages))
+
+
+def _run_start(pages: torch.Tensor) -> int | None:
+    """The first id of ``pages`` (a universe) where its ids are a run; else None."""
     n = pages.numel()
     known = next((s for _, p, s in _UNIVERSES if p is pages), _UNKNOWN)
     if known is _UNKNOWN:
         known = int(pages[0]) if n and int(pages[-1]) - int(pages[0]) + 1 == n else None
-    if n and known is not None:
-        return t[known : known + n]
-    return t.index_select(0, pages) if isinstance(t, torch.Tensor) else t.take(host(pages))
+    return known if n else None
 
 
 # A universe ``at_pages`` was handed that ``_UNIVERSES`` does not keep.
@@ -121,13 +127,20 @@ def live_mask(pages: torch.Tensor, free_flags) -> torch.Tensor | None:
     if not free_flags or not _NUMPY:
         return None
     flags = np.frombuffer(free_flags, dtype=np.int64)
-    if not pages.numel() or int(pages[-1]) < len(flags):
+    n = pages.numel()
+    if not n or int(pages[-1]) < len(flags):
         return torch.from_numpy(at_pages(flags, pages) != 1)
-    free = np.zeros(pages.numel(), dtype=bool)
-    at = host(pages)
-    inside = at < len(flags)
-    free[inside] = flags.take(at[inside]) == 1
-    return torch.from_numpy(~free)
+    # An id past the flags was never freed, so it is live: the sorted ids
+    # below them (``inside``) come first.
+    live = np.ones(n, dtype=bool)
+    if (start := _run_start(pages)) is not None:
+        inside = min(max(len(flags) - start, 0), n)
+        live[:inside] = flags[start : start + inside] != 1
+    else:
+        at = host(pages)
+        inside = int(np.searchsorted(at, len(flags)))
+        live[:inside] = flags.take(at[:inside]) != 1
+    return torch.from_numpy(live)
 
 
 def unmapped(v2p: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:

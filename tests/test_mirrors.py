@@ -110,6 +110,21 @@ def test_a_fresh_pool_of_ids_not_all_ints_is_not_kept_and_equal_ones_get_the_int
     assert mirrors.fresh({}, [1.0], list, list) == [1.0]
 
 
+def test_a_fresh_pool_s_ids_are_sorted_distinct_and_the_same_objects_each_example():
+    """``pool_ids``: a census as ``sorted(set(census))`` and its set; the
+    same census again (a new list, as each example reads it) gets the very
+    same tuple and set, so a universe is found by identity; a census of
+    floats is never kept."""
+    census = [7, 3, 3, 5000, 9, 7]
+    ids, universe = lockstep.pool_ids(census)
+    assert ids == tuple(sorted(set(census))) and universe == frozenset(census)
+    again = lockstep.pool_ids(list(census))
+    assert again[0] is ids and again[1] is universe
+    assert lockstep.pool_ids([9, 3, 7, 5000])[0] == ids
+    floats = [2.5, 1.5, 2.5]
+    assert lockstep.pool_ids(floats)[0] == (1.5, 2.5) and lockstep.pool_ids(floats)[1] is not lockstep.pool_ids(floats)[1]
+
+
 def test_the_mirrored_containers_refuse_changes_their_mirrors_would_miss():
     with pytest.raises(TypeError):
         FlagSet({1, 2}).clear()

@@ -39,7 +39,7 @@ from reference_model.census import Census
 from reference_model.dsv4_hisparse import buffer_plan, compressed_growth, compressed_new_pages
 from reference_model.hisparse import DeviceSide
 from state_machines.harness.drawing import PrefillOnly, ReleasesDevicePeers, rematch_among
-from state_machines.harness.lockstep import Lockstep, Pool, census_of, ids
+from state_machines.harness.lockstep import Lockstep, Pool, census_of, ids, pool_ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, _pick, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
 from state_machines.harness.swa import SWALockstep, SWAMachine, free_swa_defers, swa_steps_disabled
@@ -73,12 +73,12 @@ class DSV4HiSparseLockstep(PrefillOnly, ReleasesDevicePeers, SWALockstep):
     def start_models(self, defers_frees: bool) -> None:
         Lockstep.start_models(self, defers_frees)
         logical = self.logical
-        self.swa = SWASide.from_census(self.model, sorted(set(self._call("SWA census", census_of, logical.swa_attn_allocator))))
+        self.swa = SWASide.from_census(self.model, pool_ids(self._call("SWA census", census_of, logical.swa_attn_allocator))[0])
         self.swa_defers = free_swa_defers(self.allocator, lambda a: a.logical_attn_allocator.swa_attn_allocator)
         self.stand_ins = list(getattr(self.allocator, "kv_lockstep_stand_ins", ()))
         self.disabled_rules.update(swa_steps_disabled(self.allocator, self.page_size))
         initial = self._call("C4 device census", census_of, self.allocator.hisparse_attn_allocator)
-        self.device = DeviceSide.from_census(self.model, sorted(set(initial)))
+        self.device = DeviceSide.from_census(self.model, pool_ids(initial)[0])
 
     # -- checks --
 

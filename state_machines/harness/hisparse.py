@@ -34,7 +34,7 @@ from reference_model.census import Census
 from reference_model.hisparse import DeviceSide
 from state_machines.harness.drawing import PrefillOnly, ReleasesDevicePeers, rematch_among
 from state_machines.harness.dsv4_hisparse import map_growth
-from state_machines.harness.lockstep import Lockstep, Pool, census_of, ids
+from state_machines.harness.lockstep import Lockstep, Pool, census_of, ids, pool_ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, _pick, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
 from state_machines.targets import TargetError, probe
@@ -67,7 +67,7 @@ class HiSparseLockstep(PrefillOnly, ReleasesDevicePeers, Lockstep):
             raise TargetError(f"{self.config.target} at page size {self.page_size} allocates through alloc_extend, "
                               f"which cannot run here: {self.disabled_rules['extend']}")
         initial = self._call("device census", census_of, self.allocator.hisparse_attn_allocator)
-        self.device = DeviceSide.from_census(self.model, sorted(set(initial)))
+        self.device = DeviceSide.from_census(self.model, pool_ids(initial)[0])
 
     @property
     def mapping(self) -> torch.Tensor:

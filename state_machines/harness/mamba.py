@@ -21,7 +21,7 @@ from attrs import define
 
 from reference_model import invariants
 from reference_model.mamba import MambaModel
-from state_machines.harness.lockstep import Lockstep, census_of, read_census
+from state_machines.harness.lockstep import Lockstep, census_of, pool_ids, read_census
 from state_machines.harness.machines import MAX_PAGES, FreeGroupMachine, _pick, draws
 from state_machines.harness.steps import step
 
@@ -35,7 +35,7 @@ class MambaLockstep(Lockstep):
 
     def start_models(self, defers_frees: bool) -> None:
         initial = self._call("census", census_of, self.allocator)
-        self.model = MambaModel.from_census(sorted(set(initial)), defers_frees=defers_frees)
+        self.model = MambaModel.from_census(pool_ids(initial)[0], defers_frees=defers_frees)
 
     @property
     def in_alloc_group(self) -> bool:

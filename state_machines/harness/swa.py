@@ -38,7 +38,7 @@ from reference_model import SWASide, invariants
 from reference_model import hooks as hook_checks
 from reference_model.census import Census
 from state_machines.harness import hooks
-from state_machines.harness.lockstep import Lockstep, Pool, census_of, ids
+from state_machines.harness.lockstep import Lockstep, Pool, census_of, ids, pool_ids
 from state_machines.harness.machines import EXTEND_TOKENS_PAGES, PICKS, FreeGroupMachine, _pick, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
 from state_machines.orphans import call_user_code
@@ -100,7 +100,7 @@ class SWALockstep(Lockstep):
     def start_models(self, defers_frees: bool) -> None:
         super().start_models(defers_frees)
         initial = self._call("SWA census", census_of, self.allocator.swa_attn_allocator)
-        self.swa = SWASide.from_census(self.model, sorted(set(initial)))
+        self.swa = SWASide.from_census(self.model, pool_ids(initial)[0])
         self.swa_defers = free_swa_defers(self.allocator)
         self.stand_ins = list(getattr(self.allocator, "kv_lockstep_stand_ins", ()))
         self.disabled_rules.update(swa_steps_disabled(self.allocator, self.page_size))

@@ -28,7 +28,7 @@ from reference_model import CHECKS, OwnershipModel
 from reference_model import invariants as core
 from reference_model import unified as ru
 from state_machines.harness import twins
-from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, Lockstep, ids
+from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, Lockstep, ids, pool_ids
 from state_machines.harness.machines import MAX_PAGES, FreeGroupMachine, draws
 from state_machines.harness.steps import step
 
@@ -190,7 +190,7 @@ class UnifiedLockstep(FreesNothing, Clears, Lockstep):
             for rule in ("alloc_physical", "free_physical"):
                 self.disabled_rules.setdefault(rule, "HiCache's physical loans need lazy compaction (install_move_gate asserts it)")
         initial = self._call("free_virtual_ids", virtual_census, self.allocator)
-        self.model = OwnershipModel.from_census(sorted(set(initial)), defers_frees=defers_frees)
+        self.model = OwnershipModel.from_census(pool_ids(initial)[0], defers_frees=defers_frees)
         self.disable_clear()
 
     def clearable(self) -> bool:

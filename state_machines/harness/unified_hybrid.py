@@ -63,7 +63,7 @@ from reference_model.unified_hybrid import (
     unified_reclaim_plan_agrees,
 )
 from state_machines.harness import twins
-from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, Lockstep, Pool, ids, integral
+from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, Lockstep, Pool, ids, integral, pool_ids
 from state_machines.harness.machines import MAX_PAGES, PICKS, FreeGroupMachine, draws
 from state_machines.harness.steps import EntryRef, ReqRef, step
 from state_machines.harness.swa import SWALockstep, SWAMachine, swa_steps_disabled
@@ -298,9 +298,8 @@ class UnifiedSWALockstep(FreesNothing, Clears, SWALockstep):
         # above the Mamba pool's empty low end: the arena is still two bands.
         self.arena = Arena(low=full, high=swa) if full.grows == "up" else Arena(low=swa, high=full)
         self.lazy = bool(getattr(a, "lazy_compaction", False))
-        free = sorted(set(self._call("free_virtual_ids", self._full_census)))
+        free, self.universe = pool_ids(self._call("free_virtual_ids", self._full_census))
         self.model = OwnershipModel.from_census(free, defers_frees=defers_frees)
-        self.universe = frozenset(free)
         self.swa = SWASide.from_census(self.model, free)
         # free_swa() and free_swa_segment() release at once, inside a group too.
         self.swa_defers = False
@@ -735,12 +734,10 @@ class UnifiedMambaLockstep(FreesNothing, Clears, Lockstep):
         a = self.allocator
         full, mamba = sub_pool(a.full_attn_allocator), sub_pool(a.mamba_allocator)
         self.arena = Arena(low=full, high=mamba) if full.grows == "up" else Arena(low=mamba, high=full)
-        free = sorted(set(self._call("free_virtual_ids", self._full_census)))
+        free, self.universe = pool_ids(self._call("free_virtual_ids", self._full_census))
         self.model = OwnershipModel.from_census(free, defers_frees=defers_frees)
-        self.universe = frozenset(free)
-        slots = sorted(set(self._call("mamba free_virtual_ids", self._mamba_census)))
+        slots, self.mamba_universe = pool_ids(self._call("mamba free_virtual_ids", self._mamba_census))
         self.mamba = MambaModel.from_census(slots)
-        self.mamba_universe = frozenset(slots)
         for rule, methods in self.STEP_METHODS.items():
             if missing := [m for m in methods if not callable(getattr(a, m, None))]:
                 self.disabled_rules[rule] = f"{self.config.target} has no {', '.join(missing)}"

@@ -1,6 +1,7 @@
 """The side pools' mirrors: exact at every step, and every check that reads
 them gives the verdict and message the page-by-page reading gives."""
 
+import random
 from collections import Counter
 
 import pytest
@@ -261,13 +262,26 @@ def test_a_side_s_counts_are_summed_once_while_it_holds_still():
     assert side.counts() == outside + Counter({REQUEST: 1}) - Counter({FREE: 1})
 
 
-@pytest.mark.parametrize("width", [1, 2, 3, 4, 8, 12, 16, 32])
-def test_the_rows_a_mapping_check_reads_are_those_with_any_entry_differing(width):
-    """``_any_per_row`` (a row read as one integer, or as words): nonzero in
-    exactly the rows ``any(1)`` marks, a strided matrix too."""
-    gen = torch.Generator().manual_seed(width)
-    for share in (0.0, 0.02, 0.5, 1.0):
-        flags = torch.rand(64, width, generator=gen) < share
-        assert torch.equal(lockstep._any_per_row(flags).reshape(-1) != 0, flags.any(1))
-    strided = (torch.rand(64, 2 * width, generator=gen) < 0.05)[:, ::2]
-    assert torch.equal(lockstep._any_per_row(strided).reshape(-1) != 0, strided.any(1))
+@pytest.mark.parametrize("page_size", [1, 2, 3, 4, 8, 12, 16, 32])
+def test_the_rows_a_mapping_check_reads_are_those_with_any_entry_differing(page_size):
+    """``rows_to_read``: exactly the pages past page 0 with an entry other
+    than the model's (a live page's peer slots up to its filled count, then
+    0; 0 for a page with no peer), whatever entries differ, a partly
+    filled page's tail included."""
+    pages = TENSOR_CENSUS_PAGES
+    full = OwnershipModel.from_census(list(range(1, pages + 1)))
+    full.new_request(row=0, pages=list(range(1, 41)))
+    side = SWASide.from_census(full, list(range(1, pages + 1)))
+    side.take(list(range(1, 41)), list(range(101, 141)), filled=[page_size] * 39 + [max(page_size - 2, 1)])
+    mapping = torch.zeros((pages + 1) * page_size, dtype=torch.int64)
+    for page, peer in side.mapping.items():
+        fill = side.filled_slots(page, page_size)
+        mapping[page * page_size : page * page_size + fill] = torch.arange(fill) + peer * page_size
+    assert rows_to_read(mapping, page_size, full, side, sentinel=False) == []
+    rng = random.Random(page_size)
+    for _ in range(20):
+        spoilt = mapping.clone()
+        for _ in range(rng.randrange(1, 6)):
+            spoilt[rng.randrange(len(spoilt))] += rng.choice([-1, 1, 7])
+        want = {at // page_size for at in (spoilt != mapping).nonzero().reshape(-1).tolist()} - {0}
+        assert rows_to_read(spoilt, page_size, full, side, sentinel=False) == sorted(want)

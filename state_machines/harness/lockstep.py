@@ -336,7 +336,7 @@ def rows_to_read(got: torch.Tensor, page_size: int, full, side, *, sentinel: boo
                  free_census: Census | None = None) -> list[int] | None:
     """Which of ``full``'s pages a mapping predicate must still read in
     ``got`` (a full-to-side mapping: ``page_size`` entries per page, and
-    with ``sentinel`` a -1 past them), from the model's mirrors in torch:
+    with ``sentinel`` a -1 past them), from the model's mirrors in NumPy:
 
     - ``[]``: every page's entries are what ``side`` says (its peer's
       slots, up to its ``filled`` count, then 0; 0 for a page with no
@@ -348,7 +348,7 @@ def rows_to_read(got: torch.Tensor, page_size: int, full, side, *, sentinel: boo
       finds what it would find reading every page;
     - None: read every page (a small pool, a mapping not of integers, a
       mirror lost, pages not 1 to ``len(full.owner)``, a census not exact,
-      a sentinel not -1, a peer free).
+      a sentinel not -1, a peer free, no NumPy).
     """
     codes, mapped, peers = full.owner.codes, side.mapping.mapped, side.mapping.peers
     n, ps = len(full.owner), page_size
@@ -358,57 +358,37 @@ def rows_to_read(got: torch.Tensor, page_size: int, full, side, *, sentinel: boo
         return None
     if free_census is not None and not (isinstance(free_census, TensorCensus) and free_census.exact()):
         return None
+    if numpy is None:
+        return None
     got = got.to("cpu", torch.int64)
+    # In NumPy, over the tensor's own memory: a third of the torch ops' cost.
+    got = (got.resolve_neg() if got.is_neg() else got).numpy()
     if sentinel and int(got[-1]) != -1:
         return None
+    # The mirrors through zero-copy views (the model stays torch-free),
+    # zero past their end.
     k = min(len(mapped), n + 1)
-    # Zero-copy views: the model stays torch-free.
-    if k == n + 1:
-        live = torch.frombuffer(mapped, dtype=torch.uint8)[:k].bool()
-        peer = torch.frombuffer(peers, dtype=torch.int64)[:k]
-    else:
-        live = torch.zeros(n + 1, dtype=torch.bool)
-        peer = torch.zeros(n + 1, dtype=torch.int64)
-        if k:
-            live[:k] = torch.frombuffer(mapped, dtype=torch.uint8)[:k].bool()
-            peer[:k] = torch.frombuffer(peers, dtype=torch.int64)[:k]
+    live, peer = numpy.zeros(n + 1, dtype=bool), numpy.zeros(n + 1, dtype=numpy.int64)
+    live[:k] = numpy.frombuffer(mapped, dtype=numpy.uint8)[:k] != 0
+    peer[:k] = numpy.frombuffer(peers, dtype=numpy.int64)[:k]
+    rows = got[: (n + 1) * ps].reshape(n + 1, ps)
     if ps == 1:
-        want = torch.where(live, peer, 0)[:, None]
+        differ = numpy.flatnonzero(rows[1:, 0] != numpy.where(live[1:], peer[1:], 0)) + 1
     else:
-        # A page's slots where it is live, else 0: times the mask (0 or 1)
-        # costs two thirds of a broadcast ``where``.
-        want = (peer[:, None] * ps + torch.arange(ps)) * live[:, None]
-    for page, fill in side.filled.items():
-        if type(page) is int and 0 <= page <= n and fill < ps:
-            want[page, max(fill, 0):] = 0
-    rows = got[: (n + 1) * ps].view(n + 1, ps)
-    differ = _any_per_row(rows[1:] != want[1:]).nonzero()[:, 0].add(1).tolist()
+        # Laid out (slot, page), so NumPy loops over the pages innermost
+        # (pages outermost cost it a loop per page, twice the time): a
+        # page's slots where it is live, else 0.
+        want = (peer * ps + numpy.arange(ps)[:, None]) * live
+        for page, fill in side.filled.items():
+            if type(page) is int and 0 <= page <= n and fill < ps:
+                want[max(fill, 0):, page] = 0
+        differ = numpy.flatnonzero((rows.T[:, 1:] != want[:, 1:]).any(axis=0)) + 1
     if free_census is not None and (flags := side.free_flags):
-        held = peer.masked_select(live)
-        held = held.masked_select(held < len(flags))
-        if held.numel() and bool(torch.frombuffer(flags, dtype=torch.int64).index_select(0, held).any()):
+        held = peer[live]
+        held = held[(held >= 0) & (held < len(flags))]
+        if held.size and numpy.frombuffer(flags, dtype=numpy.int64).take(held).any():
             return None
-    return differ
-
-
-# A row of 2, 4 or 8 bools read as one integer (``_any_per_row``).
-_ROW_AS_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _any_per_row(flags: torch.Tensor) -> torch.Tensor:
-    """Per row of a bool matrix, nonzero where any entry is True: a row of
-    1 as it is, of 2, 4 or 8 as one integer (a third of what ``any(1)``
-    costs at 4,096 rows of 4), a longer one of whole 8-byte words as those
-    words, ``any(1)`` over them; else ``any(1)``."""
-    width = flags.shape[1]
-    if width == 1:
-        return flags
-    if flags.is_contiguous():
-        if width in _ROW_AS_INT:
-            return flags.view(_ROW_AS_INT[width])
-        if width % 8 == 0:
-            return flags.view(torch.int64).any(1, keepdim=True)
-    return flags.any(1, keepdim=True)
+    return differ.tolist()
 
 
 # What ``_kept`` makes of an input it cannot copy faithfully: equal to

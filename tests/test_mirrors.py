@@ -211,6 +211,27 @@ def test_the_mapping_rows_the_mirrors_vouch_for_are_not_read():
     assert invariants.swa_mapping_consistent(ids(mapping), 2, full, side, side.free) is not None
 
 
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("fill", [0, -1])
+def test_a_page_filled_to_nothing_must_map_to_nothing_at_every_page_size(page_size, fill):
+    """A live page whose filled count is 0 or less maps every slot to
+    nothing: a mapping still naming its peer is read (page size 1 too), and
+    the predicate finds it; mapped to nothing, no page is read, and the
+    predicate agrees."""
+    pages = TENSOR_CENSUS_PAGES
+    full = OwnershipModel.from_census(list(range(1, pages + 1)))
+    full.new_request(row=0, pages=[1, 2])
+    side = SWASide.from_census(full, list(range(1, pages + 1)))
+    side.take([1, 2], [101, 102], filled=[page_size, fill])
+    mapping = torch.zeros((pages + 1) * page_size, dtype=torch.int64)
+    mapping[page_size : 2 * page_size] = torch.arange(page_size) + 101 * page_size
+    assert rows_to_read(mapping, page_size, full, side, sentinel=False, free_census=_census(side)) == []
+    assert invariants.swa_mapping_consistent(ids(mapping), page_size, full, side, side.free) is None
+    mapping[2 * page_size] = 102 * page_size
+    assert rows_to_read(mapping, page_size, full, side, sentinel=False, free_census=_census(side)) == [2]
+    assert invariants.swa_mapping_consistent(ids(mapping), page_size, full, side, side.free) is not None
+
+
 def test_a_count_past_what_a_lane_holds_drops_the_mirrors():
     """Sums of byte lanes stay exact only below 256: a peer held more than
     LANE_MOST times (a broken model) drops the map's mirrors, and the

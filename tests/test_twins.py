@@ -420,3 +420,68 @@ def test_a_live_mask_reads_an_id_past_the_model_s_flags_as_live(step, flags_past
     want = [not (v < len(flags) and flags[v] == 1) for v in ids]
     assert twins.live_mask(pages, flags).tolist() == want
     assert twins.live_mask(pages.clone(), flags).tolist() == want
+
+
+def _variants(t: torch.Tensor):
+    """``t`` as int32, as a strided view, and with the negative bit set
+    (negated values, read back as ``t``'s), the ways a table reaches a twin."""
+    yield t.to(torch.int32)
+    wide = torch.zeros(2 * t.numel(), dtype=t.dtype)
+    wide[::2] = t
+    yield wide[::2]
+    yield torch._neg_view(-t)
+
+
+@given(st.data(), corruptions)
+def test_a_twin_answers_alike_for_int32_strided_and_negated_tables(data, corrupt):
+    """The twins read their tables through ``to_numpy`` (a copy where the
+    dtype or layout asks, the very memory where not): each variant of a
+    table gets the answer the plain int64 one gets, and no input changes."""
+    pool = rh.SubPool("full", first=1, end=20, page_bytes=1, grows="up")
+    universe = sorted(data.draw(st.sets(st.integers(1, 30), min_size=1)))
+    live = data.draw(st.sets(st.sampled_from(universe), max_size=min(len(universe), 19)))
+    v2p, p2v = [-1] * 32, [-1] * 21
+    large_pools.bijection(v2p, p2v, zip(sorted(live), data.draw(st.permutations(range(1, 20)))), corrupt)
+    pages, mask = _t(universe), _t(int(v in live) for v in universe).bool()
+    codes = bytearray(2 if v in live else 0 for v in range(32))
+    got = _t(v2p[v] if v in live else 0 for v in universe)
+    cases = [
+        (twins.page_table_holds, lambda a, b: (pool, a, b, pages, mask)),
+        (twins.tables_hold, lambda a, b: (a, b, 1, 20, codes)),
+        (twins.roles_hold, lambda a, b: (b, 1, 20, (1, 20), _t(p for p in range(1, 20) if p2v[p] == -1))),
+        (twins.read_path_holds, lambda a, b: (got, a, pages, mask, 1)),
+    ]
+    for twin, args in cases:
+        want = twin(*args(_t(v2p), _t(p2v)))
+        for a, b in zip(_variants(_t(v2p)), _variants(_t(p2v))):
+            before = a.tolist(), b.tolist()
+            assert twin(*args(a, b)) == want, (twin.__name__, a.dtype, a.is_neg())
+            assert (a.tolist(), b.tolist()) == before
+
+
+def test_a_read_path_slot_that_would_wrap_in_int64_is_left_to_the_predicate():
+    """At page size 4, a page at 2**62 has slots past int64: computed in
+    int64 they wrap, and a read path holding the wrapped values would match."""
+    v2p = [-1, 2**62, -1]
+    got = [(2**62 * 4 + k) % 2**64 - 2**64 * ((2**62 * 4 + k) % 2**64 >= 2**63) for k in range(4)]
+    assert rh.unified_read_path_agrees("full", [4, 5, 6, 7], got, v2p, {1}, 4) is not None
+    assert not twins.read_path_holds(_t(got), _t(v2p), _t([1]), _t([1]).bool(), 4)
+
+
+def test_without_a_numpy_bridge_the_twins_leave_every_table_to_their_predicates(monkeypatch):
+    """No NumPy (or a torch that hands it no tensor): every NumPy twin says
+    False, no live mask is made, and a mapping is read page by page."""
+    monkeypatch.setattr(twins, "NUMPY_BRIDGE", False)
+    monkeypatch.setattr(lockstep, "NUMPY_BRIDGE", False)
+    pool = rh.SubPool("full", first=1, end=20, page_bytes=1, grows="up")
+    v2p, p2v = _t([-1, 5, -1]), _t([-1] * 5 + [1] + [-1] * 15)
+    pages, mask = _t([1, 2]), _t([1, 0]).bool()
+    assert rh.unified_page_table_bijective(pool, v2p.tolist(), p2v.tolist(), {1}, {1, 2}) is None
+    assert not twins.page_table_holds(pool, v2p, p2v, pages, mask)
+    assert not twins.tables_hold(v2p, p2v, 1, 20, bytearray([0, 2, 0]))
+    assert not twins.read_path_holds(_t([5, 0]), v2p, pages, mask, 1)
+    assert not twins.roles_hold(p2v, 1, 20, (1, 20), _t(p for p in range(1, 20) if p != 5))
+    assert not twins.bound_count_is(p2v, 1, 20, 1)
+    assert not twins.compacted_holds(pool, _t([19]), 1, 1)
+    assert twins.live_mask(pages, bytearray(8 * 3)) is None
+    assert torch.equal(twins.unmapped(v2p, pages), _t([2]))

@@ -34,7 +34,7 @@ from attrs import define, field, frozen
 
 try:
     import numpy
-except ImportError:  # torch runs without NumPy: the rows are then indexed in torch
+except ImportError:  # torch runs without NumPy: the rows are indexed in torch, the tables read page by page (``NUMPY_BRIDGE``)
     numpy = None
 
 from reference_model import CHECKS, OwnershipModel, invariants, mirrors
@@ -309,7 +309,9 @@ def pool_ids(census) -> tuple[tuple[int, ...], frozenset[int]]:
     keeps a fresh pool's models; never changed): 16,384 ids are not sorted
     and put in sets every example (1.3 ms a unified example), and the
     examples' universes are one object, found by identity
-    (``twins.universe_tensor``)."""
+    (``twins.universe_tensor``).  As there, only ids all ``int`` are kept,
+    and ids equal to kept ones but of another type (a float census) are
+    handed the ints, which read as the same pages."""
     return mirrors.fresh(_POOL_IDS, census, _sorted_and_set, _as_is)
 
 
@@ -330,6 +332,29 @@ def integral(t: torch.Tensor) -> bool:
     torch fast paths compare as int64 without changing a value (not
     uint64, whose top half int64 would read as negative: 2**64 - 1 as -1)."""
     return not t.is_floating_point() and not t.is_complex() and t.dtype not in (torch.bool, torch.uint64)
+
+
+def to_numpy(t: torch.Tensor, dtype: torch.dtype = torch.int64):
+    """``t`` flat, on the CPU, as ``dtype``, as a NumPy array: over
+    ``t``'s own memory where it is that already (never write into it).
+    Only where ``NUMPY_BRIDGE`` says this torch hands tensors to NumPy."""
+    flat = t.to("cpu", dtype).reshape(-1)
+    return (flat.resolve_neg() if flat.is_neg() else flat).numpy()
+
+
+def _bridged() -> bool:
+    """Whether NumPy is here and this torch hands its tensors to it (``to_numpy``)."""
+    try:
+        return numpy is not None and to_numpy(torch.zeros(1, dtype=torch.int64)).shape == (1,)
+    except (RuntimeError, TypeError):
+        return False
+
+
+# Whether the tables are judged in NumPy (``to_numpy``): at 16,384 entries a
+# NumPy op costs a third to a quarter of the torch op, whose dispatch
+# alone is several µs.  Without it the checks that would read them there
+# read every page in Python: the same verdicts, slower.
+NUMPY_BRIDGE = _bridged()
 
 
 def rows_to_read(got: torch.Tensor, page_size: int, full, side, *, sentinel: bool,
@@ -358,11 +383,10 @@ def rows_to_read(got: torch.Tensor, page_size: int, full, side, *, sentinel: boo
         return None
     if free_census is not None and not (isinstance(free_census, TensorCensus) and free_census.exact()):
         return None
-    if numpy is None:
+    if not NUMPY_BRIDGE:
         return None
-    got = got.to("cpu", torch.int64)
-    # In NumPy, over the tensor's own memory: a third of the torch ops' cost.
-    got = (got.resolve_neg() if got.is_neg() else got).numpy()
+    # In NumPy, over the tensor's own memory (``to_numpy``).
+    got = to_numpy(got)
     if sentinel and int(got[-1]) != -1:
         return None
     # The mirrors through zero-copy views (the model stays torch-free),
@@ -371,18 +395,15 @@ def rows_to_read(got: torch.Tensor, page_size: int, full, side, *, sentinel: boo
     live, peer = numpy.zeros(n + 1, dtype=bool), numpy.zeros(n + 1, dtype=numpy.int64)
     live[:k] = numpy.frombuffer(mapped, dtype=numpy.uint8)[:k] != 0
     peer[:k] = numpy.frombuffer(peers, dtype=numpy.int64)[:k]
-    rows = got[: (n + 1) * ps].reshape(n + 1, ps)
-    if ps == 1:
-        differ = numpy.flatnonzero(rows[1:, 0] != numpy.where(live[1:], peer[1:], 0)) + 1
-    else:
-        # Laid out (slot, page), so NumPy loops over the pages innermost
-        # (pages outermost cost it a loop per page, twice the time): a
-        # page's slots where it is live, else 0.
-        want = (peer * ps + numpy.arange(ps)[:, None]) * live
-        for page, fill in side.filled.items():
-            if type(page) is int and 0 <= page <= n and fill < ps:
-                want[max(fill, 0):, page] = 0
-        differ = numpy.flatnonzero((rows.T[:, 1:] != want[:, 1:]).any(axis=0)) + 1
+    # Laid out (slot, page), so NumPy loops over the pages innermost (pages
+    # outermost cost it a loop per page, twice the time): a page's slots
+    # where it is live, else 0, and 0 past its filled count.
+    want = (peer * ps + numpy.arange(ps)[:, None]) * live
+    for page, fill in side.filled.items():
+        if type(page) is int and 0 <= page <= n and fill < ps:
+            want[max(fill, 0):, page] = 0
+    rows = got[: (n + 1) * ps].reshape(n + 1, ps).T
+    differ = numpy.flatnonzero((rows[:, 1:] != want[:, 1:]).any(axis=0)) + 1
     if free_census is not None and (flags := side.free_flags):
         held = peer[live]
         held = held[(held >= 0) & (held < len(flags))]
@@ -815,7 +836,7 @@ class Lockstep:
     _host: Any = field(default=None, init=False, repr=False, eq=False)
     # The one pool ``pools()`` gives, made once for this allocator and model.
     _pool: Any = field(default=None, init=False, repr=False, eq=False)
-    # The inputs each torch twin last held on, by name (``_twin_holds``).
+    # The inputs each twin last held on, by name (``_twin_holds``).
     _held_on: dict = field(factory=dict, init=False, repr=False, eq=False)
     # name -> (the ``_held_on`` entry, what was derived from its inputs) (``_while_held``).
     _derived: dict = field(factory=dict, init=False, repr=False, eq=False)
@@ -1560,7 +1581,7 @@ class Lockstep:
             self._fail(name or predicate.__name__, label + problem)
 
     def _twin_holds(self, predicate: Callable[..., str | None], name: str, twin: Callable[..., bool], *inputs) -> bool:
-        """Whether ``predicate``'s torch twin (``twins``), ``twin(*inputs)``,
+        """Whether ``predicate``'s twin (``twins``), ``twin(*inputs)``,
         says it holds; an observer counts its time as the predicate's, as
         ``_judge`` does.
 

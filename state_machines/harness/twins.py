@@ -1,28 +1,39 @@
-"""Torch twins of page-by-page predicates (the unified families',
+"""Twins of page-by-page predicates (the unified families',
 multi-ended's, page-interleave's).
 
 A check that walks every page of a large pool in Python costs what the
-pool costs.  Each twin here computes, in torch over the allocator's own
-tensors, whether its predicate (``reference_model``'s, named in its
-docstring) holds, and answers only True (it does: the predicate would return None) or
-False (ask the predicate, which says what is wrong, or that nothing is).
-So a twin changes how fast a step is judged, never the verdict or the
-message.  A tensor not of integers makes a twin say False: int64 would
-change its values.  The model stays torch-free: its per-page flags are
-viewed in place (``torch.frombuffer``).
+pool costs.  Each twin here computes, over the allocator's own tensors,
+whether its predicate (``reference_model``'s, named in its docstring)
+holds, and answers only True (it does: the predicate would return None)
+or False (ask the predicate, which says what is wrong, or that nothing
+is).  So a twin changes how fast a step is judged, never the verdict or
+the message.  A tensor not of integers makes a twin say False: int64
+would change its values.  The model stays torch-free: its per-page flags
+are viewed in place (``numpy.frombuffer``).
 
-The twins that read a whole table each step compute in NumPy, over the
-tensors' own memory (``host``): at 16,384 entries a NumPy op costs a
-third to a quarter of the torch op (whose dispatch alone is several µs),
-and a twin runs ten or so of them.
+The twins that read a whole table compute in NumPy, over the tensors' own
+memory (``to_numpy``; at 16,384 entries a NumPy op costs a third to a
+quarter of the torch op, whose dispatch alone is several µs, and a twin
+runs ten or so of them); the rest in torch.  Where this torch hands no
+tensor to NumPy (``NUMPY_BRIDGE``) the NumPy twins say False and give
+no live mask: their predicates judge every page.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from state_machines.harness.lockstep import TENSOR_CENSUS_PAGES, TensorCensus, equal, ids, integral, unchanging
+from state_machines.harness.lockstep import (
+    NUMPY_BRIDGE,
+    TENSOR_CENSUS_PAGES,
+    TensorCensus,
+    equal,
+    ids,
+    integral,
+    to_numpy,
+    unchanging,
+)
+from state_machines.harness.lockstep import numpy as np
 
 
 def cpu(t: torch.Tensor) -> torch.Tensor:
@@ -30,29 +41,10 @@ def cpu(t: torch.Tensor) -> torch.Tensor:
     return t.to("cpu", torch.int64).reshape(-1)
 
 
-def host(t: torch.Tensor, dtype: torch.dtype = torch.int64) -> np.ndarray:
-    """``t`` flat, on the CPU, as ``dtype``, as a NumPy array: over
-    ``t``'s own memory where it is that already (never write into it)."""
-    flat = t.to("cpu", dtype).reshape(-1)
-    return (flat.resolve_neg() if flat.is_neg() else flat).numpy()
-
-
-def _bridge() -> bool:
-    """Whether this torch hands its tensors to NumPy (``host``)."""
-    try:
-        return host(torch.zeros(1, dtype=torch.int64)).shape == (1,)
-    except (RuntimeError, TypeError):
-        return False
-
-
-# Without the NumPy bridge every twin says False: its predicate judges.
-_NUMPY = _bridge()
-
-
 def _hosted(*tables: torch.Tensor) -> bool:
     """Whether the twins can read ``tables`` in NumPy: integers
     (``integral``) with a NumPy bridge."""
-    return _NUMPY and all(map(integral, tables))
+    return NUMPY_BRIDGE and all(map(integral, tables))
 
 
 def _ints(pages) -> torch.Tensor | None:
@@ -104,7 +96,7 @@ def at_pages(t, pages: torch.Tensor):
     n, start = pages.numel(), _run_start(pages)
     if start is not None:
         return t[start : start + n]
-    return t.index_select(0, pages) if isinstance(t, torch.Tensor) else t.take(host(pages))
+    return t.index_select(0, pages) if isinstance(t, torch.Tensor) else t.take(to_numpy(pages))
 
 
 def _run_start(pages: torch.Tensor) -> int | None:
@@ -124,7 +116,7 @@ def live_mask(pages: torch.Tensor, free_flags) -> torch.Tensor | None:
     """Per page of ``pages`` (a universe), whether it is live (not free) by
     the model's ``free_flags`` (1 per free page id); None without flags
     (or without NumPy: the twins that read it say False there anyway)."""
-    if not free_flags or not _NUMPY:
+    if not free_flags or not NUMPY_BRIDGE:
         return None
     flags = np.frombuffer(free_flags, dtype=np.int64)
     n = pages.numel()
@@ -137,7 +129,7 @@ def live_mask(pages: torch.Tensor, free_flags) -> torch.Tensor | None:
         inside = min(max(len(flags) - start, 0), n)
         live[:inside] = flags[start : start + inside] != 1
     else:
-        at = host(pages)
+        at = to_numpy(pages)
         inside = int(np.searchsorted(at, len(flags)))
         live[:inside] = flags.take(at[:inside]) != 1
     return torch.from_numpy(live)
@@ -146,9 +138,9 @@ def live_mask(pages: torch.Tensor, free_flags) -> torch.Tensor | None:
 def unmapped(v2p: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
     """The pages of ``pages`` (a universe, each below ``len(v2p)``) that
     ``v2p`` (of integers) binds to no page (-1), in order."""
-    if not _NUMPY:
+    if not NUMPY_BRIDGE:
         return pages.masked_select(at_pages(cpu(v2p), pages) == -1)
-    return torch.from_numpy(host(pages)[at_pages(host(v2p), pages) == -1])
+    return torch.from_numpy(to_numpy(pages)[at_pages(to_numpy(v2p), pages) == -1])
 
 
 def census(pages: torch.Tensor, model) -> TensorCensus | list[int]:
@@ -163,7 +155,7 @@ def census(pages: torch.Tensor, model) -> TensorCensus | list[int]:
 def live_pages(v2p: torch.Tensor, pages: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
     """The physical pages ``v2p`` binds the live ones of ``pages`` (a
     universe, each below ``len(v2p)``) to, in the order of ``pages``."""
-    return torch.from_numpy(at_pages(host(v2p), pages)[host(live, torch.bool)])
+    return torch.from_numpy(at_pages(to_numpy(v2p), pages)[to_numpy(live, torch.bool)])
 
 
 def page_table_holds(pool, v2p: torch.Tensor, p2v: torch.Tensor, pages: torch.Tensor, live: torch.Tensor) -> bool:
@@ -173,15 +165,15 @@ def page_table_holds(pool, v2p: torch.Tensor, p2v: torch.Tensor, pages: torch.Te
     and no other physical page names a virtual one."""
     if not _hosted(v2p, p2v):
         return False
-    v2p, p2v = host(v2p), host(p2v)
+    v2p, p2v = to_numpy(v2p), to_numpy(p2v)
     if pages.numel() and int(pages[-1]) >= len(v2p):
         return False
-    physical, live = at_pages(v2p, pages), host(live, torch.bool)
+    physical, live = at_pages(v2p, pages), to_numpy(live, torch.bool)
     if not np.array_equal(physical != -1, live):
         return False
     # The live pages' places, then two small gathers: few pages of a large pool are live.
     at = np.flatnonzero(live)
-    bound, virtual = physical.take(at), host(pages).take(at)
+    bound, virtual = physical.take(at), to_numpy(pages).take(at)
     if bound.size:
         lo, hi = int(bound.min()), int(bound.max())
         # (A page below 0, inside a pool a confused allocator starts there,
@@ -217,7 +209,7 @@ def compacted_holds(pool, physical: torch.Tensor, allocated_tokens: int, page_si
         return False
     if not physical.numel():
         return True
-    physical = host(physical)
+    physical = to_numpy(physical)
     if int(physical.min()) < band.start or int(physical.max()) >= band.stop:
         return False
     # As many pages as the band, all inside it: the band when none repeats.
@@ -231,11 +223,13 @@ def read_path_holds(got: torch.Tensor, v2p: torch.Tensor, pages: torch.Tensor, l
     to its physical page's slots, every other token to 0."""
     if not _hosted(got, v2p):
         return False
-    v2p, ps = host(v2p), page_size
+    v2p, ps = to_numpy(v2p), page_size
     if pages.numel() and int(pages[-1]) >= len(v2p):
         return False
-    live, got = host(live, torch.bool), host(got)
+    live, got = to_numpy(live, torch.bool), to_numpy(got)
     at = at_pages(v2p, pages)
+    if ps != 1 and at.size and max(int(at.max()), -int(at.min())) > _INT64_MOST // ps:
+        return False  # a page whose slot would wrap in int64: the predicate reads it in Python
     # Each page's first token: its physical page's first slot where live, else 0.
     base = np.where(live, at if ps == 1 else at * ps, 0)
     if ps == 1:
@@ -246,6 +240,9 @@ def read_path_holds(got: torch.Tensor, v2p: torch.Tensor, pages: torch.Tensor, l
     # live, else 0.  (Laid out page by page, with k the inner axis, NumPy
     # loops once per page: three times the cost.)
     return np.array_equal(got.reshape(-1, ps).T, base + np.arange(ps)[:, None] * live)
+
+
+_INT64_MOST = 2**63 - 1
 
 
 def int_view(t: torch.Tensor):
@@ -298,9 +295,9 @@ def roles_hold(p2v: torch.Tensor, first: int, num_pages: int, span: tuple[int, i
     if lo < 0 or hi < 0:
         return False
     # The bound pages: p2v names a virtual page, from ``first`` below ``num_pages``.
-    roles = host(p2v)[:num_pages] != -1
+    roles = to_numpy(p2v)[:num_pages] != -1
     roles[: max(first, 0)] = False
-    listed = [host(o) for o in others if o.numel()]
+    listed = [to_numpy(o) for o in others if o.numel()]
     past = 0
     if listed:
         listed = np.concatenate(listed) if len(listed) > 1 else listed[0]
@@ -350,7 +347,7 @@ def tables_hold(v2p: torch.Tensor, p2v: torch.Tensor, first: int, num_pages: int
     ``p2v`` (from ``first`` on) names one that maps back to it."""
     if not _hosted(v2p, p2v) or codes is None:
         return False
-    v2p, p2v = host(v2p), host(p2v)
+    v2p, p2v = to_numpy(v2p), to_numpy(p2v)
     rows = len(v2p) - 1
     if rows < 0:
         return False
@@ -380,10 +377,10 @@ def tables_hold(v2p: torch.Tensor, p2v: torch.Tensor, first: int, num_pages: int
 def bound_count_is(p2v: torch.Tensor, first: int, num_pages: int, held: int) -> bool:
     """``physical_frees_match_logical``'s twin: as many pages bound
     (``PageTables.bound()``) as the model holds virtual pages (``held``)."""
-    return _hosted(p2v) and bound_count(host(p2v), first, num_pages) == held
+    return _hosted(p2v) and bound_count(to_numpy(p2v), first, num_pages) == held
 
 
 def bound_count(p2v: np.ndarray, first: int, num_pages: int) -> int:
     """How many pages ``PageTables.bound()`` holds: those from ``first``
-    below ``num_pages`` whose ``p2v`` (``host``'s) names a virtual page."""
+    below ``num_pages`` whose ``p2v`` (``to_numpy``'s) names a virtual page."""
     return int(np.count_nonzero(p2v[:num_pages][max(first, 0):] != -1))

@@ -256,7 +256,7 @@ class UnifiedLockstep(FreesNothing, Clears, Lockstep):
         tables, v2p, p2v, holes = self._call("page tables", lambda: (
             page_tables(a, rows=False), a.virtual_to_physical, a.physical_to_virtual, a._free_phys_pages))
         live = ru.live_virtual(self.model)
-        # At a large pool the tables are judged in torch (``twins``); a
+        # At a large pool the tables are judged by twins (``twins``, in NumPy); a
         # twin that cannot say the predicate holds hands it the whole tables.
         first, n, span = tables.first_page, tables.num_pages, tables.span
         if len(self.model.owner) >= TENSOR_CENSUS_PAGES:

@@ -107,7 +107,7 @@ def judge_tables(state: Lockstep, name: str, pool: SubPool, sub, live: LiveSets,
     """One sub-pool's page tables against its side's model
     (``unified_page_table_bijective``), and, where it ``compacts``
     eagerly, its live pages' band (``unified_compacted``); each through its
-    torch twin at a large pool.  Returns the live pages' physical pages,
+    twin at a large pool.  Returns the live pages' physical pages,
     for ``judge_bands``."""
     pages, mask = live.pages, live.mask(side)
     v2p, p2v = sub.virtual_to_physical, sub.physical_to_virtual

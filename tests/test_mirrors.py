@@ -232,6 +232,13 @@ def test_a_page_filled_to_nothing_must_map_to_nothing_at_every_page_size(page_si
     assert invariants.swa_mapping_consistent(ids(mapping), page_size, full, side, side.free) is not None
 
 
+def test_without_a_numpy_bridge_a_mapping_is_read_page_by_page(monkeypatch):
+    full, side, mapping = _pair()
+    assert rows_to_read(mapping, 2, full, side, sentinel=False, free_census=_census(side)) == []
+    monkeypatch.setattr(lockstep, "NUMPY_BRIDGE", False)
+    assert rows_to_read(mapping, 2, full, side, sentinel=False, free_census=_census(side)) is None
+
+
 def test_a_count_past_what_a_lane_holds_drops_the_mirrors():
     """Sums of byte lanes stay exact only below 256: a peer held more than
     LANE_MOST times (a broken model) drops the map's mirrors, and the

@@ -469,19 +469,23 @@ def test_a_read_path_slot_that_would_wrap_in_int64_is_left_to_the_predicate():
 
 
 def test_without_a_numpy_bridge_the_twins_leave_every_table_to_their_predicates(monkeypatch):
-    """No NumPy (or a torch that hands it no tensor): every NumPy twin says
-    False, no live mask is made, and a mapping is read page by page."""
-    monkeypatch.setattr(twins, "NUMPY_BRIDGE", False)
-    monkeypatch.setattr(lockstep, "NUMPY_BRIDGE", False)
+    """No NumPy (or a torch that hands it no tensor): every NumPy twin that
+    holds on these tables with the bridge says False without it, and no
+    live mask is made; the SWA census still lists the unmapped pages."""
     pool = rh.SubPool("full", first=1, end=20, page_bytes=1, grows="up")
     v2p, p2v = _t([-1, 5, -1]), _t([-1] * 5 + [1] + [-1] * 15)
     pages, mask = _t([1, 2]), _t([1, 0]).bool()
     assert rh.unified_page_table_bijective(pool, v2p.tolist(), p2v.tolist(), {1}, {1, 2}) is None
-    assert not twins.page_table_holds(pool, v2p, p2v, pages, mask)
-    assert not twins.tables_hold(v2p, p2v, 1, 20, bytearray([0, 2, 0]))
-    assert not twins.read_path_holds(_t([5, 0]), v2p, pages, mask, 1)
-    assert not twins.roles_hold(p2v, 1, 20, (1, 20), _t(p for p in range(1, 20) if p != 5))
-    assert not twins.bound_count_is(p2v, 1, 20, 1)
-    assert not twins.compacted_holds(pool, _t([19]), 1, 1)
-    assert twins.live_mask(pages, bytearray(8 * 3)) is None
+    calls = [
+        lambda: twins.page_table_holds(pool, v2p, p2v, pages, mask),
+        lambda: twins.tables_hold(v2p, p2v, 1, 20, bytearray([0, 2, 0])),
+        lambda: twins.read_path_holds(_t([5, 0]), v2p, pages, mask, 1),
+        lambda: twins.roles_hold(p2v, 1, 20, (1, 20), _t(p for p in range(1, 20) if p != 5)),
+        lambda: twins.bound_count_is(p2v, 1, 20, 1),
+        lambda: twins.compacted_holds(pool, _t([1]), 1, 1),
+        lambda: twins.live_mask(pages, bytearray(8 * 3)) is not None,
+    ]
+    assert [call() for call in calls] == [True] * len(calls)
+    monkeypatch.setattr(twins, "NUMPY_BRIDGE", False)
+    assert [call() for call in calls] == [False] * len(calls)
     assert torch.equal(twins.unmapped(v2p, pages), _t([2]))

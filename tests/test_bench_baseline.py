@@ -126,6 +126,18 @@ def test_without_the_allocs_while_few_requests_are_live_a_two_request_decode_bug
     assert steps[("populate",)] > steps[()], steps
 
 
+def test_without_the_clear_at_an_idle_pool_a_clear_bug_takes_more_steps():
+    """The walk's ``clear`` lever (``walk.CLEAR``): unified-mamba's
+    clear-keeps-mamba needs a clear while the cache holds a Mamba state, and
+    a clear runs only at an idle pool, which the walk's allocs make rare."""
+    from bench import jobs
+
+    config = Config(target="builtin:unified-mamba", mutant="clear-keeps-mamba", page_size=4)
+    steps = {off: sum(jobs.run({"kind": "ablation", "config": config.to_dict(), "seed": s, "max_examples": 200,
+                                "off": list(off)})["steps"] or 10**6 for s in range(5)) for off in ((), ("clear",))}
+    assert steps[("clear",)] > steps[()], steps
+
+
 def test_the_scaling_job_keeps_each_size_s_cheapest_run_taking_the_sizes_in_turn(monkeypatch):
     """``jobs._scaling``: every size once per round, rounds in turn, and at
     each size the run whose step cost least; an error at a size stays."""

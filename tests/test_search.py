@@ -27,7 +27,7 @@ from state_machines.runs import walk as walk_module
 from state_machines.runs.minimize import _without, minimize
 from state_machines.runs.runner import _walk_key, fuzz, fuzz_settings, replay
 from state_machines.runs.trace import Trace
-from state_machines.runs.walk import _applicable, _at_edge, _decoded, _filling, _Steer, _steered, walk
+from state_machines.runs.walk import _applicable, _at_edge, _clearing, _decoded, _filling, _Steer, _steered, walk
 from state_machines.targets import TargetError
 from tests.test_minimize import ALIAS, TOKEN_ALIAS
 
@@ -715,6 +715,45 @@ def test_a_steered_walk_opens_a_group_whenever_none_is_open(monkeypatch):
     record = RunRecord()
     walk(machine_for(Config(), record), random.Random(0), 5, steps=40)
     assert record.rule_counts["begin"] > record.steps / 8
+
+
+def test_the_steering_opens_an_allocation_group_ends_it_and_ends_it_again():
+    """An allocation group's order, with no free group open: its begin where
+    none is open, its end while one is, a second end after an end that
+    closed one, then a begin again (the free group's begin wanted throughout)."""
+    steer, seen = _Steer(), []
+    for name, in_alloc in (("alloc_group_begin", False), ("alloc_group_end", True), ("alloc_group_end", False)):
+        seen.append(steer.wanted(False, in_alloc))
+        steer.saw(name, False, in_alloc)
+    seen.append(steer.wanted(False, False))
+    assert [sorted(w) for w in seen] == [["alloc_group_begin", "begin", "mamba_group_begin"],
+                                         ["alloc_group_end", "begin", "mamba_group_end"],
+                                         ["alloc_group_end", "begin", "mamba_group_end"],
+                                         ["alloc_group_begin", "begin", "mamba_group_begin"]]
+
+
+def test_a_steered_walk_on_a_mamba_pool_opens_and_ends_allocation_groups(monkeypatch):
+    """builtin:mamba (no free groups), every step steered: about two steps in
+    five end an allocation group (an order is begin, end, end; the alloc
+    while few requests are live takes some); unsteered, about one in five."""
+    monkeypatch.setattr(walk_module, "STEER", 1.0)
+    record = RunRecord()
+    walk(machine_for(Config(target="builtin:mamba"), record), random.Random(0), 5, steps=40)
+    assert record.rule_counts["alloc_group_end"] > record.steps / 3
+    assert record.rule_counts["alloc_group_begin"] > record.steps / 5
+
+
+def test_the_walk_clears_an_idle_pool_and_nothing_else():
+    """``_clearing`` at share 1: the clear rule on a fresh unified pool, None
+    once a request is live, and None at share 0 whatever the state."""
+    machine = _fresh(Config(target="builtin:unified-mamba", page_size=4))
+    clear = next(r for r in machine_rules(type(machine)) if r.name == "clear")
+    rng = random.Random(0)
+    assert _clearing(clear, machine, rng, 1.0) is clear
+    assert _clearing(clear, machine, rng, 0.0) is None
+    machine.alloc(pages=1, who=0)
+    assert _clearing(clear, machine, rng, 1.0) is None
+    assert _clearing(None, machine, rng, 1.0) is None
 
 
 NPU = Config(target="builtin:npu", page_size=4)

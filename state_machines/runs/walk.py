@@ -8,7 +8,8 @@ each example's pool shape as Hypothesis would, uniform among the shapes
 that build, but with the example's own build as its probe
 (``family.drawn_shape``, ``_shaped``; the first example on the run's own), then each step's rule uniformly among
 those whose guard holds (a share ``STEER`` of steps steered toward the
-coverage probe's group orders; a share ``POPULATE`` of those taken while
+coverage probe's group orders and the allocation groups'; a share ``CLEAR``
+of those taken at an idle pool a clear; a share ``POPULATE`` of those taken while
 fewer than two requests are live an alloc; a decode wherever the pool is
 at its edge, ``_at_edge``) and each argument uniformly in its declared range (but a
 share ``FILL`` of allocs asking for the pages that leave 0 or 1 free,
@@ -54,6 +55,46 @@ STEER = 0.15
 _FREES = FREES_A_REQUEST | {"evict"}
 _WRITES = frozenset({"overwrite_row", "decode", "extend", "alloc"})
 _BEGIN, _END = frozenset({"begin"}), frozenset({"end"})
+# The Mamba families' allocation groups (a prefill batch's state slots
+# reserved, then handed out by its allocs): the steering also opens one
+# where none is open, ends the open one, and ends again after an end that
+# closed one (the free groups' flag-drift order).  A group's dangers are
+# an end with reserved slots undrawn and a second end; the walk's allocs
+# (POPULATE, FILL) draw those slots and fill the arena a reservation needs,
+# so without steering the walk met them later than a uniform walk (the
+# Mamba family's end-keeps-leftovers, end-repeats and reserve-not-taken,
+# unified-mamba's group-end-keeps-leftovers: 1.7-2.3x the baseline's mean
+# steps, walk seeds 0-59 and 60-119; 1.0-1.5x steered).  The orders share
+# STEER's steps with the free groups' (a steered step draws among both
+# orders' next rules): unified-mamba's reps-not-flushed, a free-group bug,
+# went from 0.40-0.46x the baseline's steps to 0.50-0.57x; steering the
+# allocation groups with a draw of their own instead scored worse overall
+# (0.581 against 0.573, the measure below).
+_ALLOC_BEGIN = frozenset({"alloc_group_begin", "mamba_group_begin"})
+_ALLOC_END = frozenset({"alloc_group_end", "mamba_group_end"})
+# Each free-group want with each allocation-group want, joined once.
+_WANTS = {(free, alloc): free | alloc for free in (_FREES, _WRITES, _BEGIN, _END) for alloc in (_ALLOC_BEGIN, _ALLOC_END)}
+
+# Share of the steps taken where the pool is idle (``clear``'s guard holds:
+# no request live, no group open) that are a ``clear``, the scheduler's
+# flush.  The walk keeps requests live (POPULATE) and the pool full (FILL),
+# so an idle pool, the one state a clear runs in, is rarer than in a uniform
+# walk, and a uniform draw there takes the clear one time in six to nine
+# (the rules whose guards hold on a fresh unified or multi-ended pool).
+# Measured with the allocation groups' steering, over the bench's 68 bugs
+# but the sglang releases' (mean steps to a first failure over
+# bench/baseline.py's on its seeds 0-59, geometric mean; the 26 the baseline
+# meets within 20 steps, median, the other 42; bugs above 1), walk seeds 0-59
+# and 60-119: neither 0.602 (1.042, 0.429; 17) and 0.608 (1.022, 0.441; 20);
+# the steering alone 0.584 (0.984, 0.423; 18); the clear alone, 0.1 0.593,
+# 0.25 0.591; both, 0.1 0.574 and 0.581, 0.25 0.573 (1.005, 0.404; 19) and
+# 0.579 (1.002, 0.412; 21).  Bugs a clear shows gain most (unified-mamba
+# clear-keeps-mamba 5.5x and 3.9x the baseline's steps to 1.2x and 1.05x;
+# unified-swa clear-keeps-swa 0.93x to 0.28-0.32x; multi-ended
+# clear-keeps-free-ids 0.70x to 0.30-0.39x); a few that need a cache kept
+# across idle spells lose a little (unified-swa admission-ignores-swa 0.61x
+# to 0.87x on seeds 60-119, 0.83x to 0.74x on 0-59).
+CLEAR = 0.25
 
 # Two state-dependent levers, read off the model's counts: at the pool's edge
 # the step is a decode (``_at_edge``: where a decode of every request that can
@@ -226,7 +267,7 @@ class WalkFailures(Exception):
 
 # The walk's departures from a plain uniform walk, each of which ``walk(off=)``
 # can switch off (bench/ measures what each costs a bug the walk loses on).
-LEVERS = ("steer", "edge", "fill", "shape", "populate")
+LEVERS = ("steer", "edge", "fill", "shape", "populate", "clear")
 
 
 def walk(
@@ -248,9 +289,10 @@ def walk(
     the walk runs on: an interrupt then loses nothing).  ``off`` names
     levers (``LEVERS``) to switch off: the steering (``STEER``), the edge
     decode, the fill (``FILL``), the pool shape drawn after the first
-    example, the allocs while few requests are live (``POPULATE``).  One switched off still takes the random draws it would have
-    taken, so the walk runs as it did up to the first step that lever would
-    have changed.
+    example, the allocs while few requests are live (``POPULATE``), the
+    clear at an idle pool (``CLEAR``).  One switched off still takes the
+    random draws it would have taken, so the walk runs as it did up to the
+    first step that lever would have changed.
     """
     rules = machine_rules(machine_class)
     # Each rule's arguments in the order they are drawn, sorted once: (name,
@@ -264,6 +306,9 @@ def walk(
     # The decode rule that takes a batch (``DecodeRules``), steered to at the pool's edge.
     decode = next((r for r in rules if r.name == "decode"), None) if hasattr(machine_class, "decode_batch") else None
     alloc = next((r for r in rules if r.name == "alloc"), None)
+    clear = next((r for r in rules if r.name == "clear"), None)
+    # Whether the machine has allocation groups (``in_alloc_group`` on its state).
+    alloc_groups = any(r.name in _ALLOC_BEGIN for r in rules)
     found: dict[str, InvariantViolation] = {}
     stop = examples
     for index in range(examples):
@@ -284,13 +329,15 @@ def walk(
             edge = None if "edge" in off else decode
             for _ in range(steps):
                 in_group = machine.state.in_group
+                in_alloc = alloc_groups and machine.state.in_alloc_group
                 at_edge = _at_edge(edge, machine)
-                chosen = (at_edge or _populating(alloc, machine, rng, 0 if "populate" in off else POPULATE)
-                          or _steered(rules, machine, rng, steer.wanted(in_group), 0 if "steer" in off else STEER)
+                chosen = (at_edge or _clearing(clear, machine, rng, 0 if "clear" in off else CLEAR)
+                          or _populating(alloc, machine, rng, 0 if "populate" in off else POPULATE)
+                          or _steered(rules, machine, rng, steer.wanted(in_group, in_alloc), 0 if "steer" in off else STEER)
                           or _applicable(rules, machine, rng, below))
                 if chosen is None:  # no step applies (a pool too small for any request to prefill): the example ends
                     break
-                steer.saw(chosen.name, in_group)
+                steer.saw(chosen.name, in_group, in_alloc)
                 args = {k: rng.random() < 0.5 if low is None else low + below(width) for k, low, width in ordered[chosen.name]}
                 if chosen.name == "alloc" and "pages" in args and rng.random() < (0 if "fill" in off else FILL):
                     args["pages"] = _filling(machine, rng) or args["pages"]
@@ -314,21 +361,33 @@ def walk(
 
 class _Steer:
     """One example's progress through the group orders: a view freed in the
-    open group (``freed``), a write since (``written``), and whether the
-    last group to end had queued frees (``queued``)."""
+    open free group (``freed``), a write since (``written``), whether the
+    last free group to end had queued frees (``queued``), and whether the
+    last allocation group end closed one (``closed``)."""
 
     def __init__(self) -> None:
-        self.freed = self.written = self.queued = False
+        self.freed = self.written = self.queued = self.closed = False
 
-    def wanted(self, in_group: bool) -> frozenset:
-        """The rule names that take the next step of an order from here."""
+    def wanted(self, in_group: bool, in_alloc: bool = False) -> frozenset:
+        """The rule names that take the next step of an order from here,
+        with a free group open iff ``in_group`` and an allocation group iff
+        ``in_alloc``: the free group's next rule and the allocation group's
+        (a machine without one has none of its rules)."""
         if in_group:
-            return _FREES if not self.freed else _WRITES if not self.written else _END
-        return _END if self.queued else _BEGIN
+            free = _FREES if not self.freed else _WRITES if not self.written else _END
+        else:
+            free = _END if self.queued else _BEGIN
+        return _WANTS[free, _ALLOC_END if in_alloc or self.closed else _ALLOC_BEGIN]
 
-    def saw(self, name: str, in_group: bool) -> None:
-        """Post: the progress after rule ``name`` ran with a group open iff ``in_group``."""
-        if name == "begin":
+    def saw(self, name: str, in_group: bool, in_alloc: bool = False) -> None:
+        """Post: the progress after rule ``name`` ran with a free group open
+        iff ``in_group`` and an allocation group iff ``in_alloc``."""
+        if name in _ALLOC_END:
+            # A second end consumes the order; a first one that closed a group asks for it.
+            self.closed = in_alloc
+        elif name in _ALLOC_BEGIN:
+            self.closed = False
+        elif name == "begin":
             self.freed = self.written = self.queued = False
         elif name == "end":
             # A second end consumes the order; a first one remembers whether it flushed frees.
@@ -386,6 +445,14 @@ def _populating(alloc, machine, rng: random.Random, share: float):
     if alloc is None or len(machine.state.model.requests) >= 2 or rng.random() >= share:
         return None
     return alloc if alloc.applies(machine) else None
+
+
+def _clearing(clear, machine, rng: random.Random, share: float):
+    """``clear``, with chance ``share``, where its guard holds (the pool
+    idle); else None."""
+    if clear is None or rng.random() >= share:
+        return None
+    return clear if clear.applies(machine) else None
 
 
 def _decoded(machine) -> tuple:

@@ -76,31 +76,31 @@ _ALLOC_END = frozenset({"alloc_group_end", "mamba_group_end"})
 _WANTS = {(free, alloc): free | alloc for free in (_FREES, _WRITES, _BEGIN, _END) for alloc in (_ALLOC_BEGIN, _ALLOC_END)}
 
 # Share of the steps taken where the pool is idle (``clear``'s guard holds:
-# no request live, no group open, on hisparse-style unified pools no
+# no request live, no group open, on a unified pool with HiCache loans no
 # load-back loan held) that are a ``clear``, the scheduler's flush, once a
 # step other than a clear has run since the example's build or its last
 # clear (before then a clear clears nothing: over 150 examples, 125 of 218
 # clears on unified-mamba, 163 of 382 on unified-swa and 156 of 258 on
-# multi-ended were of such a pool).  The walk keeps requests live (POPULATE) and the pool full (FILL),
-# so an idle pool, the one state a clear runs in, is rarer than in a uniform
-# walk, and a uniform draw there takes the clear one time in six to nine
-# (the rules whose guards hold on a fresh unified or multi-ended pool).
-# Measured over the bench's 68 bugs but the sglang releases' (mean steps to
-# a first failure over bench/baseline.py's on its seeds 0-59, geometric
-# mean; the 26 the baseline meets within 20 steps, median, the other 42;
-# bugs above 1), on walk seeds 0-59, and 60-119 where two figures are
-# given: neither lever 0.602 (1.042, 0.429; 17) and 0.608 (1.022, 0.441;
-# 20); the allocation groups' steering alone 0.584 (0.984, 0.423; 18); the
-# clear alone (even on an untouched pool), 0.1 0.593, 0.25 0.591; both,
-# 0.1 0.574 and 0.581, 0.25 0.573 (1.005, 0.404; 19) and 0.579 (1.002,
-# 0.412; 21); both, 0.25, no clear of an untouched pool (this walk) 0.563
-# (0.996, 0.395; 18) and 0.577 (0.999, 0.410; 20).  Bugs a clear shows gain most (unified-mamba
-# clear-keeps-mamba 5.5x and 3.9x the baseline's steps to 1.2x and 1.05x;
-# unified-swa clear-keeps-swa 0.93x to 0.28-0.32x; multi-ended
-# clear-keeps-free-ids 0.70x to 0.30-0.39x); on bugs that need a cache kept
-# across idle spells the seeds disagree (unified-swa admission-ignores-swa
-# 0.61x to 0.87x on seeds 60-119, 0.83x to 0.74x on 0-59; the bench's 5
-# seeds name the clear a cause there).
+# multi-ended were of such a pool).  The walk keeps requests live (POPULATE)
+# and the pool full (FILL), so an idle pool, the one state a clear runs in,
+# is rarer than in a uniform walk, and a uniform draw there takes the clear
+# one time in six to nine (the rules whose guards hold on a fresh unified or
+# multi-ended pool).  Measured over the bench's 68 bugs but the sglang
+# releases' (mean steps to a first failure over bench/baseline.py's on its
+# seeds 0-59, geometric mean; the 26 the baseline meets within 20 steps,
+# median, the other 42; bugs above 1), on walk seeds 0-59, and 60-119 where
+# two figures are given: neither lever 0.602 (1.042, 0.429; 17) and 0.608
+# (1.022, 0.441; 20); the allocation groups' steering alone 0.584 (0.984,
+# 0.423; 18); the clear alone (even on an untouched pool), 0.1 0.593, 0.25
+# 0.591; both, 0.1 0.574 and 0.581, 0.25 0.573 (1.005, 0.404; 19) and 0.579
+# (1.002, 0.412; 21); both, 0.25, no clear of an untouched pool (this walk)
+# 0.563 (0.996, 0.395; 18) and 0.577 (0.999, 0.410; 20).  Bugs a clear shows
+# gain most (unified-mamba clear-keeps-mamba 5.5x and 3.9x the baseline's
+# steps to 1.2x and 1.05x; unified-swa clear-keeps-swa 0.93x to 0.28-0.32x;
+# multi-ended clear-keeps-free-ids 0.70x to 0.30-0.39x); on bugs that need a
+# cache kept across idle spells the seeds disagree (unified-swa
+# admission-ignores-swa 0.61x to 0.87x on seeds 60-119, 0.83x to 0.74x on
+# 0-59; the bench's 5 seeds name the clear a cause there).
 CLEAR = 0.25
 
 # Two state-dependent levers, read off the model's counts: at the pool's edge

@@ -27,7 +27,7 @@ from state_machines.runs import walk as walk_module
 from state_machines.runs.minimize import _without, minimize
 from state_machines.runs.runner import _walk_key, fuzz, fuzz_settings, replay
 from state_machines.runs.trace import Trace
-from state_machines.runs.walk import _applicable, _at_edge, _clearing, _decoded, _filling, _Steer, _steered, walk
+from state_machines.runs.walk import _applicable, _at_edge, _by_chance, _decoded, _filling, _Steer, _steered, walk
 from state_machines.targets import TargetError
 from tests.test_minimize import ALIAS, TOKEN_ALIAS
 
@@ -744,16 +744,16 @@ def test_a_steered_walk_on_a_mamba_pool_opens_and_ends_allocation_groups(monkeyp
 
 
 def test_the_walk_clears_an_idle_pool_and_nothing_else():
-    """``_clearing`` at share 1: the clear rule on a fresh unified pool, None
+    """``_by_chance`` at share 1: the clear rule on a fresh unified pool, None
     once a request is live, and None at share 0 whatever the state."""
     machine = _fresh(Config(target="builtin:unified-mamba", page_size=4))
     clear = next(r for r in machine_rules(type(machine)) if r.name == "clear")
     rng = random.Random(0)
-    assert _clearing(clear, machine, rng, 1.0) is clear
-    assert _clearing(clear, machine, rng, 0.0) is None
+    assert _by_chance(clear, machine, rng, 1.0) is clear
+    assert _by_chance(clear, machine, rng, 0.0) is None
     machine.alloc(pages=1, who=0)
-    assert _clearing(clear, machine, rng, 1.0) is None
-    assert _clearing(None, machine, rng, 1.0) is None
+    assert _by_chance(clear, machine, rng, 1.0) is None
+    assert _by_chance(None, machine, rng, 1.0) is None
 
 
 def test_the_walk_clears_only_a_pool_a_step_has_touched(monkeypatch):

@@ -341,7 +341,7 @@ def walk(
                 in_group = machine.state.in_group
                 in_alloc = alloc_groups and machine.state.in_alloc_group
                 at_edge = _at_edge(edge, machine)
-                chosen = (at_edge or _clearing(clear, machine, rng, 0 if "clear" in off or not touched else CLEAR)
+                chosen = (at_edge or _by_chance(clear, machine, rng, 0 if "clear" in off or not touched else CLEAR)
                           or _populating(alloc, machine, rng, 0 if "populate" in off else POPULATE)
                           or _steered(rules, machine, rng, steer.wanted(in_group, in_alloc), 0 if "steer" in off else STEER)
                           or _applicable(rules, machine, rng, below))
@@ -453,17 +453,17 @@ def _at_edge(decode, machine):
 def _populating(alloc, machine, rng: random.Random, share: float):
     """``alloc``, with chance ``share``, where fewer than two requests are
     live and its guard holds; else None."""
-    if alloc is None or len(machine.state.model.requests) >= 2 or rng.random() >= share:
+    if alloc is None or len(machine.state.model.requests) >= 2:
         return None
-    return alloc if alloc.applies(machine) else None
+    return _by_chance(alloc, machine, rng, share)
 
 
-def _clearing(clear, machine, rng: random.Random, share: float):
-    """``clear``, with chance ``share``, where its guard holds (the pool
-    idle); else None."""
-    if clear is None or rng.random() >= share:
+def _by_chance(rule, machine, rng: random.Random, share: float):
+    """``rule``, with chance ``share``, where its guard holds (for ``clear``:
+    the pool idle); else None, as where ``rule`` is None (no draw taken)."""
+    if rule is None or rng.random() >= share:
         return None
-    return clear if clear.applies(machine) else None
+    return rule if rule.applies(machine) else None
 
 
 def _decoded(machine) -> tuple:

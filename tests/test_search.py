@@ -780,6 +780,95 @@ def test_the_walk_clears_only_a_pool_a_step_has_touched(monkeypatch):
     assert untouched <= clears / 4, (untouched, clears)
 
 
+class _Logged(random.Random):
+    """A ``random.Random`` that logs every draw the walk takes (``random()``,
+    and ``_randbelow``, which ``randrange``, ``choice`` and the walk's own
+    argument draws end in), with its bound: the same values a plain one
+    draws."""
+
+    def __init__(self, seed: int):
+        super().__init__(seed)
+        self.draws: list = []
+
+    def random(self) -> float:
+        self.draws.append(value := super().random())
+        return value
+
+    def _randbelow(self, n: int) -> int:
+        self.draws.append((n, value := super()._randbelow(n)))
+        return value
+
+
+def _lever_acts(monkeypatch, current: list) -> dict[str, list[int]]:
+    """Spy on the walk's levers: for each (``LEVERS``), the draws the walk's
+    rng (``current[0]``, a ``_Logged``) had taken each time one changed a
+    step, counted before the lever's own (``_steered``'s, ``_filling``'s, the
+    pool shape's, which the walk takes with the lever off too, but for
+    ``_filling``'s)."""
+    acts: dict[str, list[int]] = {lever: [] for lever in walk_module.LEVERS}
+
+    def spy(name: str, lever=None):
+        real = getattr(walk_module, name)
+
+        def spied(*args, **kwargs):
+            before = len(current[0].draws)
+            result = real(*args, **kwargs)
+            which = lever(result) if callable(lever) else lever
+            if which is not None and result is not None:
+                acts[which].append(before)
+            return result
+
+        monkeypatch.setattr(walk_module, name, spied)
+
+    spy("_at_edge", "edge")
+    spy("_steered", "steer")
+    spy("_populating", "populate")
+    spy("_filling", "fill")
+    # A clear the lever chose (``_populating`` draws through ``_by_chance`` too).
+    spy("_by_chance", lambda rule: "clear" if rule is not None and rule.name == "clear" else None)
+    real_shaped = walk_module._shaped
+
+    def shaped(machine, rng, own):
+        before = len(rng.draws)
+        real_shaped(machine, rng, own)
+        if machine.state.config != machine.config:
+            acts["shape"].append(before)
+
+    monkeypatch.setattr(walk_module, "_shaped", shaped)
+    return acts
+
+
+@pytest.mark.parametrize("lever", walk_module.LEVERS)
+def test_a_lever_switched_off_leaves_the_draws_as_they_were_up_to_its_first_change(lever, monkeypatch):
+    """``walk(off={lever})`` takes the very draws the walk with every lever
+    on takes, up to the first step that lever changed there, and all of
+    them on a walk it never changed: the bench's lever table compares the
+    same walks.  Over targets that have every lever between them, the
+    lever changes some step (else this checks nothing)."""
+    current: list = [None]
+    acts = _lever_acts(monkeypatch, current)
+    changed = 0
+    for config in (NPU, Config(target="builtin:mamba"), Config(target="builtin:unified-mamba", page_size=4),
+                   Config(target="builtin:multi-ended", page_size=4)):
+        for seed in range(3):
+            streams = []
+            for off in (frozenset(), frozenset({lever})):
+                for spied in acts.values():
+                    spied.clear()
+                current[0] = rng = _Logged(seed)
+                walk(machine_for(config), rng, 4, steps=40, off=off)
+                streams.append((rng.draws, list(acts[lever])))
+            (on, first), (draws_off, none) = streams
+            assert none == [], f"{lever} off still changed steps at draws {none}"
+            same = next((i for i, (a, b) in enumerate(zip(on, draws_off)) if a != b), min(len(on), len(draws_off)))
+            if not first:
+                assert on == draws_off, f"{config.target} seed {seed}: {lever} changed no step, yet the draws part at {same}"
+            else:
+                changed += 1
+                assert same >= first[0], f"{config.target} seed {seed}: the draws part at {same}, before {lever} first changed a step (at {first[0]})"
+    assert changed, f"{lever} changed no step on any target"
+
+
 NPU = Config(target="builtin:npu", page_size=4)
 
 

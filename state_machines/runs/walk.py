@@ -314,7 +314,8 @@ def walk(
     decode = next((r for r in rules if r.name == "decode"), None) if hasattr(machine_class, "decode_batch") else None
     alloc = next((r for r in rules if r.name == "alloc"), None)
     clear = next((r for r in rules if r.name == "clear"), None)
-    # Whether the machine has allocation groups (``in_alloc_group`` on its state).
+    # Whether the machine has allocation groups (``in_alloc_group`` on its
+    # state; read as False where a family of its own names such a rule without it).
     alloc_groups = any(r.name in _ALLOC_BEGIN for r in rules)
     found: dict[str, InvariantViolation] = {}
     stop = examples
@@ -339,7 +340,7 @@ def walk(
             touched = False
             for _ in range(steps):
                 in_group = machine.state.in_group
-                in_alloc = alloc_groups and machine.state.in_alloc_group
+                in_alloc = alloc_groups and getattr(machine.state, "in_alloc_group", False)
                 at_edge = _at_edge(edge, machine)
                 chosen = (at_edge or _by_chance(clear, machine, rng, 0 if "clear" in off or not touched else CLEAR)
                           or _populating(alloc, machine, rng, 0 if "populate" in off else POPULATE)

@@ -226,6 +226,25 @@ def test_minimize_hoists_a_later_request_into_the_first_alloc():
     _shrinks_to(config, twelve, "free_sets_agree", 10)
 
 
+def test_minimize_hoists_a_later_request_into_the_first_alloc_with_its_segment_moved_past_the_firsts():
+    """multi-ended segment-view (rows int64) on a pool of two pages: two
+    one-page requests, each with a one-slot segment freed as a view in a
+    group and its row overwritten (eight steps).  Hoisted into the first
+    alloc, the second's segment starts past the first's slots, where its
+    slots now lie; the known five steps follow (one segment over both)."""
+    config = Config(target="builtin:multi-ended", mutant="segment-view", page_size=4, size=8, row_dtype="int64")
+    eight = (
+        Step("alloc", {"n": 4}, "req_0"),
+        Step("begin", {}),
+        Step("alloc", {"n": 4}, "req_1"),
+        Step("free_segment", {"req": "req_1", "start": 0, "n": 1}),
+        Step("free_segment", {"req": "req_0", "start": 0, "n": 1}),
+        Step("overwrite_row", {"row": 1}),
+        Step("overwrite_row", {"row": 0}),
+        Step("end", {}),
+    )
+    _shrinks_to(config, eight, "no_page_freed_twice", 5)
+
 def test_minimize_makes_a_request_big_enough_at_its_alloc():
     """ThirdGroup again: a request grown by an extend between groups is
     allocated a slot more at once instead (eleven steps to ten)."""

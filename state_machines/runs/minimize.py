@@ -22,6 +22,7 @@ from state_machines.runs.trace import (
     ENTRY,
     FLAG,
     LIST,
+    OFFSET,
     POOL,
     PROMPT,
     REQ,
@@ -581,7 +582,8 @@ def _size_before(steps: tuple[Step, ...], name: str, i: int) -> int | None:
     return size
 
 
-def _hoisted(steps: tuple[Step, ...], first: str, second: str, config: Config) -> tuple[Step, ...] | None:
+def _hoisted(steps: tuple[Step, ...], first: str, second: str, config: Config,
+             shifted: bool = False) -> tuple[Step, ...] | None:
     """``steps`` with request ``second`` made part of ``first`` from the
     start: ``first``'s plain ``alloc`` takes ``second``'s slots too (up to
     what one draw of the rule takes), ``second``'s plain ``alloc`` goes,
@@ -590,9 +592,11 @@ def _hoisted(steps: tuple[Step, ...], first: str, second: str, config: Config) -
     (``free(req=first, n=...)``).  Where ``_merged`` grows ``first`` at the
     point ``second`` was made, this leaves later groups only frees: three
     groups of alloc, finish become one alloc and three groups of a free.
-    None where they cannot merge so: either not made by a plain ``alloc``,
-    ``second`` made first, a step names both in one batch, or the slots do
-    not fit one draw."""
+    With ``shifted``, an offset into ``second`` (a ``free_segment``'s
+    ``start``) moves past ``first``'s slots, where ``second``'s now lie;
+    None where no step names one.  None where they cannot merge so: either
+    not made by a plain ``alloc``, ``second`` made first, a step names both
+    in one batch, or the slots do not fit one draw."""
     made = {step.returns: i for i, step in enumerate(steps) if step.returns in (first, second)}
     if first == second or set(made) != {first, second} or made[first] > made[second]:
         return None
@@ -604,8 +608,15 @@ def _hoisted(steps: tuple[Step, ...], first: str, second: str, config: Config) -
     names = (first, second)
     uses = [i for i, step in enumerate(steps) if any(x in (step.returns, *step.args.values()) for x in names)
             or any(isinstance(v, list) and x in v for v in step.args.values() for x in names)]
+    # Where ``second``'s slots lie in the merged request: after ``first``'s.
+    offsets = {i: [k for k, kind in arg_kinds(step.rule).items() if kind == OFFSET]
+               for i, step in enumerate(steps) if step.args.get("req") == second}
+    if shifted and not any(offsets.values()):
+        return None
     out = []
     for i, step in enumerate(steps):
+        if shifted and offsets.get(i):
+            step = attrs.evolve(step, args={**step.args, **{k: step.args[k] + steps[made[first]].args["n"] for k in offsets[i]}})
         if i == made[first]:
             out.append(attrs.evolve(step, args={"n": total}))
             continue
@@ -784,7 +795,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     ``end`` of its own, which would give back the step deleted); delete a
     request and let other allocs carry its slots (``_carried``); merge two
     requests into one, where the second was made (``_merged``) or from the
-    first's alloc on (``_hoisted``), an extend of both growing the one by
+    first's alloc on (``_hoisted``; the second's segment offsets as they
+    were, or moved past the first's slots), an extend of both growing the one by
     both's tokens (``_renamed``); make a request on a cached prefix
     by a plain alloc as big, the alloc of the entry's request perhaps as
     much smaller (``_prefix_folded``; no longer); let a
@@ -899,7 +911,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             if first in names and second in names:
                 changed |= any(attempt(attrs.evolve(best, steps=merged), shorter=True)
                                for merged in (_merged(best.steps, first, second),
-                                              _hoisted(best.steps, first, second, best.config))
+                                              _hoisted(best.steps, first, second, best.config),
+                                              _hoisted(best.steps, first, second, best.config, shifted=True))
                                if merged is not None)
         for i in range(len(best.steps)):
             # A smaller argument may change which steps follow; ``best`` is re-read each time.

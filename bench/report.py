@@ -328,7 +328,7 @@ def _losses(data: dict) -> list[str]:
         f"**Where the harness still loses** ({len(lost)} of {len(data['bugs'])}): {names}. "
         "Where it also took more steps, the lever table under *Time to failure* measures what each of the walk's "
         "levers costs the bug (the pool shape drawn after the first example, where the baseline always walks the "
-        "default pool, the steering, the edge decode, the fill, the allocs while few requests are live, the clear at an idle pool); a search the walk's seven eighths of the "
+        "default pool, the steering, the edge decode, the fill, the requests started while few are live, the clear at an idle pool); a search the walk's seven eighths of the "
         "examples leave clean goes on under Hypothesis, whose engine costs several times a step's own time per step.",
     ]
 
@@ -565,7 +565,7 @@ def _raw_losses(data: dict) -> list[str]:
 # A lever whose absence cuts the walk's steps to this share or less is named as a cause.
 _CAUSE = 0.8
 _LEVER_NAMES = {"steer": "steering", "edge": "edge decode", "fill": "fill", "shape": "pool shape drawn",
-                "populate": "allocs while few live", "clear": "clear at idle"}
+                "populate": "starts while few live", "clear": "clear at idle"}
 
 
 def _ablation_table(data: dict) -> list[str]:

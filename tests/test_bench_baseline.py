@@ -113,18 +113,38 @@ def test_the_ablation_with_every_lever_on_is_the_harnesss_own_walk():
     assert steps[("fill",)] > steps[()], steps
 
 
-def test_without_the_allocs_while_few_requests_are_live_a_two_request_decode_bug_takes_more_steps():
-    """The walk's ``populate`` lever (``walk.POPULATE``): the NPU mutant
-    decode-one-past needs a decode batch of two requests, one at a page's
-    end, with the pool at its edge; a uniform rule draw keeps few requests
-    live.  Over seeds 0-4 with it on the walk took 51 steps, with it off 125."""
+def test_without_the_requests_started_while_few_are_live_a_bug_that_needs_two_takes_more_steps():
+    """The walk's ``populate`` lever (``walk.POPULATE``): unified-swa's
+    segment-queues-view needs a live request's segment freed as a view in
+    a group and its row overwritten before the end; a uniform rule draw
+    keeps few requests live, each a short while.  Over seeds 0-9 with it on the walk took 403 steps, with it off
+    1,658.  (npu decode-one-past, which needs a decode of two at the pool's
+    edge, took 51 steps against 125 over seeds 0-4 while the lever drew
+    allocs only; with an extend drawn too, 207 against 125.)"""
     from bench import jobs
 
-    config = Config(target="builtin:npu", mutant="decode-one-past", page_size=4)
+    config = Config(target="builtin:unified-swa", mutant="segment-queues-view", page_size=4)
     steps = {off: sum(jobs.run({"kind": "ablation", "config": config.to_dict(), "seed": s, "max_examples": 200,
-                                "off": list(off)})["steps"] for s in range(5)) for off in ((), ("populate",))}
+                                "off": list(off)})["steps"] for s in range(10)) for off in ((), ("populate",))}
     assert steps[("populate",)] > steps[()], steps
 
+
+def test_with_the_extend_among_the_rules_that_start_a_request_an_extend_bug_takes_fewer_steps(monkeypatch):
+    """The walk's ``populate`` lever draws an extend too (``walk._STARTS``):
+    paged extend-floor needs an extend from a page's end, and the lever's
+    allocs alone fill the pool an extend needs room in."""
+    from bench import jobs
+    from state_machines.runs import walk as walk_module
+
+    config = Config(target="builtin:paged", mutant="extend-floor", page_size=4)
+
+    def steps() -> int:
+        return sum(jobs.run({"kind": "ablation", "config": config.to_dict(), "seed": s, "max_examples": 200,
+                             "off": []})["steps"] for s in range(10))
+
+    with_extend = steps()
+    monkeypatch.setattr(walk_module, "_STARTS", frozenset({"alloc"}))
+    assert steps() > with_extend
 
 def test_without_the_clear_at_an_idle_pool_a_clear_bug_takes_more_steps():
     """The walk's ``clear`` lever (``walk.CLEAR``): unified-mamba's

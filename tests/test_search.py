@@ -27,7 +27,7 @@ from state_machines.runs import walk as walk_module
 from state_machines.runs.minimize import _without, minimize
 from state_machines.runs.runner import _walk_key, fuzz, fuzz_settings, replay
 from state_machines.runs.trace import Trace
-from state_machines.runs.walk import _applicable, _at_edge, _by_chance, _decoded, _filling, _Steer, _steered, walk
+from state_machines.runs.walk import _applicable, _at_edge, _by_chance, _decoded, _filling, _populating, _Steer, _steered, walk
 from state_machines.targets import TargetError
 from tests.test_minimize import ALIAS, TOKEN_ALIAS
 
@@ -512,8 +512,8 @@ def test_a_saved_walk_failure_that_still_fails_leaves_hypothesiss_saved_failure_
 
 
 def test_a_new_walk_failure_leaves_hypothesiss_saved_failure_reported_too(monkeypatch):
-    """A database holding a Hypothesis failure of one invariant, and a walk that meets another (seed 1 meets only
-    no_page_freed_twice in 7 examples): one run reports both (it reported only the walk's, since the walk's failure
+    """A database holding a Hypothesis failure of one invariant, and a walk that meets another (seed 7 meets only
+    no_page_freed_twice, in 3 examples): one run reports both (it reported only the walk's, since the walk's failure
     ended the run before Hypothesis's reuse phase)."""
     from hypothesis.database import InMemoryExampleDatabase
 
@@ -524,9 +524,9 @@ def test_a_new_walk_failure_leaves_hypothesiss_saved_failure_reported_too(monkey
         m.setattr(runner, "walked_examples", lambda n: 0)  # Hypothesis's run alone, so it finds and saves the failure
         hypothesis_found = fuzz(TOKEN_ALIAS, max_examples=40, seed=0, database=db, shrink=False)
     assert [t.invariant for t in hypothesis_found.failures] == ["free_sets_agree"]
-    assert [t.invariant for t in fuzz(TOKEN_ALIAS, max_examples=8, seed=1, database=None, shrink=False).failures] == [
+    assert [t.invariant for t in fuzz(TOKEN_ALIAS, max_examples=8, seed=7, database=None, shrink=False).failures] == [
         "no_page_freed_twice"]
-    again = fuzz(TOKEN_ALIAS, max_examples=8, seed=1, database=db, shrink=False)
+    again = fuzz(TOKEN_ALIAS, max_examples=8, seed=7, database=db, shrink=False)
     assert [t.invariant for t in again.failures] == ["no_page_freed_twice", "free_sets_agree"]
 
 
@@ -622,7 +622,7 @@ def test_a_saved_walk_failure_this_version_cannot_run_is_kept_for_one_that_can()
     kept = {json.dumps(later).encode(), json.dumps(elsewhere).encode()}
     for value in (*kept, junk):
         db.save(key, value)
-    again = fuzz(TOKEN_ALIAS, max_examples=40, seed=2, database=db, shrink=False)
+    again = fuzz(TOKEN_ALIAS, max_examples=40, seed=0, database=db, shrink=False)
     assert again.failures  # the walk ran, none of the saved ones failing here
     # An example spent on the target not here (it is built to know), none on the form not read; the walk meets
     # the failure in its first example.
@@ -756,6 +756,35 @@ def test_the_walk_clears_an_idle_pool_and_nothing_else():
     assert _by_chance(None, machine, rng, 1.0) is None
 
 
+def _starts(machine) -> list[MachineRule]:
+    return [r for r in machine_rules(type(machine)) if r.name in walk_module._STARTS]
+
+
+def test_while_few_requests_are_live_the_walk_starts_one_by_an_alloc_or_an_extend():
+    """``_populating`` at share 1 on builtin:paged, where an extend admits
+    fresh requests too: an alloc or an extend, about evenly over 200 draws,
+    with none and with one request live; None with two live."""
+    machine = _fresh(Config(target="builtin:paged", page_size=4))
+    rng = random.Random(0)
+    for live in range(2):
+        drawn = Counter(_populating(_starts(machine), machine, rng, 1.0).name for _ in range(200))
+        assert set(drawn) == {"alloc", "extend"} and min(drawn.values()) > 70, drawn
+        machine.alloc(pages=1, who=0)
+    assert _populating(_starts(machine), machine, rng, 1.0) is None
+
+
+def test_where_only_an_alloc_starts_a_request_the_walk_takes_one_draw_for_it():
+    """builtin:mamba has no extend: ``_populating`` takes its one draw of
+    the share and no other (the walk's draws there are as they were before
+    an extend could start a request)."""
+    machine = _fresh(Config(target="builtin:mamba"))
+    rng, twin = random.Random(0), random.Random(0)
+    assert [r.name for r in _starts(machine)] == ["alloc"]
+    assert _populating(_starts(machine), machine, rng, 1.0).name == "alloc"
+    twin.random()
+    assert rng.getstate() == twin.getstate()
+    assert _populating([], machine, rng, 1.0) is None and rng.getstate() == twin.getstate()
+
 def test_the_walk_clears_only_a_pool_a_step_has_touched(monkeypatch):
     """At share 1 the lever clears wherever the pool is idle once a step
     has run since the example's build or its last clear: over 10 examples
@@ -824,7 +853,7 @@ def _lever_acts(monkeypatch, current: list) -> dict[str, list[int]]:
     spy("_steered", "steer")
     spy("_populating", "populate")
     spy("_filling", "fill")
-    # A clear the lever chose (``_populating`` draws through ``_by_chance`` too).
+    # A clear the lever chose.
     spy("_by_chance", lambda rule: "clear" if rule is not None and rule.name == "clear" else None)
     real_shaped = walk_module._shaped
 
@@ -940,9 +969,9 @@ def _edge_spy(config: Config, seen: list):
 
 
 def test_an_edge_decode_the_target_refuses_is_not_sent_on_every_step_left():
-    """builtin:hisparse at page size 1, whose device pool may refuse a decode the model's pool takes, walk seed 3, 300 examples: refusals are seen (in 4 examples), and no example sends one more than twice (the walk stops steering to the edge; a uniform draw may pick the decode again; with the edge kept on, 9).  Seed 7, once used here, meets no refusal since POPULATE."""
+    """builtin:hisparse at page size 1, whose device pool may refuse a decode the model's pool takes, walk seed 5, 300 examples: refusals are seen (in 4 examples), and no example sends one more than twice (the walk stops steering to the edge; a uniform draw may pick the decode again; with the edge kept on, 16).  Seeds 7 and 3, once used here, meet no refusal since POPULATE and since an extend starts requests too."""
     seen: list = []
-    walk(_edge_spy(Config(target="builtin:hisparse", page_size=1), seen), random.Random(3), 300)
+    walk(_edge_spy(Config(target="builtin:hisparse", page_size=1), seen), random.Random(5), 300)
     refused = Counter(seen)
     assert refused and max(refused.values()) <= 2, sorted(refused.values())
 

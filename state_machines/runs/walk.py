@@ -10,7 +10,7 @@ that build, but with the example's own build as its probe
 those whose guard holds (a share ``STEER`` of steps steered toward the
 coverage probe's group orders and the allocation groups'; a share ``CLEAR``
 of those taken at an idle pool a clear; a share ``POPULATE`` of those taken while
-fewer than two requests are live an alloc; a decode wherever the pool is
+fewer than two requests are live an alloc or an extend; a decode wherever the pool is
 at its edge, ``_at_edge``) and each argument uniformly in its declared range (but a
 share ``FILL`` of allocs asking for the pages that leave 0 or 1 free,
 beyond that range where a row holds more).  Its failures are shrunk like
@@ -154,8 +154,10 @@ CLEAR = 0.25
 # those 200: 5 and 6 of walk seeds 0-59.)
 FILL = 0.25
 
-# Share of the steps taken while fewer than two requests are live that are
-# an alloc (where its guard holds; ``_populating``).  Uniform among the
+# Share of the steps taken while fewer than two requests are live that
+# start a request (``_populating``): an alloc, or an extend, which admits
+# fresh requests (``_STARTS``), drawn evenly where both guards hold; the
+# figures below up to the extend's were measured with allocs alone.  Uniform among the
 # applicable rules, one rule starts a request and five end or shrink one
 # (free, free_segment, finish, finish_segments, rematch), so live requests
 # stay few: on sglang 0.5.18's NPU target (bench.bugs:npu_without_free_groups,
@@ -177,7 +179,23 @@ FILL = 0.25
 # past the 7,000 steps of the walk's 175 examples in the ci profile's 200),
 # 0.15 1,101 +- 195 (2), 0.2 1,044 +- 167 (1: seed 37); sglang 0.5.17 and
 # 0.5.18's token bugs, seeds 0-19, 19.9 and 39.1 steps against 21.5 and 27.9.
+# The extend drawn too (2026-12-06; the ablation of CLEAR's figures below,
+# the 26 bugs the baseline meets within 20 steps, median, the other 42;
+# bugs above 1; walk seeds 0-59, and 60-119): allocs alone 0.563 (0.996,
+# 0.395; 18) and 0.577 (0.999, 0.410; 20); the extend drawn evenly 0.559
+# (0.994, 0.392; 18) and 0.570 (1.003, 0.402; 21); drawn only with no
+# request live 0.568 (seeds 0-59); only with one live 0.558 and 0.568.
+# The bugs an extend from a page's end shows gain most (paged extend-floor
+# and npu extend-wrong-end 2.9x the baseline's steps to 1.4x, paged
+# extend-early 1.24x to 0.56x, dsv4-hisparse last-loc-floor 0.58x to
+# 0.28x): the lever's allocs had filled the room an extend needs.  What it
+# costs: npu decode-one-past 0.54x to 0.78x (over seeds 0-19 the lever now
+# costs it steps: 593 with it, 438 without, where allocs alone took 365),
+# swa unmap-per-token and swa-tail-stale 0.76x to 1.12x.  sglang 0.5.18's
+# NPU decode, walk seeds 0-39 within the ci profile's walk: 971 mean steps,
+# missed on seed 37 alone, as with allocs alone (seeds 0-59: 1,044, seed 37).
 POPULATE = 0.2
+_STARTS = frozenset({"alloc", "extend"})
 
 # Examples the walk runs on, at least, after its first failure, for others.
 MORE_AFTER_FAILURE = 20
@@ -312,7 +330,9 @@ def walk(
     below = _below(rng)
     # The decode rule that takes a batch (``DecodeRules``), steered to at the pool's edge.
     decode = next((r for r in rules if r.name == "decode"), None) if hasattr(machine_class, "decode_batch") else None
-    alloc = next((r for r in rules if r.name == "alloc"), None)
+    # The rules that start a request (an extend admits fresh ones), drawn
+    # among while few requests are live (``_populating``).
+    starts = [r for r in rules if r.name in _STARTS]
     clear = next((r for r in rules if r.name == "clear"), None)
     # Whether the machine has allocation groups (``in_alloc_group`` on its
     # state; read as False where a family of its own names such a rule without it).
@@ -343,7 +363,7 @@ def walk(
                 in_alloc = alloc_groups and getattr(machine.state, "in_alloc_group", False)
                 at_edge = _at_edge(edge, machine)
                 chosen = (at_edge or _by_chance(clear, machine, rng, 0 if "clear" in off or not touched else CLEAR)
-                          or _populating(alloc, machine, rng, 0 if "populate" in off else POPULATE)
+                          or _populating(starts, machine, rng, 0 if "populate" in off else POPULATE)
                           or _steered(rules, machine, rng, steer.wanted(in_group, in_alloc), 0 if "steer" in off else STEER)
                           or _applicable(rules, machine, rng, below))
                 if chosen is None:  # no step applies (a pool too small for any request to prefill): the example ends
@@ -451,12 +471,14 @@ def _at_edge(decode, machine):
     return decode if takes and takes == s.model.num_free and s.decode_fits(batch) else None
 
 
-def _populating(alloc, machine, rng: random.Random, share: float):
-    """``alloc``, with chance ``share``, where fewer than two requests are
-    live and its guard holds; else None."""
-    if alloc is None or len(machine.state.model.requests) >= 2:
+def _populating(starts: list, machine, rng: random.Random, share: float):
+    """With chance ``share``, where fewer than two requests are live, a rule
+    of ``starts`` whose guard holds (drawn evenly where both an alloc's and
+    an extend's do); else None, as where ``starts`` is empty (no draw)."""
+    if not starts or len(machine.state.model.requests) >= 2 or rng.random() >= share:
         return None
-    return _by_chance(alloc, machine, rng, share)
+    held = [r for r in starts if r.applies(machine)]
+    return held[0] if len(held) == 1 else rng.choice(held) if held else None
 
 
 def _by_chance(rule, machine, rng: random.Random, share: float):

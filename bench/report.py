@@ -328,8 +328,9 @@ def _losses(data: dict) -> list[str]:
         f"**Where the harness still loses** ({len(lost)} of {len(data['bugs'])}): {names}. "
         "Where it also took more steps, the lever table under *Time to failure* measures what each of the walk's "
         "levers costs the bug (the pool shape drawn after the first example, where the baseline always walks the "
-        "default pool, the steering, the edge decode, the fill, the requests started while few are live, the clear at an idle pool); a search the walk's seven eighths of the "
-        "examples leave clean goes on under Hypothesis, whose engine costs several times a step's own time per step.",
+        "default pool, the steering, the edge decode, the fill, the requests started while few are live, the clear at "
+        "an idle pool); a search the walk's seven eighths of the examples leave clean goes on under Hypothesis, whose "
+        "engine costs several times a step's own time per step.",
     ]
 
 

@@ -245,6 +245,7 @@ def test_minimize_hoists_a_later_request_into_the_first_alloc_with_its_segment_m
     )
     _shrinks_to(config, eight, "no_page_freed_twice", 5)
 
+
 def test_minimize_makes_a_request_big_enough_at_its_alloc():
     """ThirdGroup again: a request grown by an extend between groups is
     allocated a slot more at once instead (eleven steps to ten)."""

@@ -593,8 +593,10 @@ def _hoisted(steps: tuple[Step, ...], first: str, second: str, config: Config,
     point ``second`` was made, this leaves later groups only frees: three
     groups of alloc, finish become one alloc and three groups of a free.
     With ``shifted``, an offset into ``second`` (a ``free_segment``'s
-    ``start``) moves past ``first``'s slots, where ``second``'s now lie;
-    None where no step names one.  None where they cannot merge so: either
+    ``start``) moves past the slots ``first``'s alloc took, where
+    ``second``'s now lie; None where no step names one, or where ``first``
+    has grown or shrunk by then (its growth lies after ``second``'s slots,
+    a free of its tail takes them).  None where they cannot merge so: either
     not made by a plain ``alloc``, ``second`` made first, a step names both
     in one batch, or the slots do not fit one draw."""
     made = {step.returns: i for i, step in enumerate(steps) if step.returns in (first, second)}
@@ -608,15 +610,17 @@ def _hoisted(steps: tuple[Step, ...], first: str, second: str, config: Config,
     names = (first, second)
     uses = [i for i, step in enumerate(steps) if any(x in (step.returns, *step.args.values()) for x in names)
             or any(isinstance(v, list) and x in v for v in step.args.values() for x in names)]
-    # Where ``second``'s slots lie in the merged request: after ``first``'s.
-    offsets = {i: [k for k, kind in arg_kinds(step.rule).items() if kind == OFFSET]
-               for i, step in enumerate(steps) if step.args.get("req") == second}
-    if shifted and not any(offsets.values()):
-        return None
+    # Each offset into ``second``, by step: its slots lie after ``first``'s.
+    offsets, first_n = {}, steps[made[first]].args["n"]
+    if shifted:
+        offsets = {i: keys for i, step in enumerate(steps) if step.args.get("req") == second
+                   if (keys := [k for k, kind in arg_kinds(step.rule).items() if kind == OFFSET])}
+        if not offsets or any(_size_before(steps, first, i) != first_n for i in offsets):
+            return None
     out = []
     for i, step in enumerate(steps):
-        if shifted and offsets.get(i):
-            step = attrs.evolve(step, args={**step.args, **{k: step.args[k] + steps[made[first]].args["n"] for k in offsets[i]}})
+        if i in offsets:
+            step = attrs.evolve(step, args={**step.args, **{k: step.args[k] + first_n for k in offsets[i]}})
         if i == made[first]:
             out.append(attrs.evolve(step, args={"n": total}))
             continue

@@ -23,7 +23,7 @@ from allocators.token import TokenAllocator
 from bench.bugs import HARD
 from state_machines.config import Config
 from state_machines.harness import RunRecord, Step, build, family, machine_for
-from state_machines.harness.machines import POOL_PAGES, POOL_ROWS, BudgetSpent, MachineRule, machine_rules
+from state_machines.harness.machines import POOL_PAGES, POOL_ROWS, BudgetSpent, MachineRule, draws, machine_rules
 from state_machines.runs import walk as walk_module
 from state_machines.runs.minimize import _without, minimize
 from state_machines.runs.runner import _walk_key, fuzz, fuzz_settings, replay
@@ -786,6 +786,24 @@ def test_where_only_an_alloc_starts_a_request_the_walk_takes_one_draw_for_it():
     twin.random()
     assert rng.getstate() == twin.getstate()
     assert _populating([], machine, rng, 1.0) is None and rng.getstate() == twin.getstate()
+
+
+def test_a_family_with_an_allocation_group_rule_but_no_in_alloc_group_is_walked_as_if_none_were_open():
+    """A family of its own may name a rule ``alloc_group_begin`` on a state
+    without ``in_alloc_group``: the walk reads it as False (no group open)
+    and steers as for a pool without them, where reading it would raise
+    AttributeError out of the run."""
+    base = machine_for(Config(target="builtin:token"))
+    began = []
+
+    class OwnGroups(base):
+        @draws()
+        def alloc_group_begin(self):
+            began.append(self.record.steps)
+
+    assert not hasattr(_fresh(Config(target="builtin:token")).state, "in_alloc_group")
+    walk(OwnGroups, random.Random(0), 5, steps=40)
+    assert began
 
 
 def test_the_walk_clears_only_a_pool_a_step_has_touched(monkeypatch):

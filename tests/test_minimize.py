@@ -430,6 +430,23 @@ def test_minimize_deletes_a_request_and_raises_an_amount_to_make_up_for_it():
     assert [(s.rule, s.args.get("n")) for s in three.steps] == [("alloc", 16), ("finish", None), ("alloc", 4)]
 
 
+def test_minimize_deletes_a_step_and_raises_an_earlier_amount_to_take_on_what_it_did():
+    """merge-on-total met through a load-back (bench shrink seed 1): a
+    request emptied by a free and grown into a page by an extend, then a
+    load-back of a page.  The extend goes while the alloc grows to one
+    draw's most (16 slots), neither of which fails alone (four steps to
+    three)."""
+    config = Config(target="builtin:page-interleave", mutant="merge-on-total", page_size=4, need_sort=True, size=8)
+    four = (
+        Step("alloc", {"n": 4}, "req_0"),
+        Step("free", {"req": "req_0", "n": 4}),
+        Step("extend", {"reqs": ["req_0"], "tokens": [1]}),
+        Step("load_back", {"n": 4, "start": 0}),
+    )
+    three = _shrinks_to(config, four, "allocator_raised", 3)
+    assert three.steps[0] == Step("alloc", {"n": 16}, "req_0")
+
+
 # sglang 0.5.18's NPU decode bug (bench.bugs:npu_without_free_groups), met
 # on a pool resized to 5 pages: the resize's 5 pages go to the two allocs.
 NPU_DECODE = Config(target="bench.bugs:npu_without_free_groups", page_size=4, sglang_path=".sglang/0.5.18")

@@ -484,9 +484,27 @@ def _compensated(steps: tuple[Step, ...], name: str, config: Config):
     load-backs goes and the first takes a draw's most).  Among them are a
     pool made larger and a free made bigger, which make up for nothing;
     each costs one replay."""
-    ps, held = config.page_size, _size_before(steps, name, len(steps))
-    out = _without(steps, name)
-    for i, step in enumerate(out):
+    yield from _raised(_without(steps, name), config, _size_before(steps, name, len(steps)))
+
+
+def _deleted_raised(steps: tuple[Step, ...], config: Config):
+    """``steps`` without one step, each in turn, and with one amount of a
+    step before it raised as ``_compensated`` raises one: the earlier step
+    takes on what the deleted one did (merge-on-total: an alloc raised to
+    a draw's most where an extend grew the request into the pool's last
+    free page).  Strictly shorter; about as many candidates as the trace
+    has steps times the amounts before them, so ``minimize`` tries them
+    last among its dearer moves."""
+    for i in range(1, len(steps)):
+        if not steps[i].returns:  # a request's own step: ``_compensated``'s
+            yield from _raised((*steps[:i], *steps[i + 1 :]), config, None, before=i)
+
+
+def _raised(out: tuple[Step, ...], config: Config, held: int | None, before: int | None = None):
+    """``out`` with one amount changed, each in turn (``_compensated``'s
+    changes), only in its first ``before`` steps where given."""
+    ps = config.page_size
+    for i, step in enumerate(out[:before]):
         kinds = arg_kinds(step.rule)
         for key, value in step.args.items():
             unit = kinds.get(key, "").removeprefix(LIST)
@@ -824,7 +842,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     ``descend`` then ends shorter; put one simple step of another rule in
     place of two adjacent ones; delete two steps apart; put any other
     simple step in place of one it is simpler than (``_simplicity``), which can
-    let the cheap passes cut again.  These stop, between candidates, once
+    let the cheap passes cut again; last, delete one step and raise an
+    amount of a step before it (``_deleted_raised``).  These stop, between candidates, once
     they have replayed ``DEAR_STEPS`` steps in all (a swap's ``descend``
     counted; the cheap passes' replays not).  Then ``split``: one step as two, kept where deletions
     from there end shorter (its own budget, ``SPLIT_STEPS``).  Last, where
@@ -980,6 +999,9 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         # that queued the free there go.
         swaps = [(*steps[:i], steps[i + 1], steps[i], *steps[i + 2 :]) for i in range(len(steps) - 1)
                  if steps[i] != steps[i + 1]]
+        # One step deleted, an earlier amount raised to take on what it did:
+        # many candidates on a long trace, so last.
+        others += [(best.config, c, True) for c in _deleted_raised(steps, best.config)]
         for config, candidate, shorter in (*candidates, *merges, *near, *((None, s, None) for s in swaps), *others):
             if spent[2] > DEAR_STEPS:
                 return False

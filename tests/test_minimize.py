@@ -192,6 +192,17 @@ def test_shrinking_offers_no_halved_pool_the_target_refuses():
     assert sizes == {64, 16, 8}
 
 
+def test_shrinking_a_trace_on_a_pool_larger_than_the_runs_offers_the_drawn_sizes_between():
+    """A trace met on 64 pages of a run on the default 10 is offered 24
+    pages, which an example draws too, before its own 64, in the run's
+    shape first and then the trace's (rows 1): a fresh pool wrong from 24
+    pages on, met at 64, shrinks to 24 (tests/test_custom_census.py)."""
+    run = Config(target="builtin:token", mutant="alias")
+    trace = Trace(attrs.evolve(run, size=64, rows=1), ALIAS, "free_sets_agree")
+    configs = shrink_configs(trace, run, (None, 4, 24, 64))
+    assert [(c.size, c.rows) for c in configs if c.size and c.size > 10] == [(24, run.rows), (24, 1), (64, run.rows)]
+
+
 def test_shrinking_keeps_a_pinned_pool():
     """A run whose pool size is pinned (it draws none) is shrunk on that pool only, never a halved one."""
     config = Config(target="builtin:token", mutant="alias", size=64)

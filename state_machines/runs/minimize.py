@@ -50,8 +50,10 @@ def shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> 
     each smaller size, smallest first: those an example could draw, and the
     halves of the smallest pool, down to ``MIN_SHRINK_PAGES`` pages, each
     that builds and checks out fresh; then keeping the trace's own
-    need_sort and rows, at the run's size and the smaller ones; last, the
-    run's own need_sort and rows at the trace's size.  A halved
+    need_sort and rows, at the run's size and the smaller ones; then, where
+    the trace's pool is larger than the run's, each size an example draws
+    between the two, smallest first, in the run's shape and then the
+    trace's; last, the run's own need_sort and rows at the trace's size.  A halved
     pool no example draws is still one ``--size`` pins, and a smaller pool
     fills in fewer steps.  A run whose size is pinned (``sizes`` holds only
     its own, ``None``) is not halved: the user chose that pool."""
@@ -66,10 +68,16 @@ def shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> 
         if builds_fresh(attrs.evolve(own, size=half)):
             smaller.add(half)
     smaller = sorted(smaller)
+    # Where the trace's pool is larger than the run's, the sizes an example
+    # draws between the two, smallest first: a failure that needs a bigger
+    # pool (a fresh census wrong from 24 pages on, met at 64) may need no
+    # more than the smallest of them.
+    between = sorted(s for s in sizes if s is not None and own.pool_size < s < trace.config.pool_size)
     # The run's own need_sort and rows at the trace's size too, where that
     # is larger than the run's pool: a failure that needs a bigger pool
     # (the fresh census of 64 pages, say) keeps the shape it was drawn in.
     found = [*(c for base in (own, drawn) for c in (base, *(attrs.evolve(base, size=s) for s in smaller))),
+             *(attrs.evolve(base, size=s) for s in between for base in (own, drawn)),
              attrs.evolve(own, size=trace.config.size)]
     return tuple(dict.fromkeys(found))
 

@@ -4,12 +4,15 @@ census shapes the README names (a tensor, or a list of free page ids)."""
 
 import textwrap
 
+import attrs
 import pytest
 
 from reference_model import invariants
 from state_machines.config import Config
 from state_machines.harness import InvariantViolation, build
+from state_machines.runs.minimize import minimize, shrink_configs
 from state_machines.runs.runner import fuzz
+from state_machines.runs.trace import Trace
 from state_machines.targets import TargetError
 
 POOLS = textwrap.dedent(
@@ -179,6 +182,16 @@ def test_a_pool_laid_out_wrong_only_at_a_drawn_size_is_found(pools):
         "fresh_pool_lists_every_page", (), 24, Config().rows)
     assert trace.detail == "fresh allocator's free pages (23) / pages 1..24: missing: [24]"
     assert outcome.record.first_failure_s is not None
+
+
+def test_a_fresh_pool_failure_met_at_64_pages_shrinks_to_the_drawn_24(pools):
+    """The same pool met at 64 pages (an example may draw it first): the
+    minimiser is offered the drawn sizes between the run's and the trace's
+    (``shrink_configs``) and comes back at 24, the smallest that fails."""
+    run = Config(target="census_pools:LeaksWhenBig")
+    met = Trace(attrs.evolve(run, size=64), (), "fresh_pool_lists_every_page")
+    shortest = minimize(met, configs=shrink_configs(met, run, (None, 4, 24, 64)))
+    assert (shortest.invariant, shortest.steps, shortest.config.size) == ("fresh_pool_lists_every_page", (), 24)
 
 
 def test_a_pool_laid_out_wrong_only_with_need_sort_is_found(pools):

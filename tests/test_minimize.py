@@ -13,6 +13,7 @@ from allocators.token import TokenAllocator
 from bench.targets import unavailable
 from state_machines.config import Config
 from state_machines.harness import Step
+from state_machines.runs import minimize as minimize_module
 from state_machines.runs.minimize import _scaled, minimize, shrink_configs
 from state_machines.runs.runner import replay
 from state_machines.runs.trace import Trace
@@ -441,7 +442,7 @@ def test_minimize_deletes_a_request_and_raises_an_amount_to_make_up_for_it():
     assert [(s.rule, s.args.get("n")) for s in three.steps] == [("alloc", 16), ("finish", None), ("alloc", 4)]
 
 
-def test_minimize_deletes_a_step_and_raises_an_earlier_amount_to_take_on_what_it_did():
+def test_minimize_deletes_a_step_and_raises_an_earlier_amount_to_take_on_what_it_did(monkeypatch):
     """merge-on-total met through a load-back (bench shrink seed 1): a
     request emptied by a free and grown into a page by an extend, then a
     load-back of a page.  The extend goes while the alloc grows to one
@@ -456,6 +457,9 @@ def test_minimize_deletes_a_step_and_raises_an_earlier_amount_to_take_on_what_it
     )
     three = _shrinks_to(config, four, "allocator_raised", 3)
     assert three.steps[0] == Step("alloc", {"n": 16}, "req_0")
+    # No other move reaches it.
+    monkeypatch.setattr(minimize_module, "_deleted_raised", lambda steps, config: iter(()))
+    _shrinks_to(config, four, "allocator_raised", 4)
 
 
 # sglang 0.5.18's NPU decode bug (bench.bugs:npu_without_free_groups), met

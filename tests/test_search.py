@@ -514,7 +514,7 @@ def test_a_saved_walk_failure_that_still_fails_leaves_hypothesiss_saved_failure_
 
 
 def test_a_new_walk_failure_leaves_hypothesiss_saved_failure_reported_too(monkeypatch):
-    """A database holding a Hypothesis failure of one invariant, and a walk that meets another (seed 6 meets only
+    """A database holding a Hypothesis failure of one invariant, and a walk that meets another (seed 7 meets only
     no_page_freed_twice, in 3 examples): one run reports both (it reported only the walk's, since the walk's failure
     ended the run before Hypothesis's reuse phase)."""
     from hypothesis.database import InMemoryExampleDatabase
@@ -526,9 +526,9 @@ def test_a_new_walk_failure_leaves_hypothesiss_saved_failure_reported_too(monkey
         m.setattr(runner, "walked_examples", lambda n: 0)  # Hypothesis's run alone, so it finds and saves the failure
         hypothesis_found = fuzz(TOKEN_ALIAS, max_examples=40, seed=0, database=db, shrink=False)
     assert [t.invariant for t in hypothesis_found.failures] == ["free_sets_agree"]
-    assert [t.invariant for t in fuzz(TOKEN_ALIAS, max_examples=8, seed=6, database=None, shrink=False).failures] == [
+    assert [t.invariant for t in fuzz(TOKEN_ALIAS, max_examples=8, seed=7, database=None, shrink=False).failures] == [
         "no_page_freed_twice"]
-    again = fuzz(TOKEN_ALIAS, max_examples=8, seed=6, database=db, shrink=False)
+    again = fuzz(TOKEN_ALIAS, max_examples=8, seed=7, database=db, shrink=False)
     assert [t.invariant for t in again.failures] == ["no_page_freed_twice", "free_sets_agree"]
 
 
@@ -626,9 +626,9 @@ def test_a_saved_walk_failure_this_version_cannot_run_is_kept_for_one_that_can()
         db.save(key, value)
     again = fuzz(TOKEN_ALIAS, max_examples=40, seed=1, database=db, shrink=False)
     assert again.failures  # the walk ran, none of the saved ones failing here
-    # An example spent on the target not here (it is built to know), none on the form not read; the walk meets
-    # the failure in its first example.
-    assert again.record.examples_to_failure == 2
+    # An example spent on the target not here (it is built to know), none on the form not read.
+    alone = fuzz(TOKEN_ALIAS, max_examples=40, seed=1, database=None, shrink=False)
+    assert again.record.examples_to_failure == alone.record.examples_to_failure + 1
     assert kept <= set(db.fetch(key)) and junk not in set(db.fetch(key))
 
 
@@ -791,7 +791,7 @@ def test_where_only_an_alloc_starts_a_request_the_walk_takes_one_draw_for_it():
 def test_a_family_with_an_allocation_group_rule_but_no_in_alloc_group_is_walked_as_if_none_were_open():
     """A family of its own may name a rule ``alloc_group_begin`` on a state
     without ``in_alloc_group``: the walk reads it as False (no group open)
-    and steers as for a pool without them, where reading it would raise
+    and steers as if none ever opened, where reading it would raise
     AttributeError out of the run."""
     base = machine_for(Config(target="builtin:token"))
     began = []
@@ -799,7 +799,7 @@ def test_a_family_with_an_allocation_group_rule_but_no_in_alloc_group_is_walked_
     class OwnGroups(base):
         @draws()
         def alloc_group_begin(self):
-            began.append(self.record.steps)
+            began.append(True)
 
     assert not hasattr(_fresh(Config(target="builtin:token")).state, "in_alloc_group")
     walk(OwnGroups, random.Random(0), 5, steps=40)
@@ -809,11 +809,10 @@ def test_a_family_with_an_allocation_group_rule_but_no_in_alloc_group_is_walked_
 def test_the_walk_clears_only_a_pool_a_step_has_touched(monkeypatch):
     """At share 1 the lever clears wherever the pool is idle once a step
     has run since the example's build or its last clear: over 10 examples
-    of builtin:unified-mamba, seed 2, clears come (23 of 409 steps), and
+    of builtin:unified-mamba, seed 0, clears come (22 of 410 steps), and
     only the uniform draw puts one first in an example or right after a
-    clear (2 times).  Clearing an untouched pool too, 400 of 410 steps were
-    clears (seed 0, when the first example was steered as the rest): a
-    fresh pool is idle, and so is a cleared one."""
+    clear (2 times).  Clearing an untouched pool too, nearly every step
+    was a clear: a fresh pool is idle, and so is a cleared one."""
     monkeypatch.setattr(walk_module, "CLEAR", 1.0)
     runs: dict = {}
     base = machine_for(Config(target="builtin:unified-mamba", page_size=4))
@@ -823,7 +822,7 @@ def test_the_walk_clears_only_a_pool_a_step_has_touched(monkeypatch):
             runs.setdefault(self, []).append(name)
             return super()._do(name, *args, **kwargs)
 
-    walk(Spy, random.Random(2), 10, steps=40)
+    walk(Spy, random.Random(0), 10, steps=40)
     names = list(runs.values())
     clears = sum(n.count("clear") for n in names)
     untouched = sum(n[0] == "clear" for n in names) + sum(pair == ("clear", "clear") for n in names for pair in zip(n, n[1:]))

@@ -48,8 +48,8 @@ def shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> 
     """The configurations ``minimize`` tries ``trace`` on, simplest first:
     in the run's own pool shape (size, need_sort, rows of ``run``), then at
     each smaller size, smallest first: those an example could draw, and the
-    halves of the smallest pool, down to ``MIN_SHRINK_PAGES`` pages, each
-    that builds and checks out fresh; then keeping the trace's own
+    halves of the smallest pool, down to ``MIN_SHRINK_PAGES`` pages (each
+    half only where it builds and checks out fresh); then keeping the trace's own
     need_sort and rows, at the run's size and the smaller ones; then, where
     the trace's pool is larger than the run's, each size an example draws
     between the two, smallest first, in the run's shape and then the
@@ -496,8 +496,9 @@ def _compensated(steps: tuple[Step, ...], name: str, config: Config):
 
 
 def _deleted_raised(steps: tuple[Step, ...], config: Config):
-    """``steps`` without one step, each in turn, and with one amount of a
-    step before it raised as ``_compensated`` raises one: the earlier step
+    """``steps`` without one step, each in turn, and with one argument of a
+    step before it changed as ``_compensated`` changes one (an amount set
+    to one draw's most, a ``resize`` a page either way): the earlier step
     takes on what the deleted one did (merge-on-total: an alloc raised to
     a draw's most where an extend grew the request into the pool's last
     free page).  Strictly shorter; about as many candidates as the trace
@@ -509,8 +510,9 @@ def _deleted_raised(steps: tuple[Step, ...], config: Config):
 
 
 def _raised(out: tuple[Step, ...], config: Config, held: int | None, before: int | None = None):
-    """``out`` with one amount changed, each in turn (``_compensated``'s
-    changes), only in its first ``before`` steps where given."""
+    """``out`` with one argument changed, each in turn (``_compensated``'s
+    changes; ``held``, where known, the slots the deleted request held),
+    only in its first ``before`` steps where given."""
     ps = config.page_size
     for i, step in enumerate(out[:before]):
         kinds = arg_kinds(step.rule)
@@ -850,8 +852,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     ``descend`` then ends shorter; put one simple step of another rule in
     place of two adjacent ones; delete two steps apart; put any other
     simple step in place of one it is simpler than (``_simplicity``), which can
-    let the cheap passes cut again; last, delete one step and raise an
-    amount of a step before it (``_deleted_raised``).  These stop, between candidates, once
+    let the cheap passes cut again; last, delete one step and change an
+    amount of a step before it to one draw's most (``_deleted_raised``).  These stop, between candidates, once
     they have replayed ``DEAR_STEPS`` steps in all (a swap's ``descend``
     counted; the cheap passes' replays not).  Then ``split``: one step as two, kept where deletions
     from there end shorter (its own budget, ``SPLIT_STEPS``).  Last, where

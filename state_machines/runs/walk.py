@@ -311,6 +311,19 @@ MORE_AFTER_FAILURE = 20
 # stopped short of their known shortest trace (multi-ended segment-view
 # through a rematch, move-keeps-mapping, ThirdGroup), where without it all
 # 71 reach theirs (the `make bench` after it).
+#
+# Also measured that day, by the same ablation on walk seeds 0-59, and not
+# kept: swarm testing over the rules (in half the examples after the
+# first, each rule left out of the uniform draw with chance a half, all of
+# them drawn again where none left in holds) 0.601 (1.020, 0.433; 24),
+# against this walk's 0.559; it cost the bugs that need a clear or a long
+# run of one rule most (swa end-resolves-swa 0.77x the baseline's steps to
+# 1.33x, unified-swa clear-keeps-swa 0.26x to 0.42x).  Examples resumed
+# from a corpus (in half the examples after the first, the steps of an
+# earlier example up to where it reached a state not seen before, by rule,
+# requests live (to 3), pages free (to 2) and a group open, replayed, then
+# 40 steps drawn) 0.645 (1.054, 0.476; 29): a replayed step counts as a
+# step, and the states it reaches were no nearer the bugs.
 
 
 class WalkFailures(Exception):

@@ -137,7 +137,7 @@ def _bug_sections(data: dict) -> list[str]:
         "(`minimize.minimize`: the run's own or a smaller pool, amounts scaled to it (rounded down, up or to the nearest), a request with "
         "every step naming it, runs of steps, a request whose slots other allocs carry, two requests merged, a prefixed "
         "request made a plain alloc (the entry's request as much smaller), growth taken at the alloc (or admit), a tail free folded into it, smaller arguments (segments refitted), a "
-        "request deleted with the room it took made up for (a resize smaller, an amount raised), a resize undone with "
+        "request deleted with the room it took made up for (a resize smaller, an amount raised), a step deleted with an amount before it raised, a resize undone with "
         "the allocs holding its pages, one step for two, one simpler step on the same request for one, two "
         "adjacent steps swapped where deletions then go further, one step split in two, and where nothing else "
         "helps two changes at once (a step moved and one of a rule the trace lacks put next to it, or a growth "

@@ -282,7 +282,6 @@ MORE_AFTER_FAILURE = 20
 # to 3.1-4.2x), but most bugs the levers cost are met in the first example,
 # where every lever is still on (extend-floor 4.3x, 4.0-4.5x), and the bugs
 # the levers serve lose what the swarms take from every example.
-
 #
 # Measured on 2026-12-06 and not kept: a larger STEER in the run's first
 # example alone (the walk's first, on the run's own pool).  By the
@@ -321,7 +320,7 @@ MORE_AFTER_FAILURE = 20
 # 1.33x, unified-swa clear-keeps-swa 0.26x to 0.42x).  Examples resumed
 # from a corpus (in half the examples after the first, the steps of an
 # earlier example up to where it reached a state not seen before, by rule,
-# requests live (to 3), pages free (to 2) and a group open, replayed, then
+# requests live (counted up to 3), pages free (up to 2) and a group open, replayed, then
 # 40 steps drawn) 0.645 (1.054, 0.476; 29): a replayed step counts as a
 # step, and the states it reaches were no nearer the bugs.
 

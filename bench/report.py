@@ -88,8 +88,8 @@ def _bug_sections(data: dict) -> list[str]:
         "",
         f"Each bug, {st['seeds']} seeds per fuzzer. **Harness**: `state_machines.runs.runner.fuzz` without shrinking "
         "(no example database): seven eighths of the examples a seeded random walk over the machine's rules "
-        "(`state_machines/runs/walk.py`, 40 steps, the first example on the run's own pool, then the pool shape "
-        "drawn per example), then Hypothesis (one `step` rule picking among the applicable rules, pool shape drawn), "
+        "(`state_machines/runs/walk.py`, 40 steps, the first example on the run's own pool and opening with a tour of "
+        "the rules, then the pool shape drawn per example), then Hypothesis (one `step` rule picking among the applicable rules, pool shape drawn), "
         "so the time is to the *first* failing example; shrinking is measured separately below. "
         "**Baseline**: `bench/baseline.py`, "
         "a seeded `random.Random` of its own (not the walk's stream) choosing uniformly among the machine's applicable rules and each argument uniformly "
@@ -329,7 +329,7 @@ def _losses(data: dict) -> list[str]:
         "Where it also took more steps, the lever table under *Time to failure* measures what each of the walk's "
         "levers costs the bug (the pool shape drawn after the first example, where the baseline always walks the "
         "default pool, the steering, the edge decode, the fill, the requests started while few are live, the clear at "
-        "an idle pool); a search the walk's seven eighths of the examples leave clean goes on under Hypothesis, whose "
+        "an idle pool, the first example's tour of the rules); a search the walk's seven eighths of the examples leave clean goes on under Hypothesis, whose "
         "engine costs several times a step's own time per step.",
     ]
 
@@ -566,7 +566,7 @@ def _raw_losses(data: dict) -> list[str]:
 # A lever whose absence cuts the walk's steps to this share or less is named as a cause.
 _CAUSE = 0.8
 _LEVER_NAMES = {"steer": "steering", "edge": "edge decode", "fill": "fill", "shape": "pool shape drawn",
-                "populate": "starts while few live", "clear": "clear at idle"}
+                "populate": "starts while few live", "clear": "clear at idle", "tour": "first example's tour"}
 
 
 def _ablation_table(data: dict) -> list[str]:

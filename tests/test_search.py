@@ -853,7 +853,7 @@ def _lever_acts(monkeypatch, seen: SimpleNamespace) -> dict[str, list[int]]:
     """Spy on the walk's levers: for each (``LEVERS``), the draws the walk's
     rng (``seen.rng``, a ``_Logged``) had taken before each call of the
     lever's helper where it acted: where the edge, the steering, the
-    populating or the clear chose the step, each fill (``_filling`` runs
+    populating, the clear or the tour chose the step, each fill (``_filling`` runs
     only with the fill on, and takes a draw whatever it returns) and each
     pool shape drawn after the first example (with the lever off, the same
     draws build the run's own)."""
@@ -878,6 +878,7 @@ def _lever_acts(monkeypatch, seen: SimpleNamespace) -> dict[str, list[int]]:
     spy("_steered", chose("steer"))
     spy("_populating", chose("populate"))
     spy("_by_chance", lambda args, rule: "clear" if rule is not None and rule.name == "clear" else None)
+    spy("_touring", chose("tour"))
     spy("_filling", lambda args, pages: "fill")
     spy("_shaped", lambda args, result: None if args[2] else "shape")
     return acts

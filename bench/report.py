@@ -379,7 +379,8 @@ def _by_depth(data: dict) -> list[str]:
         f"(median): there the harness comes to {means(first)}. On the other **{len(later)}** it comes to "
         f"{means(later)}. On the first kind each side's time is a start both pay alike (making the machine and the "
         "first pool) and a few steps of a walk that is uniform on the baseline's side; the walk's levers (the table "
-        f"below) are there for the second kind{cost}. {even} parity on the first "
+        f"below) are there for the second kind{cost}; the first example's tour of the rules (`walk.TOUR`) is there "
+        f"for the first. {even} parity on the first "
         f"kind (1.0), the headline in seconds would be {_s(at_parity)}; 0.5 would need the other {len(later)} at "
         f"{_s(needed)} or below.",
     ]

@@ -118,12 +118,14 @@ def test_without_the_requests_started_while_few_are_live_a_bug_that_needs_one_ke
     move-keeps-mapping needs a logical page live behind a physical loan
     when the loan is freed and an urgent flush moves the page; a uniform
     rule draw keeps few requests live, each a short while.  Over seeds 0-9
-    with it on the walk took 1,873 steps, with it off 3,542 (over seeds
-    0-29, 3.2x the mean steps off).  (unified-swa's segment-queues-view,
-    which this test ran before the first example's tour, took 392 steps
-    on and 861 off over seeds 0-9 without the tour, 1,555 and 1,421 with it,
-    and about 80 a seed, median, on and off over seeds 0-59: a seed set's
-    luck.)"""
+    with it on the walk took 1,873 steps, with it off 3,542; over seeds
+    0-29 a median of 111.5 steps a seed on and 350 off (means 168 and
+    544).  This test ran unified-swa's segment-queues-view before the
+    first example's tour (``walk.TOUR``): 403 steps on and 1,658 off over
+    seeds 0-9.  The tour's shuffle moved every walk's draws, even with the
+    tour off (392 and 861 then), and with it on the same seeds took 1,555
+    and 1,421; over seeds 0-59 that bug took a median of about 80 steps a
+    seed on and off, with the tour on or off: its seeds 0-9 had been luck."""
     from bench import jobs
 
     config = Config(target="builtin:multi-ended", mutant="move-keeps-mapping", page_size=4)

@@ -257,11 +257,12 @@ def test_the_headline_is_split_by_where_the_baseline_meets_each_bug():
     # The missed bug: 0.05 / 10.0; the headline with it: (2.0 * 0.5 * 0.25 ** 3 * 0.005) ** (1 / 6).
     assert "missed (0.005: each side's unfloored median" in line and "would be 0.21." in line
     # The first kind's cost and the "even" only where its figures are above 1 (here steps 2.00, seconds 1.00).
-    assert "for the second kind and cost the first a share of steps. At parity" in line
+    tour = "; the first example's tour of the rules (`walk.TOUR`) is there for the first."
+    assert f"for the second kind and cost the first a share of steps{tour} At parity" in line
     (line,) = [t for t in _by_depth({"bugs": [rated("a", 1, 4.0, 4.0), *bugs[1:]]}) if t]
-    assert "for the second kind and cost the first a share of steps. Even at parity" in line
+    assert f"for the second kind and cost the first a share of steps{tour} Even at parity" in line
     (line,) = [t for t in _by_depth({"bugs": [rated("a", 1, 0.5, 0.5), *bugs[1:]]}) if t]
-    assert "for the second kind. At parity" in line
+    assert f"for the second kind{tour} At parity" in line
     # Without bugs of both kinds there is nothing to split.
     assert _by_depth({"bugs": bugs[2:]}) == []
 

@@ -922,6 +922,42 @@ def test_a_lever_switched_off_leaves_the_draws_as_they_were_up_to_its_first_chan
     assert acted, f"{lever} acted on no step of any target"
 
 
+def test_the_first_examples_tour_takes_each_rule_once_and_no_later_example_tours(monkeypatch):
+    """``walk.TOUR``: the rules the tour chooses (``_touring``) are each
+    chosen once at most, all in the run's first example, and the first is
+    the first rule of the example's shuffled order (the walk's first draw)
+    whose guard holds on the fresh pool; with every other lever off, so
+    that the tour chooses every step it can.  With the tour off too, it
+    chooses none."""
+    picks: list[tuple[int, str]] = []
+    real = walk_module._touring
+
+    def spied(left, machine):
+        rule = real(left, machine)
+        if rule is not None:
+            picks.append((machine.record.examples, rule.name))
+        return rule
+
+    monkeypatch.setattr(walk_module, "_touring", spied)
+    machine_class = machine_for(Config(target="builtin:paged", page_size=4))
+    rules = machine_rules(machine_class)
+    others = frozenset(walk_module.LEVERS) - {"tour"}
+    for seed in range(5):
+        picks.clear()
+        before = machine_class.record.examples
+        walk(machine_class, random.Random(seed), 3, steps=40, off=others)
+        names = [name for _, name in picks]
+        assert len(names) >= 3 and len(names) == len(set(names)), names
+        assert {example - before for example, _ in picks} == {1}, (before, picks)
+        order = list(rules)
+        random.Random(seed).shuffle(order)
+        fresh = _fresh(Config(target="builtin:paged", page_size=4))
+        assert names[0] == next(r.name for r in order if r.applies(fresh)), (names, [r.name for r in order])
+        picks.clear()
+        walk(machine_class, random.Random(seed), 3, steps=40, off=frozenset(walk_module.LEVERS))
+        assert picks == []
+
+
 NPU = Config(target="builtin:npu", page_size=4)
 
 

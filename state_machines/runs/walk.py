@@ -208,9 +208,10 @@ _STARTS = frozenset({"alloc", "extend"})
 # for the example, that has not run in it yet and whose guard holds.  Where no
 # rule left holds, the step is drawn uniformly as ever; a rule whose guard
 # failed stays in the tour, taken once its guard holds.  Once every rule has
-# run, the example goes on uniform.  Most bugs a first example shows need a rule or two
-# after an alloc (bench/known_shortest.py: 1-5 steps); a uniform draw among k
-# rules meets a given one in about k steps, a tour in about half that.
+# run, the example goes on uniform.  Most bugs a first example shows need a
+# rule or two after an alloc (bench/known_shortest.py: 1-5 steps); a uniform
+# draw among k rules meets a given one in about k steps, a tour in about half
+# that.
 # Measured by the ablation of CLEAR's figures (mean steps to a first failure
 # over bench/baseline.py's on its seeds 0-59, geometric mean over the 68
 # built-in and bench bugs; the 26 the baseline meets within 20 steps, median,

@@ -939,7 +939,8 @@ def test_the_first_examples_tour_takes_each_rule_once_and_no_later_example_tours
         return rule
 
     monkeypatch.setattr(walk_module, "_touring", spied)
-    machine_class = machine_for(Config(target="builtin:paged", page_size=4))
+    config = Config(target="builtin:paged", page_size=4)
+    machine_class = machine_for(config)
     rules = machine_rules(machine_class)
     others = frozenset(walk_module.LEVERS) - {"tour"}
     for seed in range(5):
@@ -951,7 +952,7 @@ def test_the_first_examples_tour_takes_each_rule_once_and_no_later_example_tours
         assert {example - before for example, _ in picks} == {1}, (before, picks)
         order = list(rules)
         random.Random(seed).shuffle(order)
-        fresh = _fresh(Config(target="builtin:paged", page_size=4))
+        fresh = _fresh(config)
         assert names[0] == next(r.name for r in order if r.applies(fresh)), (names, [r.name for r in order])
         picks.clear()
         walk(machine_class, random.Random(seed), 3, steps=40, off=frozenset(walk_module.LEVERS))

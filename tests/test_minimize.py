@@ -639,6 +639,26 @@ def test_minimize_puts_a_step_on_the_same_request_in_place_of_one_first():
     _shrinks_to(attrs.evolve(THIRD_GROUP, need_sort=True), fifteen, "free_sets_agree", 10)
 
 
+def test_minimize_makes_an_eviction_a_free_of_a_request_that_holds_more():
+    """ThirdGroup as the walk's seed 0 met it (2026-12-06): the first of
+    three groups evicts a cache entry.  No deletion or single step helps:
+    a free of the other request in its place leaves the third group with
+    nothing to free, until that request's alloc takes a draw's most
+    (``_evictions_recast``); the entry and its request then go (thirteen
+    steps to the known ten, on one request)."""
+    thirteen = (
+        Step("alloc", {"n": 1}, "req_0"),
+        Step("rematch", {"req": "req_0", "dup": 0}, "cache_0"),
+        Step("finish", {"req": "req_0"}),
+        Step("alloc", {"n": 2}, "req_1"),
+        *(Step("begin", {}), Step("evict", {"entry": "cache_0"}), Step("end", {})),
+        *(Step("begin", {}), Step("free", {"req": "req_1", "n": 1}), Step("end", {})),
+        *(Step("begin", {}), Step("finish", {"req": "req_1"}), Step("end", {})),
+    )
+    shortest = _shrinks_to(THIRD_GROUP, thirteen, "free_sets_agree", 10)
+    assert [s.rule for s in shortest.steps] == ["alloc", *["begin", "free", "end"] * 2, "begin", "finish", "end"]
+
+
 def test_minimize_puts_a_free_of_a_rule_the_trace_lacks_in_place_of_a_rematch():
     """Unified-swa segment-queues-view as the bench's seed 0 met it: the
     group frees the request's tail by a rematch over its cached prefix.

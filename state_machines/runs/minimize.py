@@ -509,6 +509,24 @@ def _deleted_raised(steps: tuple[Step, ...], config: Config):
             yield from _raised((*steps[:i], *steps[i + 1 :]), config, None, before=i)
 
 
+def _evictions_recast(steps: tuple[Step, ...], rules: tuple[str, ...], config: Config):
+    """``steps`` with one ``evict`` made a free of a request made before it
+    (a rule of ``FREES_A_REQUEST`` in its simplest forms,
+    ``_candidate_steps``) and one amount of a step before it changed as
+    ``_compensated`` changes one (an amount set to one draw's most): a
+    request then holds what the entry held and frees it in its place, and
+    the entry's steps may go (ThirdGroup as walk seed 0 met it after
+    2026-12-06: the first of three groups evicts an entry, where the known
+    trace frees a page of its one request in each)."""
+    frees = tuple(r for r in rules if r in FREES_A_REQUEST)
+    for i, step in enumerate(steps):
+        if step.rule != "evict":
+            continue
+        for free in _candidate_steps(frees, config, _made_before(steps, i), set()):
+            if _refs(free):
+                yield from _raised((*steps[:i], free, *steps[i + 1 :]), config, None, before=i)
+
+
 def _raised(out: tuple[Step, ...], config: Config, held: int | None, before: int | None = None):
     """``out`` with one argument changed, each in turn (``_compensated``'s
     changes; ``held``, where known, the slots the deleted request held),
@@ -849,7 +867,9 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     request's pages one of another such rule the trace lacks, its amounts
     also those of the steps naming the request (``_other_frees``: a
     rematch's segment free made a ``free_segment``); swap two adjacent steps where
-    ``descend`` then ends shorter; put one simple step of another rule in
+    ``descend`` then ends shorter; make an eviction a free of a request made
+    before it, an amount before it raised (``_evictions_recast``), kept
+    likewise; put one simple step of another rule in
     place of two adjacent ones; delete two steps apart; put any other
     simple step in place of one it is simpler than (``_simplicity``), which can
     let the cheap passes cut again; last, delete one step and change an
@@ -1012,7 +1032,13 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         # One step deleted, an earlier amount raised to take on what it did:
         # many candidates on a long trace, so last.
         others += [(best.config, c, True) for c in _deleted_raised(steps, best.config)]
-        for config, candidate, shorter in (*candidates, *merges, *near, *((None, s, None) for s in swaps), *others):
+        # An eviction made a free of a request, an amount before it raised
+        # (``_evictions_recast``): as long as the trace, so kept only where
+        # deletions then end shorter, as a swap is; few candidates, so
+        # before the others, which can spend the budget first.
+        recast = [(None, c, None) for c in _evictions_recast(steps, rules[best.config], best.config)]
+        for config, candidate, shorter in (*candidates, *merges, *near, *((None, s, None) for s in swaps), *recast,
+                                           *others):
             if spent[2] > DEAR_STEPS:
                 return False
             before = spent[0]

@@ -1033,13 +1033,15 @@ def _edge_spy(config: Config, seen: list):
 
 def test_an_edge_decode_the_target_refuses_is_not_sent_on_every_step_left():
     """builtin:hisparse at page size 1, whose device pool may refuse a
-    decode the model's pool takes, walk seed 5, 300 examples: refusals are
-    seen (in 4 examples), and no example sends one more than twice (the
+    decode the model's pool takes, walk seed 2, 300 examples: refusals are
+    seen (in 3 examples), and no example sends one more than twice (the
     walk stops steering to the edge; a uniform draw may pick the decode
-    again; with the edge kept on, 16).  Seeds 7 and 3, once used here, meet
-    no refusal since POPULATE and since an extend starts requests too."""
+    again; with the edge kept on, 20).  The seed is one that meets
+    refusals, which moves with every change to the walk's draws: seed 5,
+    used here until the steering's write became the overwrite alone, meets
+    none now (seeds 0-15: 10 meet some)."""
     seen: list = []
-    walk(_edge_spy(Config(target="builtin:hisparse", page_size=1), seen), random.Random(5), 300)
+    walk(_edge_spy(Config(target="builtin:hisparse", page_size=1), seen), random.Random(2), 300)
     refused = Counter(seen)
     assert refused and max(refused.values()) <= 2, sorted(refused.values())
 

@@ -702,15 +702,20 @@ def test_a_configurations_pool_shapes_are_probed_once_a_process(monkeypatch):
 
 def test_the_walk_steers_a_group_with_a_freed_view_toward_a_write_of_it(monkeypatch):
     """With every step steered, a group open and a view freed in it, each
-    draw is the row's overwrite, never an alloc (a write of another row), a
-    free or the end."""
+    draw is the row's overwrite, never an alloc, a decode or an extend (a
+    write of its own request's row), a free or the end; and one of those
+    writes run in the group leaves the overwrite wanted."""
     monkeypatch.setattr(walk_module, "STEER", 1.0)
     steer = _Steer()
     steer.saw("free", in_group=True)
-    rules = [MachineRule(name, {}, lambda held, name=name: name in held) for name in ("alloc", "free", "end", "overwrite_row", "decode")]
-    rng = random.Random(0)
-    drawn = {_steered(rules, _Held({"alloc", "free", "end", "overwrite_row"}), rng, steer.wanted(True)).name for _ in range(200)}
-    assert drawn == {"overwrite_row"}
+    names = ("alloc", "free", "end", "overwrite_row", "decode", "extend")
+    rules, held, rng = _rules(names), _Held(set(names)), random.Random(0)
+    for write in ("alloc", "decode", "extend"):
+        drawn = {_steered(rules, held, rng, steer.wanted(True)).name for _ in range(200)}
+        assert drawn == {"overwrite_row"}
+        steer.saw(write, in_group=True)
+    steer.saw("overwrite_row", in_group=True)
+    assert {_steered(rules, held, rng, steer.wanted(True)).name for _ in range(200)} == {"end"}
 
 
 def test_a_steered_walk_opens_a_group_whenever_none_is_open(monkeypatch):

@@ -512,12 +512,17 @@ def _deleted_raised(steps: tuple[Step, ...], config: Config):
 def _evictions_recast(steps: tuple[Step, ...], rules: tuple[str, ...], config: Config):
     """``steps`` with one ``evict`` made a free of a request made before it
     (a rule of ``FREES_A_REQUEST`` in its simplest forms,
-    ``_candidate_steps``) and one amount of a step before it changed as
-    ``_compensated`` changes one (an amount set to one draw's most): a
-    request then holds what the entry held and frees it in its place, and
-    the entry's steps may go (ThirdGroup as walk seed 0 met it after
-    2026-12-06: the first of three groups evicts an entry, where the known
-    trace frees a page of its one request in each)."""
+    ``_candidate_steps``: each amount at its lowest, a request among the
+    three latest made, live or not) and one argument of a step before it
+    changed as ``_compensated`` changes one (an amount set to one draw's
+    most, a ``resize`` a page either way): a request then holds enough to
+    free a page where the entry was evicted and still have what later
+    steps free, and the entry's steps may go (ThirdGroup as walk seed 0
+    met it after 2026-12-06: the first of three groups evicts an entry,
+    where the known trace frees a page of its one request in the first two
+    and finishes it in the third).  None where no argument before the
+    eviction can change: the swap alone, a free no simpler than an
+    eviction, is not tried."""
     frees = tuple(r for r in rules if r in FREES_A_REQUEST)
     for i, step in enumerate(steps):
         if step.rule != "evict":
@@ -874,7 +879,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     simple step in place of one it is simpler than (``_simplicity``), which can
     let the cheap passes cut again; last, delete one step and change an
     amount of a step before it to one draw's most (``_deleted_raised``).  These stop, between candidates, once
-    they have replayed ``DEAR_STEPS`` steps in all (a swap's ``descend``
+    they have replayed ``DEAR_STEPS`` steps in all (a swap's or a recast's ``descend``
     counted; the cheap passes' replays not).  Then ``split``: one step as two, kept where deletions
     from there end shorter (its own budget, ``SPLIT_STEPS``).  Last, where
     all of those are stuck, ``paired``: two moves at once, a step moved and

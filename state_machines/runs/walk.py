@@ -42,8 +42,9 @@ from state_machines.runs.coverage import FREES_A_REQUEST
 WALK_STEPS = 40
 
 # Share of steps steered toward the group orders runs/coverage.py's
-# INTERLEAVINGS name (a begin; inside a group a free, then a write, then the
-# end; after a group that queued frees, a second end), from public state only.
+# INTERLEAVINGS name (a begin; inside a group a free, then an overwrite of a
+# row, then the end; after a group that queued frees, a second end), from
+# public state only.
 # Failures per step over the bench's 67 built-in bugs (rate of bench/baseline's
 # steps per failure to the walk's, geometric mean, 6,000 steps a bug, walk
 # seeds 7 and 8 pooled): uniform 0.823x (0.825x, 0.817x; 27 bugs slower than
@@ -64,8 +65,14 @@ _FREES = FREES_A_REQUEST | {"evict"}
 # over bench/baseline.py's on its seeds 0-59, geometric mean; the 26 bugs the
 # baseline meets within 20 steps, the other 42), walk seeds 0-59 and 60-119:
 # 0.530 (0.905, 0.381) and 0.526 (0.886, 0.381); with the overwrite alone
-# 0.511 (0.907, 0.358) and 0.510 (0.898, 0.359); with it and an alloc 0.526
-# (seeds 0-59).  Over the 120 seeds, the aliasing bugs gain most (paged alias
+# 0.511 (0.907, 0.358) and 0.510 (0.898, 0.359), over the 120 seeds pooled
+# 0.526 to 0.508; with it and an alloc 0.526 (seeds 0-59).  (By means, as
+# TOUR's figures below: 0.519 and 0.511 to 0.510 and 0.504.)  An eviction
+# or a rematch that caches nothing counts as the free too, and leaves no
+# row to overwrite: then (a fifth to a quarter of the steered draws wanting the
+# overwrite, walk seed 0 on token, paged and unified-swa) the steered step
+# finds no rule and the draw goes on as if unsteered; steering to the end
+# there instead scored 0.515 (seeds 0-59).  Over the 120 seeds, the aliasing bugs gain most (paged alias
 # 1.01x the baseline's steps to 0.58x, npu alias 0.95x to 0.60x, swa
 # alias-full 1.10x to 0.82x, token alias 0.98x to 0.81x, unified-swa
 # segment-queues-view 0.55x to 0.43x); no bug loses more than an eighth
@@ -515,7 +522,7 @@ def walk(
 
 class _Steer:
     """One example's progress through the group orders: a view freed in the
-    open free group (``freed``), a write since (``written``), whether the
+    open free group (``freed``), an overwrite since (``written``), whether the
     last free group to end had queued frees (``queued``), and whether the
     last allocation group end closed one (``closed``)."""
 

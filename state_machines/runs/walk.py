@@ -67,20 +67,22 @@ _FREES = FREES_A_REQUEST | {"evict"}
 # 0.530 (0.905, 0.381) and 0.526 (0.886, 0.381); with the overwrite alone
 # 0.511 (0.907, 0.358) and 0.510 (0.898, 0.359), over the 120 seeds pooled
 # 0.526 to 0.508; with it and an alloc 0.526 (seeds 0-59).  (By means, as
-# TOUR's figures below: 0.519 and 0.511 to 0.510 and 0.504.)  An eviction
-# or a rematch that caches nothing counts as the free too, and leaves no
-# row to overwrite: then (a fifth to a quarter of the steered draws wanting the
+# TOUR's figures below: 0.519 and 0.511 to 0.510 and 0.504.)  Over the 120
+# seeds, the aliasing bugs gain most (paged alias 1.01x the baseline's steps
+# to 0.58x, npu alias 0.95x to 0.60x, swa alias-full 1.10x to 0.82x, token
+# alias 0.98x to 0.81x, unified-swa segment-queues-view 0.55x to 0.43x); no
+# bug loses more than an eighth (swa end-resolves-swa 0.97x to 1.08x,
+# dsv4-hisparse surplus-frees-shared 0.81x to 0.91x).  `make bench` with it:
+# 0.55 of the baseline's seconds and 0.51 of its steps (0.59 and 0.55 the
+# run before); the first failures its seeds meet changed, and
+# page-interleave merge-on-total's shrink seed 0 stopped at 5 steps (known
+# 3; over shrink seeds 0-9, 7 reach it, 9 before).  An eviction, or a
+# rematch that caches nothing, counts as the free too and leaves no row to
+# overwrite: then (a fifth to a quarter of the steered draws wanting the
 # overwrite, walk seed 0 on token, paged and unified-swa) the steered step
-# finds no rule and the draw goes on as if unsteered; steering to the end
-# there instead scored 0.515 (seeds 0-59).  Over the 120 seeds, the aliasing bugs gain most (paged alias
-# 1.01x the baseline's steps to 0.58x, npu alias 0.95x to 0.60x, swa
-# alias-full 1.10x to 0.82x, token alias 0.98x to 0.81x, unified-swa
-# segment-queues-view 0.55x to 0.43x); no bug loses more than an eighth
-# (swa end-resolves-swa 0.97x to 1.08x, dsv4-hisparse surplus-frees-shared
-# 0.81x to 0.91x).  `make bench` with it: 0.55 of the baseline's seconds and
-# 0.51 of its steps (0.59 and 0.55 the run before); the first failures its
-# seeds meet changed, and page-interleave merge-on-total's shrink seed 0
-# stopped at 5 steps (known 3; over shrink seeds 0-9, 7 reach it, 9 before).
+# finds no rule and the draw goes on as if unsteered.  Steering to the end
+# there instead scored 0.515 (seeds 0-59), and an eviction counted as the
+# overwrite too 0.510: neither kept.
 _WRITES = frozenset({"overwrite_row"})
 _BEGIN, _END = frozenset({"begin"}), frozenset({"end"})
 # The Mamba families' allocation groups (a prefill batch's state slots

@@ -303,6 +303,26 @@ def test_minimize_splits_a_step_that_does_two_things():
     assert (shortest.invariant, len(shortest.steps)) == ("free_sets_agree", 5)
 
 
+def test_minimize_splits_a_step_and_deletes_the_steps_that_acted_on_what_it_named():
+    """Paged reps-alias as the walk's shrink seed 1 met it (STEER 0.3): a
+    rematch over the request's own cached prefix, in a group after an
+    extend.  Split into a ``finish_segments`` and an overwrite of the row,
+    it still fails (seven steps), but deleting the extend alone or the
+    entry alone makes it pass: both must go at once (``_unneeded``), and
+    then it is the known five."""
+    six = (
+        Step("alloc", {"n": 4}, "req_0"),
+        Step("rematch", {"req": "req_0", "dup": 0}, "cache_0"),
+        Step("begin", {}),
+        Step("extend", {"reqs": ["req_0"], "tokens": [1]}),
+        Step("rematch", {"req": "req_0", "dup": 1, "entry": "cache_0"}),
+        Step("end", {}),
+    )
+    config = Config(target="builtin:paged", mutant="reps-alias", page_size=4, size=8)
+    shortest = _shrinks_to(config, six, "free_sets_agree", 5)
+    assert [s.rule for s in shortest.steps] == ["alloc", "begin", "finish_segments", "overwrite_row", "end"]
+
+
 def test_minimize_does_not_trade_a_crash_for_a_wrong_answer():
     """npu decode-one-past on a 4-page pool: an alloc of 3 pages then a
     decode crashes the allocator; with an alloc of one page the decode

@@ -331,6 +331,17 @@ def _other_frees(steps: tuple[Step, ...], i: int, rules: tuple[str, ...], config
             if _simplicity(c) < _simplicity(step) and _refs(c) & named]
 
 
+def _unneeded(steps: tuple[Step, ...], i: int, named: set[str]) -> tuple[Step, ...]:
+    """``steps`` without every step before index ``i`` that acts on one of
+    ``named`` or makes one, unless a later step names what it makes."""
+    def needed(k: int) -> bool:
+        step = steps[k]
+        if not (_refs(step) | {step.returns}) & named:
+            return True
+        return bool(step.returns) and any(step.returns in _refs(s) for s in steps[k + 1 :])
+    return tuple(s for k, s in enumerate(steps) if k >= i or needed(k))
+
+
 def _ints_in(steps) -> set[int]:
     out = set()
     for step in steps:
@@ -881,7 +892,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     amount of a step before it to one draw's most (``_deleted_raised``).  These stop, between candidates, once
     they have replayed ``DEAR_STEPS`` steps in all (a swap's or a recast's ``descend``
     counted; the cheap passes' replays not).  Then ``split``: one step as two, kept where deletions
-    from there end shorter (its own budget, ``SPLIT_STEPS``).  Last, where
+    from there end shorter, or deleting at once the earlier steps that acted on
+    what it named (its own budget, ``SPLIT_STEPS``).  Last, where
     all of those are stuck, ``paired``: two moves at once, a step moved and
     a new one put next to it, or a growth folded into its alloc, a step
     that then no longer applies deleted or made simpler, or, last, where
@@ -1108,7 +1120,9 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         names, if it names one, and still leaves a program; then one more
         candidate after that, of a rule no step of the trace has (rows: any),
         simplest first; where that fails, ``descend`` from it and keep what
-        comes out shorter than ``best`` (``descended``).  One step that does two things
+        comes out shorter than ``best`` (``descended``), and where it fails
+        but descends no shorter, the same with every earlier step that acts
+        on what the one step named deleted at once (``_unneeded``).  One step that does two things
         (``rematch`` frees a view and rewrites the row) becomes the two, and
         then the steps only the one needed can go.  Stops once
         ``SPLIT_STEPS`` steps in all have been replayed."""
@@ -1135,7 +1149,14 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                     if spent[1] > SPLIT_STEPS:
                         return False
                     before = spent[0]
-                    kept = descended((*steps[:i], a, after[j], *steps[i + 1 :]))
+                    two = (*steps[:i], a, after[j], *steps[i + 1 :])
+                    kept = descended(two)
+                    if not kept and tried.get(_key(config, two)) is not None:
+                        # Failing, but no deletion alone shortens it: the
+                        # steps that acted on what the one step named may
+                        # need to go together (an extend of the request
+                        # and the entry a rematch cached from it).
+                        kept = descended(_unneeded(two, i, refs))
                     # Replays for this pass count against its own budget only.
                     spent[1], spent[0] = spent[1] + spent[0] - before, before
                     if kept:

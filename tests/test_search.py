@@ -514,8 +514,8 @@ def test_a_saved_walk_failure_that_still_fails_leaves_hypothesiss_saved_failure_
 
 
 def test_a_new_walk_failure_leaves_hypothesiss_saved_failure_reported_too(monkeypatch):
-    """A database holding a Hypothesis failure of one invariant, and a walk that meets another (seed 7 meets only
-    no_page_freed_twice, in 3 examples): one run reports both (it reported only the walk's, since the walk's failure
+    """A database holding a Hypothesis failure of one invariant, and a walk that meets another (seed 10 meets only
+    no_page_freed_twice, in 2 examples): one run reports both (it reported only the walk's, since the walk's failure
     ended the run before Hypothesis's reuse phase)."""
     from hypothesis.database import InMemoryExampleDatabase
 
@@ -526,9 +526,9 @@ def test_a_new_walk_failure_leaves_hypothesiss_saved_failure_reported_too(monkey
         m.setattr(runner, "walked_examples", lambda n: 0)  # Hypothesis's run alone, so it finds and saves the failure
         hypothesis_found = fuzz(TOKEN_ALIAS, max_examples=40, seed=0, database=db, shrink=False)
     assert [t.invariant for t in hypothesis_found.failures] == ["free_sets_agree"]
-    assert [t.invariant for t in fuzz(TOKEN_ALIAS, max_examples=8, seed=7, database=None, shrink=False).failures] == [
+    assert [t.invariant for t in fuzz(TOKEN_ALIAS, max_examples=8, seed=10, database=None, shrink=False).failures] == [
         "no_page_freed_twice"]
-    again = fuzz(TOKEN_ALIAS, max_examples=8, seed=7, database=db, shrink=False)
+    again = fuzz(TOKEN_ALIAS, max_examples=8, seed=10, database=db, shrink=False)
     assert [t.invariant for t in again.failures] == ["no_page_freed_twice", "free_sets_agree"]
 
 

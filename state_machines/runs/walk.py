@@ -53,7 +53,16 @@ WALK_STEPS = 40
 # (seed 7).  Group bugs gain (ThirdGroup 3.7x fewer steps, flag-drift 2-2.5x);
 # bugs needing a long run of allocs or a clear lose (clear-keeps-mamba 2.2x).
 # The walk itself, steps to a first failure over seeds 0-5: 0.96x uniform's.
-STEER = 0.15
+# Once the write wanted was the overwrite alone (``_WRITES``), more steering
+# paid (the measure there; seeds 0-59, then 60-119): 0.10 0.510; 0.15 0.511,
+# 0.510; 0.20 0.489; 0.25 0.475, 0.488; 0.30 0.476, 0.480; 0.40 0.488 (16
+# bugs above the baseline, 12 at 0.15).  Over the 120 seeds pooled, 0.15 to
+# 0.30 takes 0.508 to 0.479: the 42 later bugs 0.358 to 0.316, the 26 first
+# a little worse (0.907 to 0.93); unified-mamba clear-keeps-mamba 1.21x the
+# baseline's steps to 1.71x, page-interleave rotation-from-extend 1.17x to
+# 1.46x, multi-ended move-keeps-mapping 0.35x to 0.52x.  sglang 0.5.17's
+# token bugs 24.4 to 17.1 mean steps, 0.5.18's 43.2 to 24.3 (walk seeds 0-39).
+STEER = 0.3
 _FREES = FREES_A_REQUEST | {"evict"}
 # The write the steering wants after a free in a group: the row's overwrite
 # (sglang's tests zero it after queuing a free; the radix cache writes it),

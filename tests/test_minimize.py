@@ -307,9 +307,10 @@ def test_minimize_splits_a_step_and_deletes_the_steps_that_acted_on_what_it_name
     """Paged reps-alias as the walk's shrink seed 1 met it (STEER 0.3): a
     rematch over the request's own cached prefix, in a group after an
     extend.  Split into a ``finish_segments`` and an overwrite of the row,
-    it still fails (seven steps), but deleting the extend alone or the
-    entry alone makes it pass: both must go at once (``_unneeded``), and
-    then it is the known five."""
+    it still fails (seven steps), but deleting the extend alone makes it
+    pass, and the entry alone fail another way: both must go at once
+    (``_unneeded``), and
+    then it is five steps, the known length."""
     six = (
         Step("alloc", {"n": 4}, "req_0"),
         Step("rematch", {"req": "req_0", "dup": 0}, "cache_0"),
@@ -319,6 +320,11 @@ def test_minimize_splits_a_step_and_deletes_the_steps_that_acted_on_what_it_name
         Step("end", {}),
     )
     config = Config(target="builtin:paged", mutant="reps-alias", page_size=4, size=8)
+    split = (*six[:4], Step("finish_segments", {"req": "req_0", "cut": 0}), Step("overwrite_row", {"row": 0}), six[5])
+    assert replay(Trace(config, split)).invariant == "free_sets_agree"
+    assert replay(Trace(config, split[:3] + split[4:])) is None  # the extend alone gone
+    # The entry alone gone: another invariant, which the minimiser does not take.
+    assert replay(Trace(config, split[:1] + split[2:])).invariant == "no_page_freed_twice"
     shortest = _shrinks_to(config, six, "free_sets_agree", 5)
     assert [s.rule for s in shortest.steps] == ["alloc", "begin", "finish_segments", "overwrite_row", "end"]
 

@@ -526,8 +526,9 @@ def test_a_new_walk_failure_leaves_hypothesiss_saved_failure_reported_too(monkey
         m.setattr(runner, "walked_examples", lambda n: 0)  # Hypothesis's run alone, so it finds and saves the failure
         hypothesis_found = fuzz(TOKEN_ALIAS, max_examples=40, seed=0, database=db, shrink=False)
     assert [t.invariant for t in hypothesis_found.failures] == ["free_sets_agree"]
-    assert [t.invariant for t in fuzz(TOKEN_ALIAS, max_examples=8, seed=10, database=None, shrink=False).failures] == [
-        "no_page_freed_twice"]
+    walk_found = fuzz(TOKEN_ALIAS, max_examples=8, seed=10, database=None, shrink=False)
+    assert [t.invariant for t in walk_found.failures] == ["no_page_freed_twice"]
+    assert walk_found.record.examples_to_failure == 2
     again = fuzz(TOKEN_ALIAS, max_examples=8, seed=10, database=db, shrink=False)
     assert [t.invariant for t in again.failures] == ["no_page_freed_twice", "free_sets_agree"]
 
@@ -1038,15 +1039,16 @@ def _edge_spy(config: Config, seen: list):
 
 def test_an_edge_decode_the_target_refuses_is_not_sent_on_every_step_left():
     """builtin:hisparse at page size 1, whose device pool may refuse a
-    decode the model's pool takes, walk seed 2, 300 examples: refusals are
-    seen (in 3 examples), and no example sends one more than twice (the
+    decode the model's pool takes, walk seed 15, 300 examples: refusals are
+    seen (in 2 examples), and no example sends one more than twice (the
     walk stops steering to the edge; a uniform draw may pick the decode
-    again; with the edge kept on, 20).  The seed is one that meets
+    again; with the edge kept on, 18).  The seed is one that meets
     refusals, which moves with every change to the walk's draws: seed 5,
     used here until the steering's write became the overwrite alone, meets
-    none now (seeds 0-15: 10 meet some)."""
+    none, and seed 2, used until STEER became 0.3, meets them in 1
+    example (seeds 0-15 at STEER 0.3: 9 meet some)."""
     seen: list = []
-    walk(_edge_spy(Config(target="builtin:hisparse", page_size=1), seen), random.Random(2), 300)
+    walk(_edge_spy(Config(target="builtin:hisparse", page_size=1), seen), random.Random(15), 300)
     refused = Counter(seen)
     assert refused and max(refused.values()) <= 2, sorted(refused.values())
 

@@ -333,7 +333,8 @@ def _other_frees(steps: tuple[Step, ...], i: int, rules: tuple[str, ...], config
 
 def _unneeded(steps: tuple[Step, ...], i: int, named: set[str]) -> tuple[Step, ...]:
     """``steps`` without every step before index ``i`` that acts on one of
-    ``named`` or makes one, unless a later step names what it makes."""
+    ``named`` or makes one, unless a later step of ``steps`` names what it
+    makes (a batch step goes whole)."""
     def needed(k: int) -> bool:
         step = steps[k]
         if not (_refs(step) | {step.returns}) & named:
@@ -892,8 +893,9 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     amount of a step before it to one draw's most (``_deleted_raised``).  These stop, between candidates, once
     they have replayed ``DEAR_STEPS`` steps in all (a swap's or a recast's ``descend``
     counted; the cheap passes' replays not).  Then ``split``: one step as two, kept where deletions
-    from there end shorter, or deleting at once the earlier steps that acted on
-    what it named (its own budget, ``SPLIT_STEPS``).  Last, where
+    from there end shorter than ``best``, as it is or with the earlier steps that
+    act on what the one step named deleted at once (``_unneeded``; its own
+    budget, ``SPLIT_STEPS``).  Last, where
     all of those are stuck, ``paired``: two moves at once, a step moved and
     a new one put next to it, or a growth folded into its alloc, a step
     that then no longer applies deleted or made simpler, or, last, where
@@ -1121,8 +1123,9 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         candidate after that, of a rule no step of the trace has (rows: any),
         simplest first; where that fails, ``descend`` from it and keep what
         comes out shorter than ``best`` (``descended``), and where it fails
-        but descends no shorter, the same with every earlier step that acts
-        on what the one step named deleted at once (``_unneeded``).  One step that does two things
+        but descends no shorter, the same with the earlier steps that act on
+        or make what the one step named, but not those whose name a later
+        step uses, deleted at once (``_unneeded``).  One step that does two things
         (``rematch`` frees a view and rewrites the row) becomes the two, and
         then the steps only the one needed can go.  Stops once
         ``SPLIT_STEPS`` steps in all have been replayed."""
@@ -1151,12 +1154,13 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                     before = spent[0]
                     two = (*steps[:i], a, after[j], *steps[i + 1 :])
                     kept = descended(two)
-                    if not kept and tried.get(_key(config, two)) is not None:
-                        # Failing, but no deletion alone shortens it: the
-                        # steps that acted on what the one step named may
-                        # need to go together (an extend of the request
-                        # and the entry a rematch cached from it).
-                        kept = descended(_unneeded(two, i, refs))
+                    if not kept and refs and tried.get(_key(config, two)) is not None:
+                        # Failing, but descending from it ends no shorter
+                        # than ``best``: the steps that acted on what the
+                        # one step named may need to go together (an extend
+                        # of the request and the entry a rematch cached from it).
+                        cut = _unneeded(two, i, refs)
+                        kept = cut != two and descended(cut)
                     # Replays for this pass count against its own budget only.
                     spent[1], spent[0] = spent[1] + spent[0] - before, before
                     if kept:

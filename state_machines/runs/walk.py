@@ -147,8 +147,17 @@ _WANTS = {(free, alloc): free | alloc for free in (_FREES, _WRITES, _BEGIN, _END
 # multi-ended clear-keeps-free-ids 0.70x to 0.30-0.39x); on bugs that need a
 # cache kept across idle spells the seeds disagree (unified-swa
 # admission-ignores-swa 0.61x to 0.87x on seeds 60-119, 0.83x to 0.74x on
-# 0-59; the bench's 5 seeds name the clear a cause there).
-CLEAR = 0.25
+# 0-59; the bench's 5 seeds name the clear a cause there).  Once STEER was
+# 0.3 (more steps open a group, so the pool is idle still less often), 0.4
+# (by STEER's measure: medians, walk seeds 0-59 and 60-119, 120 pooled):
+# 0.25 0.476, 0.480, 0.479; 0.4 0.474, 0.479, 0.475 (0.1 0.478 on seeds
+# 0-59).  The clear bugs gain (120 seeds: unified-mamba clear-keeps-mamba
+# 1.71x the baseline's steps to 1.04x, the harness's worst then; unified-swa
+# clear-keeps-swa 0.39x to 0.28x; multi-ended clear-keeps-free-ids 0.33x to
+# 0.25x); the bugs that need a cache kept across idle spells lose
+# (unified-swa admission-ignores-swa 0.70x to 0.90x, no-tombstone-filter
+# 0.72x to 0.94x).
+CLEAR = 0.4
 
 # Two state-dependent levers, read off the model's counts: at the pool's edge
 # the step is a decode (``_at_edge``: where a decode of every request that can

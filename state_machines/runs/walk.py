@@ -156,7 +156,9 @@ _WANTS = {(free, alloc): free | alloc for free in (_FREES, _WRITES, _BEGIN, _END
 # clear-keeps-swa 0.39x to 0.28x; multi-ended clear-keeps-free-ids 0.33x to
 # 0.25x); the bugs that need a cache kept across idle spells lose
 # (unified-swa admission-ignores-swa 0.70x to 0.90x, no-tombstone-filter
-# 0.72x to 0.94x).
+# 0.72x to 0.94x).  `make bench` with 0.4: 0.52 of the baseline's seconds
+# and 0.50 of its steps (0.52 and 0.51 at 0.25), the first-example bugs 0.95
+# and 1.00, the other 39 0.32 and 0.29 (0.34 and 0.30).
 CLEAR = 0.4
 
 # Two state-dependent levers, read off the model's counts: at the pool's edge

@@ -817,7 +817,7 @@ def test_a_family_with_an_allocation_group_rule_but_no_in_alloc_group_is_walked_
 def test_the_walk_clears_only_a_pool_a_step_has_touched(monkeypatch):
     """At share 1 the lever clears wherever the pool is idle once a step
     has run since the example's build or its last clear: over 10 examples
-    of builtin:unified-mamba, seed 0, clears come (17 of 407 steps), and
+    of builtin:unified-mamba, seed 0, clears come (17 of the 407 rules run), and
     only the uniform draw puts one first in an example or right after a
     clear (2 times).  Clearing an untouched pool too, nearly every step
     was a clear: a fresh pool is idle, and so is a cleared one."""

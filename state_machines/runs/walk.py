@@ -58,11 +58,13 @@ WALK_STEPS = 40
 # 60-119 where two figures are given; bugs above the baseline by mean steps
 # in brackets): 0.10 0.510; 0.15 0.511 and 0.510 (8, 11); 0.20 0.489; 0.25
 # 0.475 and 0.488; 0.30 0.476 and 0.480 (11, 9); 0.40 0.488 (16).  Over the
-# 120 seeds pooled, 0.15 to 0.30 takes 0.508 to 0.479: the 42 bugs the
-# baseline meets later 0.358 to 0.316, the 26 it meets within 20 steps a
-# little worse (0.907 to 0.922-0.941); unified-mamba clear-keeps-mamba 1.21x
-# the baseline's steps to 1.71x, page-interleave rotation-from-extend 1.17x
-# to 1.46x, multi-ended move-keeps-mapping 0.35x to 0.52x.  sglang 0.5.17's
+# 120 seeds pooled, 0.15 to 0.30 takes 0.508 to 0.479 (all at CLEAR 0.25;
+# with 0.4, CLEAR's figures); on each half of the seeds, the 42 bugs the
+# baseline meets later 0.358 and 0.359 to 0.316 and 0.317, the 26 it meets
+# within 20 steps a little worse (0.907 and 0.898 to 0.922 and 0.941);
+# unified-mamba clear-keeps-mamba 1.21x the baseline's steps to 1.71x,
+# page-interleave rotation-from-extend 1.17x to 1.46x, multi-ended
+# move-keeps-mapping 0.35x to 0.52x.  sglang 0.5.17's
 # token bugs 24.4 to 17.1 mean steps, 0.5.18's 43.2 to 24.3 (walk seeds
 # 0-39).  `make bench` with 0.3: 0.52 of the baseline's seconds and 0.51 of
 # its steps (0.55 and 0.51 at 0.15), the first-example bugs 0.90 and 1.00
@@ -140,7 +142,7 @@ _WANTS = {(free, alloc): free | alloc for free in (_FREES, _WRITES, _BEGIN, _END
 # (1.022, 0.441; 20); the allocation groups' steering alone 0.584 (0.984,
 # 0.423; 18); the clear alone (even on an untouched pool), 0.1 0.593, 0.25
 # 0.591; both, 0.1 0.574 and 0.581, 0.25 0.573 (1.005, 0.404; 19) and 0.579
-# (1.002, 0.412; 21); both, 0.25, no clear of an untouched pool (this walk)
+# (1.002, 0.412; 21); both, 0.25, no clear of an untouched pool (the walk then)
 # 0.563 (0.996, 0.395; 18) and 0.577 (0.999, 0.410; 20).  Bugs a clear shows
 # gain most (unified-mamba clear-keeps-mamba 5.5x and 3.9x the baseline's
 # steps to 1.2x and 1.05x; unified-swa clear-keeps-swa 0.93x to 0.28-0.32x;
@@ -152,13 +154,13 @@ _WANTS = {(free, alloc): free | alloc for free in (_FREES, _WRITES, _BEGIN, _END
 # (by STEER's measure: medians, walk seeds 0-59 and 60-119, 120 pooled):
 # 0.25 0.476, 0.480, 0.479; 0.4 0.474, 0.479, 0.475 (0.1 0.478 on seeds
 # 0-59).  The clear bugs gain (120 seeds: unified-mamba clear-keeps-mamba
-# 1.71x the baseline's steps to 1.04x, the harness's worst then; unified-swa
+# 1.71x the baseline's steps to 1.04x, the harness's worst at 0.25; unified-swa
 # clear-keeps-swa 0.39x to 0.28x; multi-ended clear-keeps-free-ids 0.33x to
 # 0.25x); the bugs that need a cache kept across idle spells lose
 # (unified-swa admission-ignores-swa 0.70x to 0.90x, no-tombstone-filter
 # 0.72x to 0.94x).  `make bench` with 0.4: 0.52 of the baseline's seconds
 # and 0.50 of its steps (0.52 and 0.51 at 0.25), the first-example bugs 0.95
-# and 1.00, the other 39 0.32 and 0.29 (0.34 and 0.30).
+# and 1.00 (0.90 and 1.00), the other 39 0.32 and 0.29 (0.34 and 0.30).
 CLEAR = 0.4
 
 # Two state-dependent levers, read off the model's counts: at the pool's edge
@@ -314,7 +316,7 @@ MORE_AFTER_FAILURE = 20
 # by failures per step over the bench's 67 built-in bugs (6,000 steps a bug,
 # renewal), as the geometric mean of expected steps to a failure against
 # the baseline's (uniform, 20 steps, own pool), on walk seed 7 (and 8):
-# uniform (this walk) 0.825 (0.817), 26 bugs slower than the baseline;
+# uniform (the walk then) 0.825 (0.817), 26 bugs slower than the baseline;
 # a bag of the rules per example, without replacement, 0.888, 21 slower
 # (on seed 7 35x slower on hisparse short-leaks, 15x on paged extend-early: bugs that
 # need one rule many times in a row); the least-run (previous, rule) pair
@@ -335,7 +337,7 @@ MORE_AFTER_FAILURE = 20
 # counted at its steps: not the denominator of POPULATE's figures above,
 # so compare these with each other only; geometric mean; the 32 bugs the
 # baseline meets in its first example, the other 35; bugs above 1), walk
-# seeds 0-59 and 60-119: none (this walk) 0.645 (0.931, 0.461; 17) and
+# seeds 0-59 and 60-119: none (the walk then) 0.645 (0.931, 0.461; 17) and
 # 0.661 (0.930, 0.484; 21); a tour every second example 0.583 (0.799,
 # 0.437; 10) and 0.595 (0.814, 0.447; 15); every example 0.580 and 0.593;
 # two every example 0.567 and 0.582; the first example only 0.596; a tour
@@ -393,7 +395,7 @@ MORE_AFTER_FAILURE = 20
 # bench/baseline.py's on its seeds 0-59, geometric mean over the 68
 # built-in and bench bugs; the 26 the baseline meets within 20 steps,
 # median, the other 42; bugs above 1), walk seeds 0-59 and 60-119: STEER
-# there too (this walk) 0.559 (0.994, 0.392; 18) and 0.570 (1.003, 0.402;
+# there too (the walk then) 0.559 (0.994, 0.392; 18) and 0.570 (1.003, 0.402;
 # 21); no steering in the first example 0.612 (seeds 0-59); 0.3 there
 # 0.545 (0.968, 0.382; 20) and 0.559 (0.994, 0.391; 21); 0.45 0.547
 # (1.000, 0.376; 17); 0.6 0.542 (1.014, 0.368; 21) and 0.531 (0.961,

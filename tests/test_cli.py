@@ -30,11 +30,11 @@ def kv_lockstep(*args, cwd, env_extra=None):
 
 def test_mutant_run_fails_with_a_trace_that_replays(tmp_path):
     """fuzz exits 1 and names a trace; replay fails on the mutant and passes without it."""
-    run = kv_lockstep("fuzz", "--target", "builtin:token", "--mutant", "flag-drift", "--seed", "0",
+    run = kv_lockstep("fuzz", "--target", "builtin:token", "--mutant", "flag-drift", "--seed", "1",
                       "--trace-dir", str(tmp_path), cwd=tmp_path)
     assert run.returncode == 1, run.stdout + run.stderr
     lines = run.stdout.splitlines()
-    assert lines[0] == "kv-lockstep fuzz: builtin:token mutant=flag-drift page_size=1, up to 300 examples, seed 0"
+    assert lines[0] == "kv-lockstep fuzz: builtin:token mutant=flag-drift page_size=1, up to 300 examples, seed 1"
     # Then the steps the built-in lacks (the scheduler hooks), each with its reason.
     rest = [line for line in lines[1:] if not line.startswith("rule ")]
     # Each failure's first example is written at once, before shrinking.
@@ -395,7 +395,7 @@ def test_replay_says_where_its_failure_is_not_the_one_the_trace_recorded(tmp_pat
     """A trace edited by hand, or replayed on another target or mutant, can
     fail otherwise than it recorded: replay printed its own failure and
     nothing of the recorded one (helper-80)."""
-    run = kv_lockstep("fuzz", "--target", "builtin:token", "--mutant", "flag-drift", "--seed", "0",
+    run = kv_lockstep("fuzz", "--target", "builtin:token", "--mutant", "flag-drift", "--seed", "1",
                       "--trace-dir", str(tmp_path), cwd=tmp_path)
     assert run.returncode == 1, run.stdout + run.stderr
     [path] = sorted(tmp_path.glob("*-no_page_freed_twice-*.json"))

@@ -309,8 +309,7 @@ def test_minimize_splits_a_step_and_deletes_the_steps_that_acted_on_what_it_name
     extend.  Split into a ``finish_segments`` and an overwrite of the row,
     it still fails (seven steps), but deleting the extend alone makes it
     pass, and the entry alone fail another way: both must go at once
-    (``_unneeded``), and
-    then it is five steps, the known length."""
+    (``_unneeded``), and then it is five steps, the known length."""
     six = (
         Step("alloc", {"n": 4}, "req_0"),
         Step("rematch", {"req": "req_0", "dup": 0}, "cache_0"),

@@ -322,7 +322,7 @@ def _other_frees(steps: tuple[Step, ...], i: int, rules: tuple[str, ...], config
     grew it give)."""
     step = steps[i]
     # A step whose entry a later step names cannot go (a rematch that cached a prefix).
-    if step.rule not in FREES_A_REQUEST or (step.returns and any(step.returns in _refs(s) for s in steps[i + 1 :])):
+    if step.rule not in FREES_A_REQUEST or _named_later(steps, i):
         return []
     named = _refs(step)
     amounts = _ints_in([s for s in steps if s.returns in named or _refs(s) & named])
@@ -339,7 +339,7 @@ def _unneeded(steps: tuple[Step, ...], i: int, named: set[str]) -> tuple[Step, .
         step = steps[k]
         if not (_refs(step) | {step.returns}) & named:
             return True
-        return bool(step.returns) and any(step.returns in _refs(s) for s in steps[k + 1 :])
+        return _named_later(steps, k)
     return tuple(s for k, s in enumerate(steps) if k >= i or needed(k))
 
 
@@ -369,6 +369,12 @@ def _refs(step: Step) -> set[str]:
     kinds = arg_kinds(step.rule)
     return {name for key, value in step.args.items() if kinds.get(key) in (REQ, ENTRY, REQS)
             for name in (value if isinstance(value, list) else [value])}
+
+
+def _named_later(steps: tuple[Step, ...], i: int) -> bool:
+    """Whether ``steps[i]`` makes a request or entry a later step names."""
+    made = steps[i].returns
+    return bool(made) and any(made in _refs(s) for s in steps[i + 1 :])
 
 
 def _runnable_rules(config: Config) -> tuple[str, ...]:
@@ -1247,7 +1253,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             if outcome(candidate) is not None:
                 return False
             for k in range(after + 1, len(candidate)):
-                if candidate[k].returns and any(candidate[k].returns in _refs(s) for s in candidate[k + 1 :]):
+                if _named_later(candidate, k):
                     continue
                 for s in _candidate_steps(rules[config], config, _made_before(candidate, k),
                                           _ints_in(candidate[k : k + 1])):

@@ -47,31 +47,32 @@ WALK_STEPS = 40
 # public state only.
 # First set at 0.15 by failures per step over the bench's 67 built-in bugs
 # (rate of bench/baseline's steps per failure to the walk's, geometric mean,
-# 6,000 steps a bug, walk seeds 7 and 8 pooled): uniform 0.823x (0.825x, 0.817x; 27 bugs slower than
-# the baseline), 0.15 0.768x (0.763x, 0.770x; 28 slower), 0.3 0.779x (33
-# slower), 0.6 0.875x (36 slower); steering only inside a group, 0.3, 0.822x
-# (seed 7).  Group bugs gain (ThirdGroup 3.7x fewer steps, flag-drift 2-2.5x);
-# bugs needing a long run of allocs or a clear lose (clear-keeps-mamba 2.2x).
-# The walk itself, steps to a first failure over seeds 0-5: 0.96x uniform's.
+# 6,000 steps a bug, walk seeds 7 and 8 pooled): uniform 0.823x (0.825x,
+# 0.817x; 27 bugs slower than the baseline), 0.15 0.768x (0.763x, 0.770x; 28
+# slower), 0.3 0.779x (33 slower), 0.6 0.875x (36 slower); steering only
+# inside a group, 0.3, 0.822x (seed 7).  Group bugs gain (ThirdGroup 3.7x
+# fewer steps, flag-drift 2-2.5x); bugs needing a long run of allocs or a
+# clear lose (clear-keeps-mamba 2.2x).  The walk itself, steps to a first
+# failure over seeds 0-5: 0.96x uniform's.
 # Once the write wanted was the overwrite alone (``_WRITES``, below), more
 # steering paid.  By ``_WRITES``'s measure (medians; walk seeds 0-59, then
-# 60-119 where two figures are given; bugs above the baseline by mean steps
-# in brackets): 0.10 0.510; 0.15 0.511 and 0.510 (8, 11); 0.20 0.489; 0.25
-# 0.475 and 0.488; 0.30 0.476 and 0.480 (11, 9); 0.40 0.488 (16).  Over the
-# 120 seeds pooled, 0.15 to 0.30 takes 0.508 to 0.479 (all at CLEAR 0.25;
-# with 0.4, CLEAR's figures); on each half of the seeds, the 42 bugs the
-# baseline meets later 0.358 and 0.359 to 0.316 and 0.317, the 26 it meets
-# within 20 steps a little worse (0.907 and 0.898 to 0.922 and 0.941);
-# unified-mamba clear-keeps-mamba 1.21x the baseline's steps to 1.71x,
-# page-interleave rotation-from-extend 1.17x to 1.46x, multi-ended
-# move-keeps-mapping 0.35x to 0.52x.  sglang 0.5.17's
-# token bugs 24.4 to 17.1 mean steps, 0.5.18's 43.2 to 24.3 (walk seeds
-# 0-39).  `make bench` with 0.3: 0.52 of the baseline's seconds and 0.51 of
-# its steps (0.55 and 0.51 at 0.15), the first-example bugs 0.90 and 1.00
-# (0.95 and 0.93), the other 39 0.34 and 0.30 (0.35 and 0.32); every bug
-# shrunk to its known shortest once the minimiser's split deleted the steps
-# that acted on what the split step named together (``minimize._unneeded``:
-# paged reps-alias had stopped a step short).  So STEER is 0.3.
+# 60-119 where two figures are given; bugs above the baseline by mean steps in
+# brackets): 0.10 0.510; 0.15 0.511 and 0.510 (8, 11); 0.20 0.489; 0.25 0.475
+# and 0.488; 0.30 0.476 and 0.480 (11, 9); 0.40 0.488 (16).  Over the 120
+# seeds pooled, 0.15 to 0.30 takes 0.508 to 0.479 (all at CLEAR 0.25; with
+# 0.4, CLEAR's figures); on each half of the seeds, the 42 bugs the baseline
+# meets later 0.358 and 0.359 to 0.316 and 0.317, the 26 it meets within 20
+# steps a little worse (0.907 and 0.898 to 0.922 and 0.941); unified-mamba
+# clear-keeps-mamba 1.21x the baseline's steps to 1.71x, page-interleave
+# rotation-from-extend 1.17x to 1.46x, multi-ended move-keeps-mapping 0.35x to
+# 0.52x.  sglang 0.5.17's token bugs 24.4 to 17.1 mean steps, 0.5.18's 43.2 to
+# 24.3 (walk seeds 0-39).  `make bench` with 0.3: 0.52 of the baseline's
+# seconds and 0.51 of its steps (0.55 and 0.51 at 0.15), the first-example
+# bugs 0.90 and 1.00 (0.95 and 0.93), the other 39 0.34 and 0.30 (0.35 and
+# 0.32); every bug shrunk to its known shortest once the minimiser's split
+# deleted the steps that acted on what the split step named together
+# (``minimize._unneeded``: paged reps-alias had stopped a step short).  So
+# STEER is 0.3.
 STEER = 0.3
 _FREES = FREES_A_REQUEST | {"evict"}
 # The write the steering wants after a free in a group: the row's overwrite
@@ -85,8 +86,9 @@ _FREES = FREES_A_REQUEST | {"evict"}
 # baseline meets within 20 steps, the other 42), walk seeds 0-59 and 60-119:
 # 0.530 (0.905, 0.381) and 0.526 (0.886, 0.381); with the overwrite alone
 # 0.511 (0.907, 0.358) and 0.510 (0.898, 0.359), over the 120 seeds pooled
-# 0.526 to 0.508; with it and an alloc 0.526 (seeds 0-59; all at STEER 0.15).  (By means, as
-# TOUR's figures below: 0.519 and 0.511 to 0.510 and 0.504.)  Over the 120
+# 0.526 to 0.508; with it and an alloc 0.526 (seeds 0-59; all at STEER
+# 0.15).  (By means, as TOUR's figures below: 0.519 and 0.511 to 0.510 and
+# 0.504.)  Over the 120
 # seeds, the aliasing bugs gain most (paged alias 1.01x the baseline's steps
 # to 0.58x, npu alias 0.95x to 0.60x, swa alias-full 1.10x to 0.82x, token
 # alias 0.98x to 0.81x, unified-swa segment-queues-view 0.55x to 0.43x); no
@@ -390,8 +392,8 @@ MORE_AFTER_FAILURE = 20
 # the levers serve lose what the swarms take from every example.
 #
 # Measured on 2026-12-06 and not kept, with STEER then 0.15: a larger STEER
-# in the run's first example alone (the walk's first, on the run's own pool).  By the
-# ablation of CLEAR's figures (mean steps to a first failure over
+# in the run's first example alone (the walk's first, on the run's own
+# pool).  By the ablation of CLEAR's figures (mean steps to a first failure over
 # bench/baseline.py's on its seeds 0-59, geometric mean over the 68
 # built-in and bench bugs; the 26 the baseline meets within 20 steps,
 # median, the other 42; bugs above 1), walk seeds 0-59 and 60-119: STEER

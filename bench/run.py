@@ -29,8 +29,13 @@ CI_BUDGET = 200
 CI_SEEDS = 20
 # Both fuzzers stop here; past it a seed counts as not found (issue 13's bar).
 CAP_EXAMPLES = 3000
-# Seeds a bug for time to failure (issue 13's bar).
-SEEDS = 5
+# Seeds a bug for time to failure.  Issue 13's bar asks 5; with 5, the
+# headline (a geometric mean of per-bug median ratios) moved by more than the
+# changes it was to judge: over the walk's and the baseline's seeds 0-59 (the
+# bench's ablation job, steps), twelve sets of 5 seeds gave 0.44 to 0.54,
+# standard deviation 0.031; six sets of 10, 0.44 to 0.51, 0.020.  Seeds
+# 0-4 are among these 10, so the bar's runs are a part of the bench's.
+SEEDS = 10
 # The bar's time to failure: a time under this counts as this much, so that
 # start-up noise does not decide a ratio, and a miss counts as the whole search.
 FLOOR_S = 0.25
@@ -312,7 +317,7 @@ def _against(baseline: dict, again: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--seeds", type=int, default=SEEDS, help=f"seeds per bug for time to failure (default {SEEDS}, the bar's)")
+    parser.add_argument("--seeds", type=int, default=SEEDS, help=f"seeds per bug for time to failure (default {SEEDS}; the bar asks 5)")
     parser.add_argument("--only", metavar="REGEX", help="only the bugs whose name matches (e.g. 'bench.bugs|token')")
     parser.add_argument("--cap", type=int, default=CAP_EXAMPLES, help=f"examples a search stops at (default {CAP_EXAMPLES}, the bar's)")
     parser.add_argument("--shrink-seeds", type=int, default=SHRINK_SEEDS, help=f"shrinking runs per bug (default {SHRINK_SEEDS}; 0: none)")

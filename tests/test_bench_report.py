@@ -272,7 +272,9 @@ def _clean_only_results():
     costs = {"steps": 10, "step_us": 100.0, "error": None,
              "us_per_step": {"allocator calls": 20.0, "census (get_all_free_pages, available_size)": 20.0,
                              "model_consistent": 30.0, "model and harness (the rest)": 30.0}}
-    settings = {"seeds": 5, "processes": 2, "ci_budget_examples": 200, "floor_s": 0.25, "quick": False, "only": None,
+    from bench.run import SEEDS
+
+    settings = {"seeds": SEEDS, "processes": 2, "ci_budget_examples": 200, "floor_s": 0.25, "quick": False, "only": None,
                 "clean_only": "^builtin:token page_size=1$", "cap_examples": 3000, "shrink_seeds": 2,
                 "throughput_examples": 100, "costs_examples": 100, "scaling_examples": {"64": 60, "1024": 30}}
     return {

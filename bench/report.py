@@ -558,7 +558,7 @@ def _raw_losses(data: dict) -> list[str]:
         "",
         f"- more steps than the baseline, a search loss ({len(more)}): {names(more)}. The table below measures, "
         "bug by bug, what each of the walk's levers costs; a bug both sides meet within a few dozen steps also "
-        "swings about 2x between seed sets of 5.",
+        "swings between seed sets as far as the baseline does against itself (above).",
         f"- as few steps or fewer, a dearer step ({len(fewer)}): {names(fewer)}. Where both sides find the bug in "
         "the first example with the same steps, the times differ by the harness's own start (its runner and "
         "settings) and by noise; where the harness took fewer steps, each cost more (Hypothesis's engine in the "

@@ -263,7 +263,7 @@ def _bar_section(data: dict) -> list[str]:
         "",
         "## The bar: harness against a uniform random walk",
         "",
-        f"{len(data['bugs'])} bugs, {st['seeds']} seeds each{' (the bar asks 5)' if st['seeds'] > 5 else ''}, "
+        f"{len(data['bugs'])} bugs, {st['seeds']} seeds each{' (the bar asks 5)' if st['seeds'] != 5 else ''}, "
         f"at most {st['cap_examples']:,} examples a search. "
         f"A seed's time to first failure counts as at least {floor} s, and a seed that finds nothing counts as its "
         "whole search; *harness s* and *baseline s* are the medians over seeds of that time, *ratio* is harness / "
@@ -508,6 +508,8 @@ def _beyond_noise(data: dict) -> list[str]:
         verdict = ("so these seeds show no one bug slower beyond their noise (which is not to say none is: a small "
                    "loss needs more seeds to show)")
     sooner_most = count(sooner, "steps")
+    # With none below it, "0 or more in 100% of runs" would say nothing.
+    odds = f", and {most} or more in steps in {_percent(chance)} of bench runs" if most else ""
     return [
         "",
         f"**Slower beyond the seeds' noise?** For each bug, *p* is the chance that, were the harness exactly as fast "
@@ -515,7 +517,7 @@ def _beyond_noise(data: dict) -> list[str]:
         f"baseline's two sets pooled; a miss ranks last; a one-sided rank-sum test, Mann-Whitney's). p is below "
         f"{_ALPHA:g} in steps on {named('steps')}; in seconds on {named('seconds')}. Were the harness exactly as fast "
         f"as the baseline on every bug, chance alone would give at most about {_ALPHA * tested:.1f} of {tested} on "
-        f"average, and {most} or more in steps in {_percent(chance)} of bench runs (counting the bugs as independent, "
+        f"average{odds} (counting the bugs as independent, "
         f"which they are only roughly: all run the same seeds): {verdict}. The other way, the harness sooner, p is "
         f"below {_ALPHA:g} on **{count(sooner, 'steps')} of {tested}** bugs in steps and "
         f"**{count(sooner, 'seconds')} of {tested}** in seconds"

@@ -184,6 +184,8 @@ def test_the_noise_test_names_the_bugs_slower_beyond_the_seeds_noise():
     (_, line) = _beyond_noise({"bugs": [early]})
     assert "in steps on **0 of 1**;" in line and "on **1 of 1** bugs in steps and **1 of 1** in seconds" in line
     assert "(1 or more in steps by chance alone in 5% of runs)" in line
+    # With none slower, no "0 or more in 100% of bench runs".
+    assert "0 or more" not in line and "about 0.1 of 1 on average (counting the bugs" in line
     # p = 0.020 each: not below 0.05 / 3, but 3 of 3 comes by chance in 0.0125% of runs (0.05 ** 3).
     fairly_late = bug("fairly late", [7, 9, 12, 14, 15], [1, 2, 3, 4, 5], [6, 8, 10, 11, 13])
     (_, line) = _beyond_noise({"bugs": [fairly_late] * 3})

@@ -328,6 +328,31 @@ def test_minimize_splits_a_step_and_deletes_the_steps_that_acted_on_what_it_name
     assert [s.rule for s in shortest.steps] == ["alloc", "begin", "finish_segments", "overwrite_row", "end"]
 
 
+def test_minimize_folds_a_prefix_into_one_alloc_and_deletes_what_made_the_prefix():
+    """hisparse buffer-drops-surplus on a pool of 8 slots, as a walk with a
+    longer first example met it: an alloc of 4, a rematch caching it, an
+    alloc of 4 on that prefix, then the device buffer.  The request made
+    plain and as big (an alloc of 8) finds the pool full, so it fails no
+    more; with the rematch and the first alloc deleted too (``_pruned``:
+    the rematch gone, the first alloc is named by nothing) it is the known
+    two steps."""
+    four = (
+        Step("alloc", {"n": 4}, "req_0"),
+        Step("rematch", {"req": "req_0", "dup": 0}, "cache_0"),
+        Step("alloc", {"n": 4, "prefix": "cache_0"}, "req_1"),
+        Step("device_buffer", {"req": "req_1", "n": 4}),
+    )
+    config = Config(target="builtin:hisparse", mutant="buffer-drops-surplus", page_size=4, size=8)
+    plain = (*four[:2], Step("alloc", {"n": 8}, "req_1"), four[3])
+    # The fold alone: the pool is full, the alloc of 8 makes nothing, and the device buffer names no request.
+    assert minimize_module._fails_like(Trace(config, plain), "device_free_sets_agree") is None
+    pruned = (plain[2], plain[3])
+    assert minimize_module._pruned(plain, 2, {"cache_0", "req_0"}) == pruned
+    assert minimize_module._unneeded(plain, 2, {"cache_0", "req_0"}) == (plain[0], *pruned)  # one pass leaves req_0
+    shortest = _shrinks_to(config, four, "device_free_sets_agree", 2)
+    assert [s.rule for s in shortest.steps] == ["alloc", "device_buffer"]
+
+
 def test_minimize_does_not_trade_a_crash_for_a_wrong_answer():
     """npu decode-one-past on a 4-page pool: an alloc of 3 pages then a
     decode crashes the allocator; with an alloc of one page the decode

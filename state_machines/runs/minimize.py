@@ -343,6 +343,16 @@ def _unneeded(steps: tuple[Step, ...], i: int, named: set[str]) -> tuple[Step, .
     return tuple(s for k, s in enumerate(steps) if k >= i or needed(k))
 
 
+def _pruned(steps: tuple[Step, ...], i: int, named: set[str]) -> tuple[Step, ...]:
+    """``_unneeded`` again until it deletes nothing: a step it deletes may
+    have been the last to name what an earlier one made (a ``rematch``
+    deleted leaves the ``alloc`` of its request unnamed)."""
+    while len(fewer := _unneeded(steps, i, named)) < len(steps):
+        i -= len(steps) - len(fewer)
+        steps = fewer
+    return steps
+
+
 def _ints_in(steps) -> set[int]:
     out = set()
     for step in steps:
@@ -788,7 +798,12 @@ def _prefix_folded(steps: tuple[Step, ...], config: Config):
     whose request and ``rematch`` can then go.  After each, the same with
     the plain ``alloc`` of the request whose ``rematch`` made the entry
     made as much smaller (at least a page left): the pages the two shared
-    are held twice now, and the pool stays as full as it was."""
+    are held twice now, and the pool stays as full as it was.  After the
+    plain ``alloc``, where it leaves them unneeded, the same with the
+    ``rematch`` that made the entry and that request's ``alloc`` deleted
+    too (``_pruned``): on a pool the two filled, the bigger ``alloc`` fits
+    only once they are gone (hisparse's alloc of 4, its rematch and an alloc
+    of 4 on the prefix, on a pool of 8, as one alloc of 8)."""
     cap, ps = _one_draw("alloc", "n", config), config.page_size
     made = {step.returns: i for i, step in enumerate(steps) if step.returns}
     for i, step in enumerate(steps):
@@ -798,9 +813,12 @@ def _prefix_folded(steps: tuple[Step, ...], config: Config):
         donor = made.get(steps[cached].args.get("req")) if cached is not None and steps[cached].rule == "rematch" else None
         if donor is not None and (steps[donor].rule, set(steps[donor].args)) != ("alloc", {"n"}):
             donor = None
+        named = {step.args["prefix"]} | ({steps[cached].args["req"]} if donor is not None else set())
         for more in range(ps, cap - n + 1, ps):
             folded = (*steps[:i], Step("alloc", {"n": n + more}, step.returns), *steps[i + 1 :])
             yield folded
+            if len(pruned := _pruned(folded, i, named)) < len(folded):
+                yield pruned
             if donor is not None and steps[donor].args["n"] - more >= ps:
                 yield (*folded[:donor], attrs.evolve(steps[donor], args={"n": steps[donor].args["n"] - more}),
                        *folded[donor + 1 :])

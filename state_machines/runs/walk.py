@@ -51,7 +51,10 @@ from state_machines.runs.coverage import FREES_A_REQUEST
 # of the known shortest trace (hisparse buffer-drops-surplus at 4 steps, known
 # 2: an alloc, a rematch, an alloc on the cached prefix and the device buffer,
 # where the known trace allocates 8 at once; unified-mamba
-# prepare-closes-group at 7, known 5), none with 40.
+# prepare-closes-group at 7, known 5), none with 40.  Since the minimiser
+# deletes what made a folded prefix (``minimize._pruned``), the first
+# reaches its 2; the second, a rematch and an eviction where the known
+# trace frees the request's tail, stays at 7.
 WALK_STEPS = 40
 
 # Share of steps steered toward the group orders runs/coverage.py's

@@ -890,7 +890,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     were, or moved past the first's slots), an extend of both growing the one by
     both's tokens (``_renamed``); make a request on a cached prefix
     by a plain alloc as big, the alloc of the entry's request perhaps as
-    much smaller (``_prefix_folded``; no longer); let a
+    much smaller, or the rematch that made the entry and its request's
+    alloc deleted where nothing else names them (``_prefix_folded``); let a
     request's alloc (or admit) take what a later step grew it by, or give
     up what a later free of its tail gave back (``_growth_hoisted``); make each argument
     simpler (``_smaller_args``; no longer), a later segment free of a

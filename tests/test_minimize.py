@@ -348,9 +348,10 @@ def test_minimize_folds_a_prefix_into_one_alloc_and_deletes_what_made_the_prefix
     assert minimize_module._fails_like(Trace(config, plain), "device_free_sets_agree") is None
     pruned = (plain[2], plain[3])
     assert minimize_module._pruned(plain, 2, {"cache_0", "req_0"}) == pruned
+    assert minimize_module._fails_like(Trace(config, pruned), "device_free_sets_agree") is not None
     assert minimize_module._unneeded(plain, 2, {"cache_0", "req_0"}) == (plain[0], *pruned)  # one pass leaves req_0
     shortest = _shrinks_to(config, four, "device_free_sets_agree", 2)
-    assert [s.rule for s in shortest.steps] == ["alloc", "device_buffer"]
+    assert [s.rule for s in shortest.steps] == ["alloc", "device_buffer"] and shortest.steps[0].args == {"n": 8}
 
 
 def test_minimize_does_not_trade_a_crash_for_a_wrong_answer():

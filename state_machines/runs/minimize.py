@@ -798,12 +798,14 @@ def _prefix_folded(steps: tuple[Step, ...], config: Config):
     whose request and ``rematch`` can then go.  After each, the same with
     the plain ``alloc`` of the request whose ``rematch`` made the entry
     made as much smaller (at least a page left): the pages the two shared
-    are held twice now, and the pool stays as full as it was.  After the
-    plain ``alloc``, where it leaves them unneeded, the same with the
-    ``rematch`` that made the entry and that request's ``alloc`` deleted
-    too (``_pruned``): on a pool the two filled, the bigger ``alloc`` fits
-    only once they are gone (hisparse's alloc of 4, its rematch and an alloc
-    of 4 on the prefix, on a pool of 8, as one alloc of 8)."""
+    are held twice now, and the pool stays as full as it was.  After each
+    folded candidate (before the smaller donor's), the same with the
+    earlier steps that make or act on the entry or the request whose
+    ``rematch`` made it deleted, where no later step needs what they make
+    (``_pruned``; the ``rematch`` and that request's ``alloc`` among them):
+    on a pool the two filled, the bigger ``alloc`` fits only once they are
+    gone (hisparse's alloc of 4, its rematch and an alloc of 4 on the
+    prefix, on a pool of 8, as one alloc of 8)."""
     cap, ps = _one_draw("alloc", "n", config), config.page_size
     made = {step.returns: i for i, step in enumerate(steps) if step.returns}
     for i, step in enumerate(steps):
@@ -890,8 +892,9 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     were, or moved past the first's slots), an extend of both growing the one by
     both's tokens (``_renamed``); make a request on a cached prefix
     by a plain alloc as big, the alloc of the entry's request perhaps as
-    much smaller, or the rematch that made the entry and its request's
-    alloc deleted where nothing else names them (``_prefix_folded``); let a
+    much smaller, or the earlier steps that make or act on the entry or
+    its request deleted where no later step needs what they make
+    (``_prefix_folded``); let a
     request's alloc (or admit) take what a later step grew it by, or give
     up what a later free of its tail gave back (``_growth_hoisted``); make each argument
     simpler (``_smaller_args``; no longer), a later segment free of a

@@ -256,6 +256,8 @@ def _shortest_section(data: dict) -> list[str]:
 def _bar_section(data: dict) -> list[str]:
     """The ratio table issue 13's bar reads: floored median time to first
     failure, harness over baseline, per bug; and the three headline figures."""
+    from bench.run import BAR_SEEDS
+
     st, hl = data["settings"], data["headline"]
     floor = st.get("floor_s", 0.25)
     shrink = hl.get("bar_median_shrink_s")
@@ -263,7 +265,7 @@ def _bar_section(data: dict) -> list[str]:
         "",
         "## The bar: harness against a uniform random walk",
         "",
-        f"{len(data['bugs'])} bugs, {st['seeds']} seeds each{' (the bar asks 5)' if st['seeds'] != 5 else ''}, "
+        f"{len(data['bugs'])} bugs, {st['seeds']} seeds each{f' (the bar asks {BAR_SEEDS})' if st['seeds'] != BAR_SEEDS else ''}, "
         f"at most {st['cap_examples']:,} examples a search. "
         f"A seed's time to first failure counts as at least {floor} s, and a seed that finds nothing counts as its "
         "whole search; *harness s* and *baseline s* are the medians over seeds of that time, *ratio* is harness / "

@@ -354,6 +354,35 @@ def test_minimize_folds_a_prefix_into_one_alloc_and_deletes_what_made_the_prefix
     assert [s.rule for s in shortest.steps] == ["alloc", "device_buffer"] and shortest.steps[0].args == {"n": 8}
 
 
+def test_minimize_defers_a_finish_to_where_its_cached_prefix_was_evicted():
+    """unified-mamba prepare-closes-group on a pool of 8 slots, as a walk
+    with an 80-step first example met it: a request cached by a rematch,
+    grown in a group and finished there (its tail queued), the group closed
+    by ``prepare_mamba``, then the entry evicted (freed at once).  The
+    finish made a free of the tail and the eviction the finish, with the
+    rematch deleted (``_finish_deferred``), frees the same slots at the
+    same steps; the growth then goes into the alloc: the known five steps."""
+    seven = (
+        Step("alloc", {"n": 4}, "req_0"),
+        Step("rematch", {"req": "req_0", "dup": 0}, "cache_0"),
+        Step("begin", {}),
+        Step("alloc", {"n": 4, "req": "req_0"}),
+        Step("finish", {"req": "req_0"}),
+        Step("prepare_mamba", {"n": 1}),
+        Step("evict", {"entry": "cache_0"}),
+    )
+    config = Config(target="builtin:unified-mamba", mutant="prepare-closes-group", page_size=4, size=8)
+    rules = minimize_module._runnable_rules(config)
+    recast = (seven[0], *seven[2:4], Step("free", {"req": "req_0", "n": 4}), seven[5], Step("finish", {"req": "req_0"}))
+    assert recast in list(minimize_module._finish_deferred(seven, rules, config))
+    # With the entry kept, the finish frees nothing the cache holds: the rematch must go too.
+    kept = (*seven[:4], *recast[3:])
+    assert minimize_module._fails_like(Trace(config, kept), "free_sets_agree") is None
+    assert minimize_module._fails_like(Trace(config, recast), "free_sets_agree") is not None
+    shortest = _shrinks_to(config, seven, "free_sets_agree", 5)
+    assert [s.rule for s in shortest.steps] == ["alloc", "begin", "free", "prepare_mamba", "finish"]
+
+
 def test_minimize_does_not_trade_a_crash_for_a_wrong_answer():
     """npu decode-one-past on a 4-page pool: an alloc of 3 pages then a
     decode crashes the allocator; with an alloc of one page the decode

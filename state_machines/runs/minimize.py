@@ -826,6 +826,39 @@ def _prefix_folded(steps: tuple[Step, ...], config: Config):
                        *folded[donor + 1 :])
 
 
+def _finish_deferred(steps: tuple[Step, ...], rules: tuple[str, ...], config: Config):
+    """``steps`` where a request finishes while an entry its ``rematch``
+    cached holds its prefix, and a later ``evict`` frees the entry: the
+    finish made a free of the request's tail (each simplest form of a rule
+    of ``FREES_A_REQUEST`` other than a finish or a rematch, its amounts
+    those of the steps that make or name the request), the eviction the
+    request's finish, and the earlier steps that make or act on the entry
+    deleted where no later step needs what they make (``_pruned``): the
+    same slots free at the same steps, with no cache between, one step
+    shorter at least (unified-mamba prepare-closes-group as a walk met it
+    with an 80-step first example: a finish in a group and an eviction after
+    the group closed, where the known trace frees the request's tail in the
+    group and finishes it after)."""
+    frees = tuple(r for r in rules if r in FREES_A_REQUEST and r not in ("finish", "rematch"))
+    made = {step.returns: k for k, step in enumerate(steps) if step.returns}
+    for j, step in enumerate(steps):
+        entry = step.args.get("entry") if step.rule == "evict" else None
+        cached = made.get(entry)
+        if cached is None or steps[cached].rule != "rematch" or cached > j:
+            continue
+        req = steps[cached].args.get("req")
+        finish = next((i for i in range(cached + 1, j) if steps[i] == Step("finish", {"req": req})), None)
+        if finish is None:
+            continue
+        amounts = _ints_in([s for s in steps if s.returns == req or req in _refs(s)])
+        for free in _candidate_steps(frees, config, _made_before(steps, finish), amounts):
+            if _refs(free) != {req}:
+                continue
+            recast = (*steps[:finish], free, *steps[finish + 1 : j], Step("finish", {"req": req}), *steps[j + 1 :])
+            if len(pruned := _pruned(recast, j, {entry})) < len(recast):
+                yield pruned
+
+
 def _key(config: Config, steps: tuple[Step, ...]) -> tuple:
     """``steps`` on ``config`` as a key: a trace's memo in ``minimize``."""
     return config, json.dumps([step.to_dict() for step in steps], sort_keys=True)
@@ -894,7 +927,9 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     by a plain alloc as big, the alloc of the entry's request perhaps as
     much smaller, or the earlier steps that make or act on the entry or
     its request deleted where no later step needs what they make
-    (``_prefix_folded``); let a
+    (``_prefix_folded``); make a request's finish a free of its tail and
+    a later eviction of the entry its rematch cached the request's finish,
+    the entry's steps deleted (``_finish_deferred``); let a
     request's alloc (or admit) take what a later step grew it by, or give
     up what a later free of its tail gave back (``_growth_hoisted``); make each argument
     simpler (``_smaller_args``; no longer), a later segment free of a
@@ -1002,6 +1037,12 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         # A request on a prefix made plain, as big: the prefix's steps may go next.
         changed |= any(attempt(attrs.evolve(best, steps=steps), shorter=False)
                        for steps in list(_prefix_folded(best.steps, best.config)))
+        # A finish and an eviction of the entry cached from its request made
+        # a tail free and the finish, with no entry: one step fewer at least.
+        if best.config not in rules:
+            rules[best.config] = _runnable_rules(best.config)
+        changed |= any(attempt(attrs.evolve(best, steps=steps), shorter=True)
+                       for steps in list(_finish_deferred(best.steps, rules[best.config], best.config)))
         # A request grown later, made big enough at once: one step fewer.
         changed |= any(attempt(attrs.evolve(best, steps=steps), shorter=True)
                        for steps in list(_growth_hoisted(best.steps, best.config)))

@@ -573,7 +573,8 @@ def _raw_losses(data: dict) -> list[str]:
 # A lever whose absence cuts the walk's steps to this share or less is named as a cause.
 _CAUSE = 0.8
 _LEVER_NAMES = {"steer": "steering", "edge": "edge decode", "fill": "fill", "shape": "pool shape drawn",
-                "populate": "starts while few live", "clear": "clear at idle", "tour": "first example's tour"}
+                "populate": "starts while few live", "clear": "clear at idle", "tour": "first example's tour",
+                "long": "first example twice as long"}
 
 
 def _ablation_table(data: dict) -> list[str]:

@@ -515,7 +515,7 @@ def test_a_saved_walk_failure_that_still_fails_leaves_hypothesiss_saved_failure_
 
 def test_a_new_walk_failure_leaves_hypothesiss_saved_failure_reported_too(monkeypatch):
     """A database holding a Hypothesis failure of one invariant, and a walk that meets another (seed 10 meets only
-    no_page_freed_twice, in 2 examples): one run reports both (it reported only the walk's, since the walk's failure
+    no_page_freed_twice, in its first example of 80 steps): one run reports both (it reported only the walk's, since the walk's failure
     ended the run before Hypothesis's reuse phase)."""
     from hypothesis.database import InMemoryExampleDatabase
 
@@ -528,7 +528,7 @@ def test_a_new_walk_failure_leaves_hypothesiss_saved_failure_reported_too(monkey
     assert [t.invariant for t in hypothesis_found.failures] == ["free_sets_agree"]
     walk_found = fuzz(TOKEN_ALIAS, max_examples=8, seed=10, database=None, shrink=False)
     assert [t.invariant for t in walk_found.failures] == ["no_page_freed_twice"]
-    assert walk_found.record.examples_to_failure == 2
+    assert walk_found.record.examples_to_failure == 1
     again = fuzz(TOKEN_ALIAS, max_examples=8, seed=10, database=db, shrink=False)
     assert [t.invariant for t in again.failures] == ["no_page_freed_twice", "free_sets_agree"]
 
@@ -861,7 +861,8 @@ def _lever_acts(monkeypatch, seen: SimpleNamespace) -> dict[str, list[int]]:
     """Spy on the walk's levers: for each (``LEVERS``), the draws the walk's
     rng (``seen.rng``, a ``_Logged``) had taken before each call of the
     lever's helper where it acted: where the edge, the steering, the
-    populating, the clear or the tour chose the step, each fill (``_filling`` runs
+    populating, the clear or the tour chose the step, each step the first
+    example runs past ``steps`` (``_longer``), each fill (``_filling`` runs
     only with the fill on, and takes a draw whatever it returns) and each
     pool shape drawn after the first example (with the lever off, the same
     draws build the run's own)."""
@@ -887,6 +888,7 @@ def _lever_acts(monkeypatch, seen: SimpleNamespace) -> dict[str, list[int]]:
     spy("_populating", chose("populate"))
     spy("_by_chance", lambda args, rule: "clear" if rule is not None and rule.name == "clear" else None)
     spy("_touring", chose("tour"))
+    spy("_longer", lambda args, more: "long" if more else None)
     spy("_filling", lambda args, pages: "fill")
     spy("_shaped", lambda args, result: None if args[2] else "shape")
     return acts

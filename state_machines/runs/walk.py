@@ -22,6 +22,7 @@ examples.
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import attrs
@@ -38,24 +39,29 @@ from state_machines.runs.coverage import FREES_A_REQUEST
 # `make bench` on the same seeds 40 and 80 took the same steps to a first
 # failure (0.77x the baseline's) and 40 shrank to the known shortest trace
 # more often (61 bugs of 70 against 57): a longer failing example gives
-# the minimiser more to settle in.  Lengthening only the run's first example,
-# where the walk meets most bugs, gained a little (the bench's ablation job:
-# each bug's median steps to a first failure over bench/baseline.py's on its
-# seeds 0-59, geometric mean over the 68 built-in and bench bugs, BigPool,
-# which the baseline never meets, counted at its whole search and, in
-# brackets, left out as the bench's headline leaves it; walk seeds 0-59 and
-# 60-119): 40 steps 0.474 and 0.479 (0.511, 0.519), 80 0.462 and 0.474 (0.496,
-# 0.510), 120 0.458 and 0.469 (0.494, 0.507), 200 0.468 (seeds 0-59); pooled,
-# 40 0.475 (0.514), 80 0.463 (0.500).  Not kept: with 80, the bench's shrink
-# job (shrink seeds 0 and 1, each bug in a fresh process) left two runs short
-# of the known shortest trace (hisparse buffer-drops-surplus at 4 steps, known
-# 2: an alloc, a rematch, an alloc on the cached prefix and the device buffer,
-# where the known trace allocates 8 at once; unified-mamba
-# prepare-closes-group at 7, known 5), none with 40.  Since the minimiser
-# deletes what made a folded prefix (``minimize._pruned``), the first
-# reaches its 2; the second, a rematch and an eviction where the known
-# trace frees the request's tail, stays at 7.
+# the minimiser more to settle in.
 WALK_STEPS = 40
+
+# The run's first example runs FIRST_TIMES times as many steps: the walk
+# meets most bugs there.  Measured by the bench's ablation job (each bug's
+# median steps to a first failure over bench/baseline.py's on its seeds
+# 0-59, geometric mean over the 68 built-in and bench bugs, BigPool, which
+# the baseline never meets, counted at its whole search and, in brackets,
+# left out as the bench's headline leaves it; walk seeds 0-59 and 60-119):
+# a first example of 40 steps 0.474 and 0.479 (0.511, 0.519), 80 0.462 and
+# 0.474 (0.496, 0.510), 120 0.458 and 0.469 (0.494, 0.507), 200 0.468 (seeds
+# 0-59); pooled, 40 0.475 (0.514), 80 0.463 (0.500).  At first 80 was not
+# kept: the bench's shrink job (shrink seeds 0 and 1, each bug in a fresh
+# process) left two runs short of the known shortest trace, none with 40.
+# The minimiser mends both now: hisparse buffer-drops-surplus (an alloc, a
+# rematch, an alloc on the cached prefix and the device buffer, 4 steps
+# where the known trace allocates 8 at once, 2) by deleting what made a
+# folded prefix (``minimize._pruned``); unified-mamba prepare-closes-group
+# (a finish in a group and an eviction of the cached prefix after it, 7
+# steps, known 5) by deferring the finish to the eviction
+# (``minimize._finish_deferred``).  120 gains a little more and was not
+# tried against the shrink job.
+FIRST_TIMES = 2
 
 # Share of steps steered toward the group orders runs/coverage.py's
 # INTERLEAVINGS name (a begin; inside a group a free, then an overwrite of a
@@ -463,14 +469,14 @@ class WalkFailures(Exception):
 
 # The walk's departures from a plain uniform walk, each of which ``walk(off=)``
 # can switch off (bench/ measures what each costs a bug the walk loses on).
-LEVERS = ("steer", "edge", "fill", "shape", "populate", "clear", "tour")
+LEVERS = ("steer", "edge", "fill", "shape", "populate", "clear", "tour", "long")
 
 
 def walk(
     machine_class, rng: random.Random, examples: int, steps: int = WALK_STEPS, on_failure=None, off: frozenset = frozenset(),
 ) -> None:
     """Run ``examples`` examples of ``steps`` steps each on fresh machines
-    of ``machine_class``.
+    of ``machine_class``, the first ``FIRST_TIMES`` times as many.
 
     Returns when all ran clean.  An ``InvariantViolation`` does not end the
     walk at once: it goes on for as many examples again as the first took
@@ -487,7 +493,8 @@ def walk(
     decode, the fill (``FILL``), the pool shape drawn after the first
     example, the allocs and extends while few requests are live
     (``POPULATE``), the clear at an idle pool (``CLEAR``), the first
-    example's tour of the rules (``TOUR``).  One switched off still takes
+    example's tour of the rules (``TOUR``), its length (``long``:
+    ``FIRST_TIMES``).  One switched off still takes
     the draw that decides whether it acts (and the pool shape's, and the
     tour's shuffle), so the walk runs as it did up to the first step that
     lever would have acted on (a fill takes its draw of the pages even
@@ -534,7 +541,9 @@ def walk(
             touched = False
             # The rules the first example's tour has left to run (``TOUR``).
             tour = _tour(rules, rng, TOUR and "tour" not in off) if index == 0 else []
-            for _ in range(steps):
+            for step in itertools.count():
+                if step >= steps and not _longer(index, step, steps, off):
+                    break
                 in_group = machine.state.in_group
                 in_alloc = alloc_groups and getattr(machine.state, "in_alloc_group", False)
                 at_edge = _at_edge(edge, machine)
@@ -635,6 +644,13 @@ def _shaped(machine, rng: random.Random, own: bool) -> None:
         # with need_sort off, as its allocator did.
         again = machine.shape_drawn(config, rng, drawn)
         machine.shape_as(again or attrs.evolve(drawn, need_sort=config.need_sort))
+
+
+def _longer(index: int, step: int, steps: int, off: frozenset) -> bool:
+    """Whether example ``index``, at its step ``step`` (``steps`` or more),
+    runs on: the first runs ``FIRST_TIMES`` times ``steps`` steps, unless
+    ``off`` names ``long``.  Takes no draw."""
+    return index == 0 and "long" not in off and step < FIRST_TIMES * steps
 
 
 def _tour(rules: list, rng: random.Random, on: bool) -> list:

@@ -88,7 +88,7 @@ def _bug_sections(data: dict) -> list[str]:
         "",
         f"Each bug, {st['seeds']} seeds per fuzzer. **Harness**: `state_machines.runs.runner.fuzz` without shrinking "
         "(no example database): seven eighths of the examples a seeded random walk over the machine's rules "
-        "(`state_machines/runs/walk.py`, 40 steps, the first example on the run's own pool and opening with a tour of "
+        "(`state_machines/runs/walk.py`, 40 steps, 80 in the first example, which runs on the run's own pool and opens with a tour of "
         "the rules, then the pool shape drawn per example), then Hypothesis (one `step` rule picking among the applicable rules, pool shape drawn), "
         "so the time is to the *first* failing example; shrinking is measured separately below. "
         "**Baseline**: `bench/baseline.py`, "
@@ -575,7 +575,7 @@ def _raw_losses(data: dict) -> list[str]:
 _CAUSE = 0.8
 _LEVER_NAMES = {"steer": "steering", "edge": "edge decode", "fill": "fill", "shape": "pool shape drawn",
                 "populate": "starts while few live", "clear": "clear at idle", "tour": "first example's tour",
-                "long": "first example twice as long"}
+                "long": "first example's length"}
 
 
 def _ablation_table(data: dict) -> list[str]:

@@ -969,6 +969,30 @@ def test_the_first_examples_tour_takes_each_rule_once_and_no_later_example_tours
         assert picks == []
 
 
+def test_the_first_example_runs_first_times_as_many_steps_and_the_rest_steps(monkeypatch):
+    """``walk.FIRST_TIMES``: on a clean pool, where no example ends early,
+    the run's first example takes ``FIRST_TIMES * steps`` steps and each
+    later one ``steps``; with ``long`` off, every example ``steps``."""
+    counts: list[int] = []
+
+    class Counting(walk_module._Steer):
+        def __init__(self) -> None:
+            super().__init__()
+            counts.append(0)
+
+        def saw(self, *args) -> None:
+            counts[-1] += 1
+            super().saw(*args)
+
+    monkeypatch.setattr(walk_module, "_Steer", Counting)
+    machine_class = machine_for(Config(target="builtin:token"))
+    walk(machine_class, random.Random(0), 3, steps=10)
+    assert walk_module.FIRST_TIMES > 1 and counts == [10 * walk_module.FIRST_TIMES, 10, 10]
+    counts.clear()
+    walk(machine_class, random.Random(0), 3, steps=10, off=frozenset({"long"}))
+    assert counts == [10, 10, 10]
+
+
 NPU = Config(target="builtin:npu", page_size=4)
 
 

@@ -829,31 +829,32 @@ def _prefix_folded(steps: tuple[Step, ...], config: Config):
 def _finish_deferred(steps: tuple[Step, ...], rules: tuple[str, ...], config: Config):
     """``steps`` where a request finishes while an entry its ``rematch``
     cached holds its prefix, and a later ``evict`` frees the entry: the
-    finish made a free of the request's tail (each simplest form of a rule
-    of ``FREES_A_REQUEST`` other than a finish or a rematch, its amounts
-    those of the steps that make or name the request), the eviction the
-    request's finish, and the earlier steps that make or act on the entry
-    deleted where no later step needs what they make (``_pruned``): the
-    same slots free at the same steps, with no cache between, one step
-    shorter at least (unified-mamba prepare-closes-group as a walk met it
+    finish made a free of the request (each simplest form of a rule of
+    ``FREES_A_REQUEST`` that leaves the request live: not a finish, a
+    ``finish_segments`` or a rematch; its amounts those of the steps that
+    make or name the request), the eviction the request's finish, and the
+    earlier steps that make or act on the entry deleted where no later step
+    needs what they make (``_pruned``): candidates meant to free the same
+    slots at the same steps with no cache between (a free of the tail the
+    entry did not hold, then the rest), each one step shorter at least, and
+    replayed as every candidate is (unified-mamba prepare-closes-group as a walk met it
     with an 80-step first example: a finish in a group and an eviction after
     the group closed, where the known trace frees the request's tail in the
     group and finishes it after)."""
-    frees = tuple(r for r in rules if r in FREES_A_REQUEST and r not in ("finish", "rematch"))
+    frees = tuple(r for r in rules if r in FREES_A_REQUEST and r not in ("finish", "finish_segments", "rematch"))
     made = {step.returns: k for k, step in enumerate(steps) if step.returns}
     for j, step in enumerate(steps):
         entry = step.args.get("entry") if step.rule == "evict" else None
         cached = made.get(entry)
-        if cached is None or steps[cached].rule != "rematch" or cached > j:
+        if cached is None or steps[cached].rule != "rematch":
             continue
         req = steps[cached].args.get("req")
         finish = next((i for i in range(cached + 1, j) if steps[i] == Step("finish", {"req": req})), None)
         if finish is None:
             continue
         amounts = _ints_in([s for s in steps if s.returns == req or req in _refs(s)])
-        for free in _candidate_steps(frees, config, _made_before(steps, finish), amounts):
-            if _refs(free) != {req}:
-                continue
+        # Each free names the request, however many were made after it.
+        for free in _candidate_steps(frees, config, {REQ: [req], ENTRY: []}, amounts):
             recast = (*steps[:finish], free, *steps[finish + 1 : j], Step("finish", {"req": req}), *steps[j + 1 :])
             if len(pruned := _pruned(recast, j, {entry})) < len(recast):
                 yield pruned

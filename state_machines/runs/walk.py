@@ -48,9 +48,10 @@ WALK_STEPS = 40
 # 0-59, geometric mean over the 68 built-in and bench bugs, BigPool, which
 # the baseline never meets, counted at its whole search and, in brackets,
 # left out as the bench's headline leaves it; walk seeds 0-59 and 60-119):
-# a first example of 40 steps 0.474 and 0.479 (0.511, 0.519), 80 0.462 and
-# 0.474 (0.496, 0.510), 120 0.458 and 0.469 (0.494, 0.507), 200 0.468 (seeds
-# 0-59); pooled, 40 0.475 (0.514), 80 0.463 (0.500).  At first 80 was not
+# a first example of 40 steps 0.474 and 0.479 (0.511, 0.519), 80 0.458 and
+# 0.469 (0.494, 0.507), 120 0.462 and 0.474 (0.496, 0.510), 200 0.468
+# (0.501; seeds 0-59); pooled, 40 0.475 (0.514), 80 0.463 (0.500); 80's and
+# 40's figures again at 2aa0165 with ``long`` on and off.  At first 80 was not
 # kept: the bench's shrink job (shrink seeds 0 and 1, each bug in a fresh
 # process) left two runs short of the known shortest trace, none with 40.
 # The minimiser mends both now: hisparse buffer-drops-surplus (an alloc, a
@@ -59,8 +60,7 @@ WALK_STEPS = 40
 # folded prefix (``minimize._pruned``); unified-mamba prepare-closes-group
 # (a finish in a group and an eviction of the cached prefix after it, 7
 # steps, known 5) by deferring the finish to the eviction
-# (``minimize._finish_deferred``).  120 gains a little more and was not
-# tried against the shrink job.
+# (``minimize._finish_deferred``).
 FIRST_TIMES = 2
 
 # Share of steps steered toward the group orders runs/coverage.py's

@@ -61,6 +61,16 @@ WALK_STEPS = 40
 # (a finish in a group and an eviction of the cached prefix after it, 7
 # steps, known 5) by deferring the finish to the eviction
 # (``minimize._finish_deferred``).
+# With it, the other shares sit on a plateau (the same job, BigPool left
+# out; walk seeds 0-59 and 60-119, then pooled; as they stand 0.494, 0.507,
+# 0.500): STEER 0.25 0.512, 0.521, 0.511 and 0.35 0.517, 0.519, 0.514; CLEAR
+# 0.3 0.495, 0.508, 0.504 and 0.5 0.495, 0.504, 0.500; FILL 0.15 0.512,
+# 0.535, 0.516 and 0.35 0.501, 0.513, 0.503; POPULATE 0.15 0.510, 0.517,
+# 0.511 and 0.25 0.496, 0.501, 0.499; the later examples 30 steps (0.506
+# pooled), 60 or 80 (0.499), or 60 after a first of 120 (0.499); steering,
+# fill, populate and clear each off for a later example with chance 1/4
+# (0.502) or 1/2 (0.504).  A share changed redraws every stream after its
+# first draw, so a hundredth either way is the seeds' (2026-12-07).
 FIRST_TIMES = 2
 
 # Share of steps steered toward the group orders runs/coverage.py's

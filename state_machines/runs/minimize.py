@@ -849,13 +849,14 @@ def _finish_deferred(steps: tuple[Step, ...], rules: tuple[str, ...], config: Co
         if cached is None or steps[cached].rule != "rematch":
             continue
         req = steps[cached].args.get("req")
-        finish = next((i for i in range(cached + 1, j) if steps[i] == Step("finish", {"req": req})), None)
+        finished = Step("finish", {"req": req})
+        finish = next((i for i in range(cached + 1, j) if steps[i] == finished), None)
         if finish is None:
             continue
         amounts = _ints_in([s for s in steps if s.returns == req or req in _refs(s)])
         # Each free names the request, however many were made after it.
         for free in _candidate_steps(frees, config, {REQ: [req], ENTRY: []}, amounts):
-            recast = (*steps[:finish], free, *steps[finish + 1 : j], Step("finish", {"req": req}), *steps[j + 1 :])
+            recast = (*steps[:finish], free, *steps[finish + 1 : j], finished, *steps[j + 1 :])
             if len(pruned := _pruned(recast, j, {entry})) < len(recast):
                 yield pruned
 
@@ -972,6 +973,12 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     is asked before each replay; true raises ``KeyboardInterrupt``.
     """
 
+    def runnable() -> tuple[str, ...]:
+        """The rules a trace on ``best``'s pool may hold (``_runnable_rules``), found once a pool."""
+        if best.config not in rules:
+            rules[best.config] = _runnable_rules(best.config)
+        return rules[best.config]
+
     def check(candidate: Trace) -> Trace | None:
         """``candidate`` re-recorded where it fails on the invariant (each replayed once)."""
         if stop is not None and stop():
@@ -1040,10 +1047,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                        for steps in list(_prefix_folded(best.steps, best.config)))
         # A finish and an eviction of the entry cached from its request made
         # a tail free and the finish, with no entry: one step fewer at least.
-        if best.config not in rules:
-            rules[best.config] = _runnable_rules(best.config)
         changed |= any(attempt(attrs.evolve(best, steps=steps), shorter=True)
-                       for steps in list(_finish_deferred(best.steps, rules[best.config], best.config)))
+                       for steps in list(_finish_deferred(best.steps, runnable(), best.config)))
         # A request grown later, made big enough at once: one step fewer.
         changed |= any(attempt(attrs.evolve(best, steps=steps), shorter=True)
                        for steps in list(_growth_hoisted(best.steps, best.config)))
@@ -1073,8 +1078,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
 
     def dear() -> bool:
         steps = best.steps
-        if best.config not in rules:
-            rules[best.config] = _runnable_rules(best.config)
+        runnable()
         # Another pool shape of ``configs`` where the failure needs a step
         # fewer (a smaller pool fills sooner); strictly shorter, so in any order.
         # A request or entry deleted, the room it took made up for

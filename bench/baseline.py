@@ -77,7 +77,7 @@ def random_fuzz(
 
     ``around_step(name)`` is a context manager each rule runs inside.
     """
-    build(config)
+    built = build(config)
     # The harness's walk is seeded with ``random.Random(seed)``: with the bare
     # seed the two sides would share a stream (once, drawn in the same order,
     # a seed's first example was the same walk on both); a stream of its own
@@ -85,7 +85,7 @@ def random_fuzz(
     rng = random.Random(f"baseline:{seed}")
     record = RunRecord()
     # The run's own pool in every example: the baseline draws no pool size.
-    machine_class = machine_for(config, record, draw_size=False)
+    machine_class = machine_for(config, record, draw_size=False, built=built)
     rules = None
     started = time.monotonic()
     failure = None

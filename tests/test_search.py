@@ -993,6 +993,65 @@ def test_the_first_example_runs_first_times_as_many_steps_and_the_rest_steps(mon
     assert counts == [10, 10, 10]
 
 
+class _FirstStep(BaseException):
+    """Raised at a run's first step: how far the run got, unhidden by its handlers."""
+
+
+def test_a_run_builds_its_pool_once_before_its_first_step(monkeypatch):
+    """The build that checks a run's configuration is the one ``machine_for``
+    reads the machine off and the one its first example runs on: the
+    harness's run and the baseline's each build the pool once before their
+    first step, not three times, and the state they step is that build.
+    A later example builds its own; a machine made without a build at
+    hand builds one, which its first example then runs on."""
+    from bench import baseline as baseline_module
+    from state_machines.runs import runner as runner_module
+
+    made = []
+
+    def spy(config):
+        made.append(build(config))
+        return made[-1]
+
+    for module in (family, runner_module, baseline_module):
+        monkeypatch.setattr(module, "build", spy)
+    first = []
+
+    class Probe:
+        reads_call = False
+
+        def before(self, machine, rule, args):
+            first.append((len(made), machine.state))
+            raise _FirstStep
+
+    with pytest.raises(_FirstStep):
+        fuzz(Config(target="builtin:token"), max_examples=8, seed=0, database=None, shrink=False,
+             record=RunRecord(probe=Probe()))
+    assert len(first) == 1 and first[0][0] == 1 and first[0][1] is made[0]
+
+    def stop(name):
+        first.append(len(made))
+        raise _FirstStep
+
+    made.clear()
+    with pytest.raises(_FirstStep):
+        baseline_module.random_fuzz(Config(target="builtin:token"), seed=0, max_examples=1, around_step=stop)
+    assert first[-1] == 1
+
+    # Served once: a second example on the run's own pool builds anew.
+    made.clear()
+    def on_own_pool(machine_class):
+        machine = machine_class()
+        machine.shape(0, 0, 0)
+        return machine.state
+
+    machine_class = machine_for(Config(target="builtin:token"), built=spy(Config(target="builtin:token")))
+    states = [on_own_pool(machine_class), on_own_pool(machine_class)]
+    assert len(made) == 2 and states[0] is made[0] and states[1] is made[1]
+    made.clear()
+    assert on_own_pool(machine_for(Config(target="builtin:token"))) is made[0] and len(made) == 1
+
+
 NPU = Config(target="builtin:npu", page_size=4)
 
 

@@ -130,14 +130,23 @@ def build(config: Config | None = None, **overrides) -> Lockstep:
     return family.lockstep.create(config, allocator, defers_frees=target.defers_frees, disabled=disabled)
 
 
-def machine_for(config: Config, record: RunRecord | None = None, *, draw_size: bool = True) -> type[FreeGroupMachine]:
+def machine_for(
+    config: Config, record: RunRecord | None = None, *, draw_size: bool = True, built: Lockstep | None = None,
+) -> type[FreeGroupMachine]:
     """A machine bound to ``config``: its family's rules, with ``decode``
     and ``extend`` where they run on the target (``Lockstep.runs``).  Its
     name spells the configuration, so the example database keeps
     configurations apart.  With ``draw_size``, where ``config`` pins no
     size, each example's first step draws its pool size (``pool_sizes``);
-    without, every example runs on ``config`` itself."""
-    state = build(config)
+    without, every example runs on ``config`` itself.
+
+    The machine's family and steps are read off a build of ``config``:
+    ``built`` where the caller has one, fresh (``build(config)``, no step
+    run on it), else one made here.  That state is then the first example's
+    on ``config`` itself (the machine's ``build``), so a run builds its
+    pool once before its first step, not three times (a build costs 0.05 ms
+    on builtin:token, 0.8 ms on dsv4-hisparse)."""
+    state = built if built is not None else build(config)
     family = next(f.machine for f in FAMILIES.values() if type(state) is f.lockstep)
     # The core's optional rules; a family with steps of its own names them itself.
     core = isinstance(state, Lockstep)
@@ -161,7 +170,14 @@ def machine_for(config: Config, record: RunRecord | None = None, *, draw_size: b
     shaped = draws and offered != OWN_SHAPE
     bases = (PoolShapeRule, base) if shaped else (base,)
     name = base.__name__ + "_" + "".join(c if c.isalnum() else "_" for c in config.label())
-    body = {"config": config, "record": record or RunRecord(), "build": staticmethod(build),
+    fresh = [state]
+
+    def build_example(now: Config) -> Lockstep:
+        # The state read above, once, for an example on ``config`` itself
+        # (not on a shape drawn, nor on a hang watch's copy of it).
+        return fresh.pop() if fresh and now is config else build(now)
+
+    body = {"config": config, "record": record or RunRecord(), "build": staticmethod(build_example),
             "draws_shape": shaped, "shape_probe": staticmethod(probe), "shape_drawn": staticmethod(drawn)}
     return type(name, bases, body)
 

@@ -151,9 +151,9 @@ def fuzz(
     there; else the first hang, unshrunk, is the answer.
     """
     try:
-        build(config)
+        built = build(config)
         record = record if record is not None else RunRecord()
-        machine = machine_for(config, record)
+        machine = machine_for(config, record, built=built)
     except BaseException:
         disarm_call_timer()  # bad input, or a fresh allocator that disagrees: the calls made set it
         raise

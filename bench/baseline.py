@@ -86,6 +86,7 @@ def random_fuzz(
     record = RunRecord()
     # The run's own pool in every example: the baseline draws no pool size.
     machine_class = machine_for(config, record, draw_size=False, built=built)
+    del built  # the first example's state now: freed when its teardown returns
     rules = None
     started = time.monotonic()
     failure = None

@@ -154,6 +154,7 @@ def fuzz(
         built = build(config)
         record = record if record is not None else RunRecord()
         machine = machine_for(config, record, built=built)
+        del built  # the first example's state now: freed when its teardown returns, not at the run's end
     except BaseException:
         disarm_call_timer()  # bad input, or a fresh allocator that disagrees: the calls made set it
         raise

@@ -92,7 +92,7 @@ def random_fuzz(
     failure = None
     try:
         for _ in range(max_examples):
-            machine = machine_class()
+            machine = machine_class(engine=False)
             rules = rules or random_rules(machine)
             for _ in range(steps_per_example):
                 chosen = rng.choice([r for r in rules if r.applies(machine)])

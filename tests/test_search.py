@@ -1052,6 +1052,34 @@ def test_a_run_builds_its_pool_once_before_its_first_step(monkeypatch):
     assert on_own_pool(machine_for(Config(target="builtin:token"))) is made[0] and len(made) == 1
 
 
+def test_the_walk_and_the_baseline_leave_hypothesis_s_set_up_to_its_engine(monkeypatch):
+    """An example the walk or the bench baseline runs skips Hypothesis's
+    ``RuleBasedStateMachine.__init__`` (its rules, bundles and printer, which
+    only its engine reads: ``machines.start_example``); one Hypothesis runs
+    still makes it, and a walk example still shows as a machine."""
+    from hypothesis.stateful import RuleBasedStateMachine
+
+    from bench.baseline import random_fuzz
+
+    made = Counter()
+    hypothesis_init = RuleBasedStateMachine.__init__
+
+    def spy(self):
+        made[type(self).__name__] += 1
+        hypothesis_init(self)
+
+    monkeypatch.setattr(RuleBasedStateMachine, "__init__", spy)
+    machine_class = machine_for(Config(target="builtin:token"))
+    examples = []
+    walk(type("Seen", (machine_class,), {"teardown": lambda self: examples.append(repr(self))}), random.Random(0), 3,
+         steps=5)
+    assert random_fuzz(Config(target="builtin:token"), seed=0, max_examples=3).ok
+    assert not made and len(examples) == 3 and all(e.startswith("Seen(") for e in examples)
+    run_state_machine_as_test(machine_class, settings=settings(
+        fuzz_settings(max_examples=2, database=None, derandomize=True), stateful_step_count=2))
+    assert made[machine_class.__name__] >= 2
+
+
 NPU = Config(target="builtin:npu", page_size=4)
 
 

@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 from state_machines.callers.adapters import tree_sizes
 from state_machines.callers.lockstep import ALPHABET, MAX_WAITING, CallerLockstep, max_new_tokens
 from state_machines.config import Config
-from state_machines.harness.machines import PICKS, FreeGroupMachine, RunRecord, _pick, draws
+from state_machines.harness.machines import PICKS, FreeGroupMachine, RunRecord, _pick, draws, start_example
 
 
 class CallerMachine(RuleBasedStateMachine):
@@ -25,9 +25,8 @@ class CallerMachine(RuleBasedStateMachine):
     record: RunRecord = RunRecord()
     build: Callable[[Config], CallerLockstep]
 
-    def __init__(self) -> None:
-        self.record.start_example()
-        super().__init__()
+    def __init__(self, engine: bool = True) -> None:
+        start_example(self, engine)
         self.state = self.build(self.config)
 
     # Counting, the probe and the teardown are the core machine's; so are

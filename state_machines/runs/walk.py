@@ -533,7 +533,7 @@ def walk(
     for index in range(examples):
         if index >= stop:
             break
-        machine = machine_class()
+        machine = machine_class(engine=False)
         try:
             # The first example runs on the run's own pool, as a plain walk
             # does: a failure there costs no probing of the other shapes.

@@ -152,6 +152,10 @@ def fuzz(
     """
     try:
         built = build(config)
+        # Checked with the configuration, before the record's clock starts
+        # (as bench/baseline.py makes its stream): the settings and the walk's stream.
+        chosen = fuzz_settings(max_examples, database, derandomize, shrink=False)
+        rng = random.Random(seed if seed is not None else 0 if chosen.derandomize else None)
         record = record if record is not None else RunRecord()
         machine = machine_for(config, record, built=built)
         del built  # the first example's state now: freed when its teardown returns, not at the run's end
@@ -164,7 +168,6 @@ def fuzz(
     record.probe = watch
     started = time.monotonic()
     failures: tuple[Trace, ...] = ()
-    chosen = fuzz_settings(max_examples, database, derandomize, shrink=False)
     # The budget counts every example as it starts: the saved failures
     # replayed, the walk's, and Hypothesis's (``_hypothesis_capped``).
     start = record.examples
@@ -181,8 +184,7 @@ def fuzz(
         save = None if chosen.database is None else lambda violation: chosen.database.save(
             _walk_key(machine), _walk_value(Trace.from_violation(violation)))
         try:
-            walk(machine, random.Random(seed if seed is not None else 0 if chosen.derandomize else None), walked,
-                 on_failure=save)
+            walk(machine, rng, walked, on_failure=save)
         except Exception as exc:
             met = violations_in(exc)
             if not met:

@@ -71,6 +71,17 @@ WALK_STEPS = 40
 # fill, populate and clear each off for a later example with chance 1/4
 # (0.502) or 1/2 (0.504).  A share changed redraws every stream after its
 # first draw, so a hundredth either way is the seeds' (2026-12-07).
+# Three new kinds of move, by the same job (as they stand 0.494, 0.507,
+# 0.500), not kept: each integer argument wider than 2 drawn at one end of
+# its range with chance 0.1 (0.507, 0.507, 0.505) or 0.2 (0.532, 0.521,
+# 0.523); the previous step's rule taken again, where its guard holds,
+# with chance 0.1 (0.500, 0.502, 0.500) or 0.2 (0.497, 0.508, 0.503),
+# where no lever or the tour chose; no steering to a free group's
+# ``begin`` while no request is live (0.511, 0.503, 0.509; in the first
+# example alone 0.510, 0.500, 0.507): the 26 bugs the baseline meets
+# within 20 steps gain (0.927 to 0.895, pooled) and the other 42 lose
+# more (0.301 to 0.318), the aliasing bugs most (npu alias 0.44 to 0.53,
+# page-interleave alias 0.46 to 0.58 of the baseline's steps) (2026-12-07).
 FIRST_TIMES = 2
 
 # Share of steps steered toward the group orders runs/coverage.py's

@@ -3,11 +3,13 @@ a pool size drawn per example, and a trace minimiser that shrinks on the
 run's own pool and makes arguments smaller."""
 
 import functools
+import gc
 import json
 import os
 import random
 import subprocess
 import sys
+import weakref
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,7 +25,15 @@ from allocators.token import TokenAllocator
 from bench.bugs import HARD
 from state_machines.config import Config
 from state_machines.harness import RunRecord, Step, build, family, machine_for
-from state_machines.harness.machines import POOL_PAGES, POOL_ROWS, BudgetSpent, MachineRule, draws, machine_rules
+from state_machines.harness.machines import (
+    POOL_PAGES,
+    POOL_ROWS,
+    BudgetSpent,
+    FreeGroupMachine,
+    MachineRule,
+    draws,
+    machine_rules,
+)
 from state_machines.runs import walk as walk_module
 from state_machines.runs.minimize import _without, minimize
 from state_machines.runs.runner import _walk_key, fuzz, fuzz_settings, replay
@@ -1001,12 +1011,23 @@ def test_a_run_builds_its_pool_once_before_its_first_step(monkeypatch):
     """The build that checks a run's configuration is the one ``machine_for``
     reads the machine off and the one its first example runs on: the
     harness's run and the baseline's each build the pool once before their
-    first step, not three times, and the state they step is that build.
-    A later example builds its own; a machine made without a build at
-    hand builds one, which its first example then runs on."""
+    first step, not three times, and the state they step is that build,
+    freed when that example's teardown returns.  It goes to the first
+    example on the configuration itself only: one on a shape drawn, or on
+    a copy of the configuration, builds its own, and so does a replay of a
+    saved walk failure.  A later example builds its own; a machine made
+    without a build at hand builds one, which its first example runs on."""
+    from hypothesis.database import InMemoryExampleDatabase
+
     from bench import baseline as baseline_module
     from state_machines.runs import runner as runner_module
 
+    token = Config(target="builtin:token")
+    # Every shape axis pinned: each example builds in ``__init__``.
+    pinned = Config(target="builtin:token", size=16, rows=3, need_sort=True)
+    assert not machine_for(pinned).draws_shape
+    db = InMemoryExampleDatabase()
+    db.save(_walk_key(machine_for(pinned)), Trace(pinned, (Step("alloc", {"n": 1}, "req_0"),)).to_json().encode())
     made = []
 
     def spy(config):
@@ -1021,13 +1042,17 @@ def test_a_run_builds_its_pool_once_before_its_first_step(monkeypatch):
         reads_call = False
 
         def before(self, machine, rule, args):
-            first.append((len(made), machine.state))
-            raise _FirstStep
+            if rule != "teardown":  # not the replay of a saved failure: a step
+                first.append((len(made), machine.state))
+                raise _FirstStep
 
-    with pytest.raises(_FirstStep):
-        fuzz(Config(target="builtin:token"), max_examples=8, seed=0, database=None, shrink=False,
-             record=RunRecord(probe=Probe()))
-    assert len(first) == 1 and first[0][0] == 1 and first[0][1] is made[0]
+    for config, database, builds in ((token, None, 1), (pinned, db, 2)):
+        made.clear()
+        with pytest.raises(_FirstStep):
+            fuzz(config, max_examples=8, seed=0, database=database, shrink=False, record=RunRecord(probe=Probe()))
+        (built, state), = first
+        assert built == len(made) == builds and state is made[0]
+        first.clear()
 
     def stop(name):
         first.append(len(made))
@@ -1035,27 +1060,45 @@ def test_a_run_builds_its_pool_once_before_its_first_step(monkeypatch):
 
     made.clear()
     with pytest.raises(_FirstStep):
-        baseline_module.random_fuzz(Config(target="builtin:token"), seed=0, max_examples=1, around_step=stop)
-    assert first[-1] == 1
+        baseline_module.random_fuzz(token, seed=0, max_examples=1, around_step=stop)
+    assert first == [1]
 
-    # Served once: a second example on the run's own pool builds anew.
-    made.clear()
-    def on_own_pool(machine_class):
-        machine = machine_class()
-        machine.shape(0, 0, 0)
+    def on(machine_class, config=None):
+        machine = machine_class(engine=False)
+        machine.shape_as(config or machine_class.config)
         return machine.state
 
-    machine_class = machine_for(Config(target="builtin:token"), built=spy(Config(target="builtin:token")))
-    states = [on_own_pool(machine_class), on_own_pool(machine_class)]
-    assert len(made) == 2 and states[0] is made[0] and states[1] is made[1]
+    # Served once, and only on the configuration itself.
     made.clear()
-    assert on_own_pool(machine_for(Config(target="builtin:token"))) is made[0] and len(made) == 1
+    machine_class = machine_for(token, built=spy(token))
+    states = [on(machine_class, attrs.evolve(token, size=64)), on(machine_class, attrs.evolve(token)),
+              on(machine_class), on(machine_class)]
+    assert len(made) == 4 and all(a is b for a, b in zip(states, [made[1], made[2], made[0], made[3]]))
+    made.clear()
+    assert on(machine_for(token)) is made[0] and len(made) == 1
+
+    # Freed at its teardown: fuzz keeps no reference to the build it handed over.
+    monkeypatch.undo()
+    teardown, alive = FreeGroupMachine.teardown, []
+
+    def watched(self):
+        state = weakref.ref(self.state)
+        teardown(self)
+        alive.append(state() is not None)
+
+    monkeypatch.setattr(FreeGroupMachine, "teardown", watched)
+    gc.disable()
+    try:
+        assert not fuzz(token, max_examples=8, seed=0, database=None, shrink=False).failures
+    finally:
+        gc.enable()
+    assert alive and not any(alive)
 
 
 def test_the_walk_and_the_baseline_leave_hypothesis_s_set_up_to_its_engine(monkeypatch):
     """An example the walk or the bench baseline runs skips Hypothesis's
     ``RuleBasedStateMachine.__init__`` (its rules, bundles and printer, which
-    only its engine reads: ``machines.start_example``); one Hypothesis runs
+    only its engine reads: ``FreeGroupMachine(engine=False)``); one Hypothesis runs
     still makes it, and a walk example still shows as a machine."""
     from hypothesis.stateful import RuleBasedStateMachine
 

@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 from state_machines.callers.adapters import tree_sizes
 from state_machines.callers.lockstep import ALPHABET, MAX_WAITING, CallerLockstep, max_new_tokens
 from state_machines.config import Config
-from state_machines.harness.machines import PICKS, FreeGroupMachine, RunRecord, _pick, draws, start_example
+from state_machines.harness.machines import PICKS, FreeGroupMachine, RunRecord, _pick, draws
 
 
 class CallerMachine(RuleBasedStateMachine):
@@ -25,14 +25,19 @@ class CallerMachine(RuleBasedStateMachine):
     record: RunRecord = RunRecord()
     build: Callable[[Config], CallerLockstep]
 
-    def __init__(self, engine: bool = True) -> None:
-        start_example(self, engine)
-        self.state = self.build(self.config)
+    def __init__(self, engine: bool = True, with_state: bool = True) -> None:
+        # As ``FreeGroupMachine``'s: Hypothesis's set-up only where its engine runs the example.
+        self.record.start_example()
+        if engine:
+            super().__init__()
+        if with_state:
+            self.state = self.build(self.config)
 
     # Counting, the probe and the teardown are the core machine's; so are
     # the pool shapes (``machine_for`` offers a caller none but its own).
     _do, _do_as = FreeGroupMachine._do, FreeGroupMachine._do_as
     teardown = FreeGroupMachine.teardown
+    __repr__ = FreeGroupMachine.__repr__
     draws_shape = False
     shapes = FreeGroupMachine.__dict__["shapes"]
 

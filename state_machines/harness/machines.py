@@ -159,20 +159,6 @@ def _pick(items, index):
     return items[index % len(items)]
 
 
-def start_example(machine: RuleBasedStateMachine, engine: bool = True) -> None:
-    """An example of ``machine``'s starts: counted on its record and, where
-    ``engine`` (Hypothesis runs it), set up as Hypothesis's engine needs.
-    Without (the walk's examples, the bench baseline's), Hypothesis's own
-    set-up is left out: only its engine reads it (the rules it draws among,
-    bundles, a printer), and it costs 95 µs on a machine class's first
-    example (``machine_for`` makes a class a run) and 10 µs on each after."""
-    machine.record.start_example()
-    if engine:
-        RuleBasedStateMachine.__init__(machine)
-    else:
-        machine.bundles = {}  # what Hypothesis's repr of a machine reads
-
-
 class FreeGroupMachine(RuleBasedStateMachine):
     """Requests, a prefix cache and free groups over one allocator.
 
@@ -199,10 +185,24 @@ class FreeGroupMachine(RuleBasedStateMachine):
     shape_drawn: Callable[..., Config | None] = staticmethod(
         lambda config, rng, refused=None: None if refused is not None else config)
 
-    def __init__(self, engine: bool = True) -> None:
-        start_example(self, engine)
-        if not self.draws_shape:
+    def __init__(self, engine: bool = True, with_state: bool = True) -> None:
+        """An example, counted on the record.  ``engine``: Hypothesis runs
+        it, so it gets Hypothesis's own set-up, which only Hypothesis's
+        engine reads (the rules it draws among, bundles, a printer); the
+        walk's examples and the bench baseline's leave it out, as it costs
+        95 µs on a machine class's first example (``machine_for`` makes a
+        class a run) and 10 µs on each after.  Its state is built here
+        unless its first step draws the pool shape, or ``with_state`` is
+        false (the caller sets it: a replay of a saved trace)."""
+        self.record.start_example()
+        if engine:
+            super().__init__()
+        if with_state and not self.draws_shape:
             self.state = self.build(self.config)
+
+    def __repr__(self) -> str:
+        # Hypothesis's own reads what its set-up made, which ``engine=False`` leaves out.
+        return f"{type(self).__name__}()"
 
     @classmethod
     def shapes(cls) -> PoolShapes:

@@ -150,15 +150,13 @@ def fuzz(
     replayed once under the full limit, and kept only if it still hangs
     there; else the first hang, unshrunk, is the answer.
     """
+    # The run's clock (the record's, which the bench reads) starts before
+    # its one build, as bench/baseline.py's does.
+    record = record if record is not None else RunRecord()
     try:
         built = build(config)
-        # Checked with the configuration, before the record's clock starts
-        # (as bench/baseline.py makes its stream): the settings and the walk's stream.
-        chosen = fuzz_settings(max_examples, database, derandomize, shrink=False)
-        rng = random.Random(seed if seed is not None else 0 if chosen.derandomize else None)
-        record = record if record is not None else RunRecord()
         machine = machine_for(config, record, built=built)
-        del built  # the first example's state now: freed when its teardown returns, not at the run's end
+        del built  # the first example's state now: freed when its teardown returns, not kept to the run's end
     except BaseException:
         disarm_call_timer()  # bad input, or a fresh allocator that disagrees: the calls made set it
         raise
@@ -168,6 +166,7 @@ def fuzz(
     record.probe = watch
     started = time.monotonic()
     failures: tuple[Trace, ...] = ()
+    chosen = fuzz_settings(max_examples, database, derandomize, shrink=False)
     # The budget counts every example as it starts: the saved failures
     # replayed, the walk's, and Hypothesis's (``_hypothesis_capped``).
     start = record.examples
@@ -184,7 +183,8 @@ def fuzz(
         save = None if chosen.database is None else lambda violation: chosen.database.save(
             _walk_key(machine), _walk_value(Trace.from_violation(violation)))
         try:
-            walk(machine, rng, walked, on_failure=save)
+            walk(machine, random.Random(seed if seed is not None else 0 if chosen.derandomize else None), walked,
+                 on_failure=save)
         except Exception as exc:
             met = violations_in(exc)
             if not met:
@@ -371,7 +371,7 @@ def _walk_saved(machine, database, record: RunRecord) -> list[InvariantViolation
             if not _is_trace(data):
                 database.delete(key, value)
             continue
-        example = machine()
+        example = machine(engine=False, with_state=False)
         try:
             example.state = build(trace.config)
             if record.probe is not None:

@@ -497,7 +497,9 @@ def walk(
     machine_class, rng: random.Random, examples: int, steps: int = WALK_STEPS, on_failure=None, off: frozenset = frozenset(),
 ) -> None:
     """Run ``examples`` examples of ``steps`` steps each on fresh machines
-    of ``machine_class``, the first ``FIRST_TIMES`` times as many.
+    of ``machine_class``, the first ``FIRST_TIMES`` times as many.  Each is
+    made with ``engine=False`` (``FreeGroupMachine``: no Hypothesis set-up,
+    which only Hypothesis's engine reads).
 
     Returns when all ran clean.  An ``InvariantViolation`` does not end the
     walk at once: it goes on for as many examples again as the first took

@@ -96,9 +96,9 @@ def _bug_sections(data: dict) -> list[str]:
         f"in its strategy's range, {20} steps an example, no Hypothesis, no shrinking. Both drive the same "
         f"`FreeGroupMachine` rules, preconditions, normalization and invariants, and stop at {cap} examples "
         f"(a seed that finds nothing by then shows as >cap). Seconds, examples and steps are to the first failure. "
-        "Both clocks cover the same span: each starts once the configuration has been built and checked (a build, "
-        "and each side's random stream and the harness's Hypothesis settings, outside the clock on both sides) and covers making the machine (`machine_for`: the step rules read off that "
-        "build, which then serves as the first example's pool, on both sides; the harness also probes its other pool shapes when an example first "
+        "Both clocks cover the same span: each starts before the run builds its configuration's pool to check it, and "
+        "covers that one build (the first example's pool), making the machine (`machine_for`: the step rules read off that "
+        "build, on both sides; the harness also probes its other pool shapes when an example first "
         "needs one; the step rules and pool shapes `machine_for` keeps for a process are forgotten before each "
         "timed run, so each pays them as a fresh `kv-lockstep fuzz` does), every example, and stops at the failing step; "
         f"figures are median [min–max]; *≤ci* is the share of seeds that found the bug within {st['ci_budget_examples']} "
@@ -565,8 +565,8 @@ def _raw_losses(data: dict) -> list[str]:
         "bug by bug, what each of the walk's levers costs; a bug both sides meet within a few dozen steps also "
         "swings between seed sets as far as the baseline does against itself (above).",
         f"- as few steps or fewer, a dearer step ({len(fewer)}): {names(fewer)}. Where both sides find the bug in "
-        "the first example with the same steps, the times differ by the harness's own start (its runner and "
-        "the walk's set-up, about 25 µs on builtin:token) and by noise; where the harness took fewer steps, each cost more (Hypothesis's engine in the "
+        "the first example with the same steps, the times differ by the harness's own start (its runner, "
+        "settings and walk set-up, about 50 µs on builtin:token) and by noise; where the harness took fewer steps, each cost more (Hypothesis's engine in the "
         "last eighth of its examples, larger pools).",
     ]
 

@@ -79,15 +79,13 @@ def random_fuzz(
     """
     # The run's clock (the record's) starts before its one build, as ``fuzz``'s does.
     record = RunRecord()
-    built = build(config)
     # The harness's walk is seeded with ``random.Random(seed)``: with the bare
     # seed the two sides would share a stream (once, drawn in the same order,
     # a seed's first example was the same walk on both); a stream of its own
     # keeps the baseline independent, as the bench's comparison needs.
     rng = random.Random(f"baseline:{seed}")
     # The run's own pool in every example: the baseline draws no pool size.
-    machine_class = machine_for(config, record, draw_size=False, built=built)
-    del built  # the first example's state now: freed when its teardown returns
+    machine_class = machine_for(config, record, draw_size=False, built=build(config))
     rules = None
     started = time.monotonic()
     failure = None

@@ -1078,7 +1078,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
 
     def dear() -> bool:
         steps = best.steps
-        runnable()
+        allowed = runnable()
         # Another pool shape of ``configs`` where the failure needs a step
         # fewer (a smaller pool fills sooner); strictly shorter, so in any order.
         # A request or entry deleted, the room it took made up for
@@ -1100,7 +1100,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             for i in range(len(steps) - width + 1):
                 replaced, made = steps[i : i + width], _made_before(steps, i)
                 names = {returns_kind(s.rule): s.returns for s in replaced if s.returns}
-                for step in _candidate_steps(rules[best.config], best.config, made, _pair_ints(replaced)):
+                for step in _candidate_steps(allowed, best.config, made, _pair_ints(replaced)):
                     if width == 1 and _simplicity(step) >= _simplicity(replaced[0]):
                         continue
                     step = attrs.evolve(step, returns=names.get(returns_kind(step.rule)))
@@ -1112,7 +1112,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                         (best.config, (*steps[:i], step, *steps[i + width :]), width > 1))
                 if width == 1:
                     near += [(best.config, (*steps[:i], step, *steps[i + 1 :]), False)
-                             for step in _other_frees(steps, i, rules[best.config], best.config, made, had)]
+                             for step in _other_frees(steps, i, allowed, best.config, made, had)]
             if width == 2:
                 pairs = itertools.combinations(range(len(steps)), 2)
                 others += [(best.config, steps[:i] + steps[i + 1 : j] + steps[j + 1 :], True)
@@ -1129,7 +1129,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         # (``_evictions_recast``): as long as the trace, so kept only where
         # deletions then end shorter, as a swap is; few candidates, so
         # before the others, which can spend the budget first.
-        recast = [(None, c, None) for c in _evictions_recast(steps, rules[best.config], best.config)]
+        recast = [(None, c, None) for c in _evictions_recast(steps, allowed, best.config)]
         for config, candidate, shorter in (*candidates, *merges, *near, *((None, s, None) for s in swaps), *recast,
                                            *others):
             if spent[2] > DEAR_STEPS:

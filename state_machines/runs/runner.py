@@ -154,9 +154,8 @@ def fuzz(
     # its one build, as bench/baseline.py's does.
     record = record if record is not None else RunRecord()
     try:
-        built = build(config)
-        machine = machine_for(config, record, built=built)
-        del built  # the first example's state now: freed when its teardown returns, not kept to the run's end
+        # The check's build is the first example's state: passed on, not kept (freed at that example's teardown).
+        machine = machine_for(config, record, built=build(config))
     except BaseException:
         disarm_call_timer()  # bad input, or a fresh allocator that disagrees: the calls made set it
         raise

@@ -139,10 +139,10 @@ def test_with_the_extend_among_the_rules_that_start_a_request_an_extend_bug_take
     paged extend-floor needs an extend from a page's end, and the lever's
     allocs alone fill the pool an extend needs room in.  Over seeds 0-9
     the walk took 139 steps, with allocs alone 366.  Once the first
-    example's tour started with the starts (``walk._tour``: an alloc or
-    an extend first), those seeds took 205 and 193 (the tour's own order
-    kept), and seeds 0-19 320 and 436; over seeds 0-59 a median of 4
-    steps a seed and 10 (sums 958 and 1,441)."""
+    example's tour ran a request's life in order (``walk._TOUR_PARTS``:
+    an alloc or an extend first), seeds 0-9 took 220 and 245 and seeds
+    0-19 335 and 468 (the tour's order kept); over seeds 0-59 a median of
+    4 steps a seed and 9.5 (sums 864 and 1,405)."""
     from bench import jobs
     from state_machines.runs import walk as walk_module
 

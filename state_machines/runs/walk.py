@@ -309,8 +309,8 @@ _STARTS = frozenset({"alloc", "extend"})
 
 # The run's first example opens with a tour of the rules (``_touring``): where
 # no lever above chose the step, it is the first rule, in an order shuffled
-# for the example (the rules that start a request first and those that end
-# one last, below), that has not run in it yet and whose guard holds.  Where no
+# for the example (a request's life: started first, then worked on, then
+# freed in a group, below), that has not run in it yet and whose guard holds.  Where no
 # rule left holds, the step is drawn uniformly as ever; a rule whose guard
 # failed stays in the tour, taken once its guard holds.  Once every rule has
 # run, the example goes on uniform.  Most bugs a first example shows need a
@@ -353,30 +353,35 @@ _STARTS = frozenset({"alloc", "extend"})
 # a bug are too few to show a change of this size: for scale, the baseline
 # against itself on its other 5 seeds came to 1.06 and 1.13.
 TOUR = True
-# The tour's order: the rules that start a request (``_STARTS``) first, those
-# that free or end one (``_FREES``) last (``_tour_part``), each part in the shuffle's order, so
-# the rules between run on a live request: a decode, an extend, a group, a
-# move, a slide.  Measured by the bench's ablation job (the walk alone; each
-# bug's median steps to a first failure over bench/baseline.py's median on its
-# seeds 0-59, geometric mean over the 67 built-in and bench bugs the baseline
+# The tour's order, part by part (``_tour_part``; each part in the shuffle's
+# order): a request started (``_STARTS``); the rules that act on a live one
+# (a decode, an extend, a move, a slide: every rule no other part names,
+# None); a free group begun; the request freed or ended in it (``_FREES``);
+# its row overwritten; the group ended.  That is a request's life in the
+# order sglang's scheduler gives it, and the aliasing bug's story (PR 34067).
+# Measured by the bench's ablation job (the walk alone; each bug's median
+# steps to a first failure over bench/baseline.py's median on its seeds
+# 0-59, geometric mean over the 67 built-in and bench bugs the baseline
 # meets, BigPool left out as the bench's headline leaves it; walk seeds 0-59,
 # 60-119, 120-179, 180-239, then the 240 pooled, with the 26 bugs the
 # baseline meets within 20 steps and the other 41; bugs above 1):
-#   shuffled alone     0.494 0.507 0.518 0.515, pooled 0.513 (0.943, 0.349; 13)
-#   starts first       0.494 0.498 0.520 0.508, pooled 0.505 (0.851, 0.362; 11)
-#   ends last          0.513 0.508 0.498 0.513, pooled 0.505 (0.921, 0.346; 15)
-#   both (this tour)   0.498 0.490 0.488 0.492, pooled 0.492 (0.841, 0.350; 15)
-#   both, clear last   0.499 0.492 0.490 0.494, pooled 0.494
-# A decode or a mapping read wants a request live and gains most (pooled:
-# npu decode-boundary 0.91x the baseline's steps to 0.43x, decode-one-past
-# 0.84x to 0.51x, hisparse buffer-keeps-mapping 0.97x to 0.46x, unified-swa
-# tombstone-read-wraps 0.72x to 0.36x, npu extend-wrong-end 1.08x to
-# 0.62x); a bug that needs a free soon after the alloc loses (dsv4-hisparse
-# free-keeps-device 1.07x to 1.61x, 2 steps known; multi-ended lazy-no-dedup
-# 0.78x to 1.04x), as do two that need requests ended and the pool idle
-# (swa end-resolves-swa 0.88x to 1.31x, unified-mamba clear-keeps-mamba
-# 1.06x to 1.32x) (2026-12-07).
-_TOUR_FIRST, _TOUR_LAST = _STARTS, _FREES
+#   shuffled alone        0.494 0.507 0.518 0.515, pooled 0.513 (0.943, 0.349; 13)
+#   starts first          0.494 0.498 0.520 0.508, pooled 0.505 (0.851, 0.362; 11)
+#   ends last             0.513 0.508 0.498 0.513, pooled 0.505 (0.921, 0.346; 15)
+#   both                  0.498 0.490 0.488 0.492, pooled 0.492 (0.841, 0.350; 15)
+#   both, clear last      0.499 0.492 0.490 0.494, pooled 0.494
+#   both, a tour in every second example as well                  pooled 0.496
+#   this order            0.468 0.459 0.453 0.442, pooled 0.450 (0.828, 0.306; 12)
+#   the begin before the rules on a live request               pooled 0.453
+# A decode or a mapping read wants a request live, and the aliasing bugs the
+# order of their story: they gain most (shuffled alone to this order,
+# pooled: paged alias 0.41x the baseline's steps to 0.25x, reps-alias 0.50x
+# to 0.33x, swa alias-full 0.51x to 0.41x, npu decode-boundary 0.91x to
+# 0.43x (both), hisparse buffer-keeps-mapping 0.97x to 0.40x, npu
+# extend-wrong-end 1.08x to 0.62x (both)); a bug that needs a free soon
+# after the alloc loses (dsv4-hisparse free-keeps-device 1.07x to 1.79x, 2
+# steps known; page-interleave free-wrong-class 1.33x to 2.00x) (2026-12-07).
+_TOUR_PARTS = (_STARTS, None, _BEGIN, _FREES, _WRITES, _END)
 
 # Examples the walk runs on, at least, after its first failure, for others.
 MORE_AFTER_FAILURE = 20
@@ -703,8 +708,8 @@ def _longer(index: int, step: int, steps: int, off: frozenset) -> bool:
 
 def _tour(rules: list, rng: random.Random, on: bool) -> list:
     """The rules in an order shuffled for the example, all left to run in
-    its tour (``TOUR``): those that start a request first, those that end
-    one last, each part in the shuffle's order; none with the tour off,
+    its tour (``TOUR``): part by part (``_TOUR_PARTS``: a request's life),
+    each part in the shuffle's order; none with the tour off,
     the shuffle taken all the same (``walk(off=)``: the draws stay the
     walk's with it on)."""
     order = list(rules)
@@ -713,9 +718,10 @@ def _tour(rules: list, rng: random.Random, on: bool) -> list:
 
 
 def _tour_part(rule: MachineRule) -> int:
-    """Where ``rule`` runs in a tour: 0 a start (``_TOUR_FIRST``), 2 an end
-    (``_TOUR_LAST``), 1 the rest."""
-    return 0 if rule.name in _TOUR_FIRST else 2 if rule.name in _TOUR_LAST else 1
+    """Where ``rule`` runs in a tour: the index of the first of
+    ``_TOUR_PARTS`` that names it, else of the rest's (None)."""
+    return next((i for i, part in enumerate(_TOUR_PARTS) if part is not None and rule.name in part),
+                _TOUR_PARTS.index(None))
 
 
 def _touring(left: list, machine):

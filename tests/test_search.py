@@ -946,9 +946,9 @@ def test_a_lever_switched_off_leaves_the_draws_as_they_were_up_to_its_first_chan
 def test_the_first_examples_tour_takes_each_rule_once_and_no_later_example_tours(monkeypatch):
     """``walk.TOUR``: the rules the tour chooses (``_touring``) are each
     chosen once at most, all in the run's first example, and the first is
-    the first rule of the example's shuffled order (the walk's first draw;
-    the rules that start a request first, ``_tour``) whose guard holds on
-    the fresh pool, a start; with every other lever off, so
+    the first rule of the tour's order (``_tour``: the example's shuffle,
+    the walk's first draw, sorted by part) whose guard holds on the fresh
+    pool, a rule that starts a request; with every other lever off, so
     that the tour chooses every step it can.  With the tour off too, it
     chooses none."""
     picks: list[tuple[int, str]] = []
@@ -998,18 +998,18 @@ def test_a_tour_runs_a_requests_life_in_order(config):
     starts, frees = names & walk_module._STARTS, names & walk_module._FREES
     rest = names - starts - frees - {"begin", "overwrite_row", "end"}
     for seed in range(10):
-        rng, off, shuffled = random.Random(seed), random.Random(seed), list(rules)
+        rng, rng_off, shuffled = random.Random(seed), random.Random(seed), list(rules)
         random.Random(seed).shuffle(shuffled)
         tour = walk_module._tour(rules, rng, True)
         assert [part(r) for r in tour] == sorted(part(r) for r in rules), [r.name for r in tour]
         at = {r.name: i for i, r in enumerate(tour)}
-        life = [[at[n] for n in names] for names in (starts, rest, {"begin"} & names, frees,
-                                                     {"overwrite_row"} & names, {"end"} & names)]
+        life = [[at[n] for n in part_names] for part_names in (starts, rest, {"begin"} & names, frees,
+                                                               {"overwrite_row"} & names, {"end"} & names)]
         life = [places for places in life if places]
         assert all(max(a) < min(b) for a, b in zip(life, life[1:])), [r.name for r in tour]
         for each in set(map(part, rules)):
             assert [r for r in tour if part(r) == each] == [r for r in shuffled if part(r) == each]
-        assert walk_module._tour(rules, off, False) == [] and off.random() == rng.random()
+        assert walk_module._tour(rules, rng_off, False) == [] and rng_off.random() == rng.random()
 
 
 def test_the_first_example_runs_first_times_as_many_steps_and_the_rest_steps(monkeypatch):

@@ -62,7 +62,8 @@ WALK_STEPS = 40
 # steps, known 5) by deferring the finish to the eviction
 # (``minimize._finish_deferred``).
 # With it, the other shares sit on a plateau (the same job, BigPool left
-# out; walk seeds 0-59 and 60-119, then pooled; as they stand 0.494, 0.507,
+# out; walk seeds 0-59 and 60-119, then pooled; as they stood, with the
+# tour shuffled (before ``_TOUR_PARTS``), 0.494, 0.507,
 # 0.500): STEER 0.25 0.512, 0.521, 0.511 and 0.35 0.517, 0.519, 0.514; CLEAR
 # 0.3 0.495, 0.508, 0.504 and 0.5 0.495, 0.504, 0.500; FILL 0.15 0.512,
 # 0.535, 0.516 and 0.35 0.501, 0.513, 0.503; POPULATE 0.15 0.510, 0.517,
@@ -71,7 +72,7 @@ WALK_STEPS = 40
 # fill, populate and clear each off for a later example with chance 1/4
 # (0.502) or 1/2 (0.504).  A share changed redraws every stream after its
 # first draw, so a hundredth either way is the seeds' (2026-12-07).
-# Three new kinds of move, by the same job (as they stand 0.494, 0.507,
+# Three new kinds of move, by the same job (as they stood 0.494, 0.507,
 # 0.500), not kept: each integer argument wider than 2 drawn at one end of
 # its range with chance 0.1 (0.507, 0.507, 0.505) or 0.2 (0.532, 0.521,
 # 0.523); the previous step's rule taken again, where its guard holds,
@@ -308,15 +309,17 @@ POPULATE = 0.2
 _STARTS = frozenset({"alloc", "extend"})
 
 # The run's first example opens with a tour of the rules (``_touring``): where
-# no lever above chose the step, it is the first rule, in an order shuffled
-# for the example (a request's life: started first, then worked on, then
-# freed in a group, below), that has not run in it yet and whose guard holds.  Where no
+# no lever above chose the step, it is the first rule, in the tour's order
+# (``_TOUR_PARTS``, below: parts in a fixed order, the rules within each
+# shuffled for the example), that has not run in it yet and whose guard
+# holds.  Where no
 # rule left holds, the step is drawn uniformly as ever; a rule whose guard
 # failed stays in the tour, taken once its guard holds.  Once every rule has
 # run, the example goes on uniform.  Most bugs a first example shows need a
 # rule or two after an alloc (bench/known_shortest.py: 1-5 steps); a uniform
-# draw among k rules meets a given one in about k steps, a tour in about half
-# that.
+# draw among k rules meets a given one in about k steps, a shuffled tour in
+# about half that (the figures below are of the shuffled tour; with the
+# parts, a rule of a late part waits for the parts before it).
 # Measured by the ablation of CLEAR's figures (mean steps to a first failure
 # over bench/baseline.py's on its seeds 0-59, geometric mean over the 68
 # built-in and bench bugs; the 26 the baseline meets within 20 steps, median,
@@ -325,7 +328,7 @@ _STARTS = frozenset({"alloc", "extend"})
 # medians), walk seeds 0-59 and 60-119:
 #   no tour    means 0.559 (0.994, 0.392; 18) and 0.570 (1.003, 0.402; 21)
 #              medians 0.553 (0.993, 0.385) and 0.572 (0.998, 0.405)
-#   this tour  means 0.519 (0.844, 0.384; 10) and 0.511 (0.806, 0.385; 12)
+#   shuffled   means 0.519 (0.844, 0.384; 10) and 0.511 (0.806, 0.385; 12)
 #              medians 0.530 (0.905, 0.381) and 0.526 (0.886, 0.381)
 # and over the 120 seeds' medians 0.563 to 0.526, bugs above 1 16 to 11.  Not
 # kept (medians, seeds 0-59): a tour in every second example 0.529 and two
@@ -354,11 +357,16 @@ _STARTS = frozenset({"alloc", "extend"})
 # against itself on its other 5 seeds came to 1.06 and 1.13.
 TOUR = True
 # The tour's order, part by part (``_tour_part``; each part in the shuffle's
-# order): a request started (``_STARTS``); the rules that act on a live one
-# (a decode, an extend, a move, a slide: every rule no other part names,
-# None); a free group begun; the request freed or ended in it (``_FREES``);
-# its row overwritten; the group ended.  That is a request's life in the
-# order sglang's scheduler gives it, and the aliasing bug's story (PR 34067).
+# order): the rules that start a request (``_STARTS``: alloc, extend); every
+# rule no other part names (None: a decode, a slide, a remap, a resize, a
+# family's own allocs and frees, a clear, an allocation group); a free
+# group's begin; the frees, finishes, rematches and evictions (``_FREES``);
+# the row's overwrite; the group's end.  As a preference it reads as a
+# request's life in the order sglang's scheduler gives it, and as the
+# aliasing bug's story (PR 34067): a request started, worked on, freed in a
+# group, its row rewritten, the group ended.  It is only a preference: a
+# rule runs in its turn only where its guard holds (else a later one does,
+# and it waits), and the levers above choose first.
 # Measured by the bench's ablation job (the walk alone; each bug's median
 # steps to a first failure over bench/baseline.py's median on its seeds
 # 0-59, geometric mean over the 67 built-in and bench bugs the baseline
@@ -367,20 +375,26 @@ TOUR = True
 # baseline meets within 20 steps and the other 41; bugs above 1):
 #   shuffled alone        0.494 0.507 0.518 0.515, pooled 0.513 (0.943, 0.349; 13)
 #   starts first          0.494 0.498 0.520 0.508, pooled 0.505 (0.851, 0.362; 11)
-#   ends last             0.513 0.508 0.498 0.513, pooled 0.505 (0.921, 0.346; 15)
-#   both                  0.498 0.490 0.488 0.492, pooled 0.492 (0.841, 0.350; 15)
-#   both, clear last      0.499 0.492 0.490 0.494, pooled 0.494
-#   both, a tour in every second example as well                  pooled 0.496
+#   _FREES last           0.513 0.508 0.498 0.513, pooled 0.505 (0.921, 0.346; 15)
+#   starts first, _FREES last (223d2b8)
+#                         0.498 0.490 0.488 0.492, pooled 0.492 (0.841, 0.350; 15)
+#   that, clear last      0.499 0.492 0.490 0.494, pooled 0.494
+#   that, a tour in every second example as well                  pooled 0.496
 #   this order            0.468 0.459 0.453 0.442, pooled 0.450 (0.828, 0.306; 12)
 #   the begin before the rules on a live request               pooled 0.453
 # A decode or a mapping read wants a request live, and the aliasing bugs the
 # order of their story: they gain most (shuffled alone to this order,
 # pooled: paged alias 0.41x the baseline's steps to 0.25x, reps-alias 0.50x
 # to 0.33x, swa alias-full 0.51x to 0.41x, npu decode-boundary 0.91x to
-# 0.43x (both), hisparse buffer-keeps-mapping 0.97x to 0.40x, npu
-# extend-wrong-end 1.08x to 0.62x (both)); a bug that needs a free soon
-# after the alloc loses (dsv4-hisparse free-keeps-device 1.07x to 1.79x, 2
-# steps known; page-interleave free-wrong-class 1.33x to 2.00x) (2026-12-07).
+# 0.40x, decode-one-past 0.84x to 0.47x, hisparse buffer-keeps-mapping 0.97x
+# to 0.40x, unified-swa tombstone-read-wraps 0.72x to 0.26x, npu
+# extend-wrong-end 1.08x to 0.62x).  A bug that needs a free, or an idle
+# pool, soon after its alloc waits for the frees' part and loses:
+# dsv4-hisparse free-keeps-device 1.07x to 1.79x (2 steps known),
+# page-interleave free-wrong-class 1.33x to 2.00x, swa swa-keeps-mapping
+# 1.10x to 1.50x, unified-mamba clear-keeps-mamba 1.06x to 1.37x,
+# multi-ended lazy-no-dedup 0.78x to 1.04x, mamba free-keeps-view 0.67x to
+# 0.80x, swa end-resolves-swa 0.88x to 1.03x (2026-12-07).
 _TOUR_PARTS = (_STARTS, None, _BEGIN, _FREES, _WRITES, _END)
 
 # Examples the walk runs on, at least, after its first failure, for others.

@@ -382,6 +382,14 @@ TOUR = True
 #   that, a tour in every second example as well                  pooled 0.496
 #   this order            0.468 0.459 0.453 0.442, pooled 0.450 (0.828, 0.306; 12)
 #   the begin before the rules on a live request               pooled 0.453
+#   one free in the group, the rest after its end
+#                         0.473 0.478 0.459 0.451, pooled 0.459 (0.804, 0.322; 9)
+#   the overwrite and end next after any free in a group
+#                         0.479 0.478 0.461 0.461, pooled 0.467 (0.804, 0.331; 11)
+# (the last two close the group sooner, so a free takes effect sooner: fewer
+# bugs above 1, but the aliasing bugs, which gain most from several frees
+# queued in the group, lose: paged alias 0.25x to 0.39x and 0.41x,
+# reps-alias 0.33x to 0.48x).
 # A decode or a mapping read wants a request live, and the aliasing bugs the
 # order of their story: they gain most (shuffled alone to this order,
 # pooled: paged alias 0.41x the baseline's steps to 0.25x, reps-alias 0.50x

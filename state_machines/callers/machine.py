@@ -25,16 +25,10 @@ class CallerMachine(RuleBasedStateMachine):
     record: RunRecord = RunRecord()
     build: Callable[[Config], CallerLockstep]
 
-    def __init__(self, engine: bool = True, with_state: bool = True) -> None:
-        # As ``FreeGroupMachine``'s: Hypothesis's set-up only where its engine runs the example.
-        self.record.start_example()
-        if engine:
-            super().__init__()
-        if with_state:
-            self.state = self.build(self.config)
-
-    # Counting, the probe and the teardown are the core machine's; so are
-    # the pool shapes (``machine_for`` offers a caller none but its own).
+    # The example's start (Hypothesis's set-up only where its engine runs
+    # it), counting, the probe and the teardown are the core machine's; so
+    # are the pool shapes (``machine_for`` offers a caller none but its own).
+    __init__ = FreeGroupMachine.__init__
     _do, _do_as = FreeGroupMachine._do, FreeGroupMachine._do_as
     teardown = FreeGroupMachine.teardown
     __repr__ = FreeGroupMachine.__repr__

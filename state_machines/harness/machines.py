@@ -193,10 +193,11 @@ class FreeGroupMachine(RuleBasedStateMachine):
         95 µs on a machine class's first example (``machine_for`` makes a
         class a run) and 10 µs on each after.  Its state is built here
         unless its first step draws the pool shape, or ``with_state`` is
-        false (the caller sets it: a replay of a saved trace)."""
+        false (the caller sets it: a replay of a saved trace).  Named, not
+        ``super()``: ``CallerMachine`` shares it."""
         self.record.start_example()
         if engine:
-            super().__init__()
+            RuleBasedStateMachine.__init__(self)
         if with_state and not self.draws_shape:
             self.state = self.build(self.config)
 

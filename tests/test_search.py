@@ -525,8 +525,8 @@ def test_a_saved_walk_failure_that_still_fails_leaves_hypothesiss_saved_failure_
 
 
 def test_a_new_walk_failure_leaves_hypothesiss_saved_failure_reported_too(monkeypatch):
-    """A database holding a Hypothesis failure of one invariant, and a walk that meets another (seed 6 meets only
-    no_page_freed_twice, in its first example of 80 steps): one run reports both (it reported only the walk's, since the walk's failure
+    """A database holding a Hypothesis failure of one invariant, and a walk that meets another (seed 12 meets only
+    no_page_freed_twice, in its first example of 80 steps; of seeds 0-15 the others meet both): one run reports both (it reported only the walk's, since the walk's failure
     ended the run before Hypothesis's reuse phase)."""
     from hypothesis.database import InMemoryExampleDatabase
 
@@ -537,10 +537,10 @@ def test_a_new_walk_failure_leaves_hypothesiss_saved_failure_reported_too(monkey
         m.setattr(runner, "walked_examples", lambda n: 0)  # Hypothesis's run alone, so it finds and saves the failure
         hypothesis_found = fuzz(TOKEN_ALIAS, max_examples=40, seed=0, database=db, shrink=False)
     assert [t.invariant for t in hypothesis_found.failures] == ["free_sets_agree"]
-    walk_found = fuzz(TOKEN_ALIAS, max_examples=8, seed=6, database=None, shrink=False)
+    walk_found = fuzz(TOKEN_ALIAS, max_examples=8, seed=12, database=None, shrink=False)
     assert [t.invariant for t in walk_found.failures] == ["no_page_freed_twice"]
     assert walk_found.record.examples_to_failure == 1
-    again = fuzz(TOKEN_ALIAS, max_examples=8, seed=6, database=db, shrink=False)
+    again = fuzz(TOKEN_ALIAS, max_examples=8, seed=12, database=db, shrink=False)
     assert [t.invariant for t in again.failures] == ["no_page_freed_twice", "free_sets_agree"]
 
 
@@ -828,9 +828,9 @@ def test_a_family_with_an_allocation_group_rule_but_no_in_alloc_group_is_walked_
 def test_the_walk_clears_only_a_pool_a_step_has_touched(monkeypatch):
     """At share 1 the lever clears wherever the pool is idle once a step
     has run since the example's build or its last clear: over 10 examples
-    of builtin:unified-mamba, seed 0, clears come (17 of the 407 rules run), and
-    only the uniform draw puts one first in an example or right after a
-    clear (2 times).  Clearing an untouched pool too, nearly every step
+    of builtin:unified-mamba, seed 3, clears come (15 of the 445 rules run;
+    seeds 0-5 8 to 37), and only the uniform draw puts one first in an
+    example or right after a clear (1 time).  Clearing an untouched pool too, nearly every step
     was a clear: a fresh pool is idle, and so is a cleared one."""
     monkeypatch.setattr(walk_module, "CLEAR", 1.0)
     runs: dict = {}
@@ -841,7 +841,7 @@ def test_the_walk_clears_only_a_pool_a_step_has_touched(monkeypatch):
             runs.setdefault(self, []).append(name)
             return super()._do(name, *args, **kwargs)
 
-    walk(Spy, random.Random(0), 10, steps=40)
+    walk(Spy, random.Random(3), 10, steps=40)
     names = list(runs.values())
     clears = sum(n.count("clear") for n in names)
     untouched = sum(n[0] == "clear" for n in names) + sum(pair == ("clear", "clear") for n in names for pair in zip(n, n[1:]))
@@ -872,7 +872,8 @@ def _lever_acts(monkeypatch, seen: SimpleNamespace) -> dict[str, list[int]]:
     """Spy on the walk's levers: for each (``LEVERS``), the draws the walk's
     rng (``seen.rng``, a ``_Logged``) had taken before each call of the
     lever's helper where it acted: where the edge, the steering, the
-    populating, the clear or the tour chose the step, each step the first
+    populating, the clear or the tour chose the step (or the tour kept the
+    steering from a begin), each step the first
     example runs past ``steps`` (``_longer``), each fill (``_filling`` runs
     only with the fill on, and takes a draw whatever it returns) and each
     pool shape drawn after the first example (with the lever off, the same
@@ -902,6 +903,17 @@ def _lever_acts(monkeypatch, seen: SimpleNamespace) -> dict[str, list[int]]:
     spy("_longer", lambda args, more: "long" if more else None)
     spy("_filling", lambda args, pages: "fill")
     spy("_shaped", lambda args, result: None if args[2] else "shape")
+    # The tour acts on the steering too: while it holds a begin, the
+    # steering wants none (``_Steer.wanted``'s ``begin``).
+    wanted = walk_module._Steer.wanted
+
+    def steering(steer, in_group, in_alloc=False, begin=True):
+        before, result = len(seen.rng.draws), wanted(steer, in_group, in_alloc, begin)
+        if result != wanted(steer, in_group, in_alloc):
+            acts["tour"].append(before)
+        return result
+
+    monkeypatch.setattr(walk_module._Steer, "wanted", steering)
     return acts
 
 
@@ -943,14 +955,15 @@ def test_a_lever_switched_off_leaves_the_draws_as_they_were_up_to_its_first_chan
     assert acted, f"{lever} acted on no step of any target"
 
 
-def test_the_first_examples_tour_takes_each_rule_once_and_no_later_example_tours(monkeypatch):
+def test_the_first_examples_tour_takes_each_rule_as_often_as_it_holds_it_and_no_later_example_tours(monkeypatch):
     """``walk.TOUR``: the rules the tour chooses (``_touring``) are each
-    chosen once at most, all in the run's first example, and the first is
-    the first rule of the tour's order (``_tour``: the example's shuffle,
-    the walk's first draw, sorted by part) whose guard holds on the fresh
-    pool, a rule that starts a request; with every other lever off, so
-    that the tour chooses every step it can.  With the tour off too, it
-    chooses none."""
+    chosen at most as often as the tour holds them (``_tour``: begin, the
+    overwrite and end once for each of its two groups, every other rule
+    once), all in the run's first example, and the first is the first rule
+    of the tour's order (the example's shuffle, the walk's first draw, by
+    part) whose guard holds on the fresh pool, a rule that starts a
+    request; with every other lever off, so that the tour chooses every
+    step it can.  With the tour off too, it chooses none."""
     picks: list[tuple[int, str]] = []
     real = walk_module._touring
 
@@ -970,13 +983,11 @@ def test_the_first_examples_tour_takes_each_rule_once_and_no_later_example_tours
         before = machine_class.record.examples
         walk(machine_class, random.Random(seed), 3, steps=40, off=others)
         names = [name for _, name in picks]
-        assert len(names) >= 3 and len(names) == len(set(names)), names
+        order = walk_module._tour(rules, random.Random(seed), True)
+        held = Counter(r.name for r in order)
+        assert len(names) >= 3 and not Counter(names) - held, (names, held)
         assert {example - before for example, _ in picks} == {1}, (before, picks)
-        order = list(rules)
-        random.Random(seed).shuffle(order)
-        order.sort(key=walk_module._tour_part)
-        fresh = _fresh(config)
-        assert names[0] == next(r.name for r in order if r.applies(fresh)), (names, [r.name for r in order])
+        assert names[0] == next(r.name for r in order if r.applies(_fresh(config))), (names, [r.name for r in order])
         assert names[0] in walk_module._STARTS, names
         picks.clear()
         walk(machine_class, random.Random(seed), 3, steps=40, off=frozenset(walk_module.LEVERS))
@@ -985,31 +996,59 @@ def test_the_first_examples_tour_takes_each_rule_once_and_no_later_example_tours
 
 @pytest.mark.parametrize("config", list(clean_configs()), ids=lambda c: c.label())
 def test_a_tour_runs_a_requests_life_in_order(config):
-    """``walk._tour``: every rule once, part by part (``_TOUR_PARTS``: the
-    rules that start a request, the rest, a free group's begin, the rules
-    that free or end a request, the row's overwrite, the group's end), each
-    part in the order the shuffle drew; with the tour off none, after the
-    same draw.  Every built-in family has rules that start a request and
-    rules that free one."""
+    """``walk._tour``: part by part (``_TOUR_PARTS``: the rules that start
+    a request, the rest, then two free groups, each its begin, its frees,
+    the row's overwrite and its end, the first freeing with ``free`` alone
+    and the second with the other rules that free or end a request), each
+    part in the order the shuffle drew, a rule once for each part that
+    names it; with the tour off none, after the same draw.  Every built-in
+    family has rules that start a request and ``free``."""
     rules = machine_rules(machine_for(config))
-    part = walk_module._tour_part
     names = {r.name for r in rules}
-    assert names & walk_module._STARTS and names & walk_module._FREES, sorted(names)
     starts, frees = names & walk_module._STARTS, names & walk_module._FREES
+    assert starts and "free" in frees, sorted(names)
     rest = names - starts - frees - {"begin", "overwrite_row", "end"}
+
+    def group(freeing: list[str]) -> list[str]:
+        return [n for n in ("begin", *freeing, "overwrite_row", "end") if n in names]
+
     for seed in range(10):
         rng, rng_off, shuffled = random.Random(seed), random.Random(seed), list(rules)
         random.Random(seed).shuffle(shuffled)
-        tour = walk_module._tour(rules, rng, True)
-        assert [part(r) for r in tour] == sorted(part(r) for r in rules), [r.name for r in tour]
-        at = {r.name: i for i, r in enumerate(tour)}
-        life = [[at[n] for n in part_names] for part_names in (starts, rest, {"begin"} & names, frees,
-                                                               {"overwrite_row"} & names, {"end"} & names)]
-        life = [places for places in life if places]
-        assert all(max(a) < min(b) for a, b in zip(life, life[1:])), [r.name for r in tour]
-        for each in set(map(part, rules)):
-            assert [r for r in tour if part(r) == each] == [r for r in shuffled if part(r) == each]
+        tour = [r.name for r in walk_module._tour(rules, rng, True)]
+        ordered = {part: [r.name for r in shuffled if r.name in names_] for part, names_ in
+                   (("starts", starts), ("rest", rest), ("frees", frees - {"free"}))}
+        life = ordered["starts"] + ordered["rest"] + group(["free"]) + group(ordered["frees"])
+        assert tour == life, tour
         assert walk_module._tour(rules, rng_off, False) == [] and rng_off.random() == rng.random()
+
+
+def test_while_the_tour_holds_a_begin_the_steering_opens_no_group(monkeypatch):
+    """``_Steer.wanted``'s ``begin``: with every step steered, the run's
+    first example opens no free group before its tour's two begins have
+    run (the tour takes each where the steering finds no rule); then the
+    steering opens groups as ever.  Without ``begin``, no begin is wanted."""
+    monkeypatch.setattr(walk_module, "STEER", 1.0)
+    assert "begin" in _Steer().wanted(False) and "begin" not in _Steer().wanted(False, begin=False)
+    chosen: list[tuple[str, str]] = []
+    real_touring, real_steered = walk_module._touring, walk_module._steered
+
+    def spy(who: str, real):
+        def chooses(*args, **kwargs):
+            rule = real(*args, **kwargs)
+            if rule is not None:
+                chosen.append((who, rule.name))
+            return rule
+        return chooses
+
+    monkeypatch.setattr(walk_module, "_touring", spy("tour", real_touring))
+    monkeypatch.setattr(walk_module, "_steered", spy("steer", real_steered))
+    machine_class = machine_for(Config(target="builtin:paged", page_size=4))
+    for seed in range(5):
+        chosen.clear()
+        walk(machine_class, random.Random(seed), 1, steps=40, off=frozenset({"populate", "clear", "edge", "fill"}))
+        begins = [who for who, name in chosen if name == "begin"]
+        assert begins[:2] == ["tour", "tour"] and "steer" in begins[2:], chosen
 
 
 def test_the_first_example_runs_first_times_as_many_steps_and_the_rest_steps(monkeypatch):

@@ -168,7 +168,8 @@ _BEGIN, _END = frozenset({"begin"}), frozenset({"end"})
 _ALLOC_BEGIN = frozenset({"alloc_group_begin", "mamba_group_begin"})
 _ALLOC_END = frozenset({"alloc_group_end", "mamba_group_end"})
 # Each free-group want with each allocation-group want, joined once.
-_WANTS = {(free, alloc): free | alloc for free in (_FREES, _WRITES, _BEGIN, _END) for alloc in (_ALLOC_BEGIN, _ALLOC_END)}
+_WANTS = {(free, alloc): free | alloc for free in (_FREES, _WRITES, _BEGIN, _END, frozenset())
+          for alloc in (_ALLOC_BEGIN, _ALLOC_END)}
 
 # Share of the steps taken where the pool is idle (``clear``'s guard holds:
 # no request live, no group open, on a unified pool with HiCache loans no
@@ -356,17 +357,21 @@ _STARTS = frozenset({"alloc", "extend"})
 # a bug are too few to show a change of this size: for scale, the baseline
 # against itself on its other 5 seeds came to 1.06 and 1.13.
 TOUR = True
-# The tour's order, part by part (``_tour_part``; each part in the shuffle's
-# order): the rules that start a request (``_STARTS``: alloc, extend); every
-# rule no other part names (None: a decode, a slide, a remap, a resize, a
-# family's own allocs and frees, a clear, an allocation group); a free
-# group's begin; the frees, finishes, rematches and evictions (``_FREES``);
-# the row's overwrite; the group's end.  As a preference it reads as a
-# request's life in the order sglang's scheduler gives it, and as the
-# aliasing bug's story (PR 34067): a request started, worked on, freed in a
-# group, its row rewritten, the group ended.  It is only a preference: a
-# rule runs in its turn only where its guard holds (else a later one does,
-# and it waits), and the levers above choose first.
+# The tour's order, part by part (``_tour``; each part in the shuffle's
+# order, a rule once for each part that names it): the rules that start a
+# request (``_STARTS``: alloc, extend); every rule no part names (None: a
+# decode, a slide, a remap, a resize, a family's own allocs and frees, a
+# clear, an allocation group); then two free groups, each its begin, its
+# frees, the row's overwrite and its end: the first frees with ``free``
+# alone, the second with every other rule that frees, finishes, rematches
+# or evicts (``_FREES``).  And while the tour still holds a begin, the
+# steering wants none (``_Steer.wanted``'s ``begin``), so the example's
+# first group is the tour's.  As a preference it reads as a request's life
+# in the order sglang's scheduler gives it, and as the aliasing bug's story
+# (PR 34067): a request started, worked on, freed in a group, its row
+# rewritten, the group ended.  It is only a preference: a rule runs in its
+# turn only where its guard holds (else a later one does, and it waits),
+# and the levers above choose first.
 # Measured by the bench's ablation job (the walk alone; each bug's median
 # steps to a first failure over bench/baseline.py's median on its seeds
 # 0-59, geometric mean over the 67 built-in and bench bugs the baseline
@@ -380,30 +385,46 @@ TOUR = True
 #                         0.498 0.490 0.488 0.492, pooled 0.492 (0.841, 0.350; 15)
 #   that, clear last      0.499 0.492 0.490 0.494, pooled 0.494
 #   that, a tour in every second example as well                  pooled 0.496
-#   this order            0.468 0.459 0.453 0.442, pooled 0.450 (0.828, 0.306; 12)
-#   the begin before the rules on a live request               pooled 0.453
-#   one free in the group, the rest after its end
+#   one group of every free (e2a3fd3: starts, the rest, begin, _FREES,
+#   overwrite, end)       0.468 0.459 0.453 0.442, pooled 0.450 (0.828, 0.306; 12)
+#   that, the begin before the rules on a live request         pooled 0.453
+#   that, one free in the group, the rest after its end
 #                         0.473 0.478 0.459 0.451, pooled 0.459 (0.804, 0.322; 9)
-#   the overwrite and end next after any free in a group
+#   that, the overwrite and end next after any free in a group
 #                         0.479 0.478 0.461 0.461, pooled 0.467 (0.804, 0.331; 11)
-# (the last two close the group sooner, so a free takes effect sooner: fewer
-# bugs above 1, but the aliasing bugs, which gain most from several frees
-# queued in the group, lose: paged alias 0.25x to 0.39x and 0.41x,
-# reps-alias 0.33x to 0.48x).
-# A decode or a mapping read wants a request live, and the aliasing bugs the
-# order of their story: they gain most (shuffled alone to this order,
-# pooled: paged alias 0.41x the baseline's steps to 0.25x, reps-alias 0.50x
-# to 0.33x, swa alias-full 0.51x to 0.41x, npu decode-boundary 0.91x to
-# 0.40x, decode-one-past 0.84x to 0.47x, hisparse buffer-keeps-mapping 0.97x
-# to 0.40x, unified-swa tombstone-read-wraps 0.72x to 0.26x, npu
-# extend-wrong-end 1.08x to 0.62x).  A bug that needs a free, or an idle
-# pool, soon after its alloc waits for the frees' part and loses:
-# dsv4-hisparse free-keeps-device 1.07x to 1.79x (2 steps known),
-# page-interleave free-wrong-class 1.33x to 2.00x, swa swa-keeps-mapping
-# 1.10x to 1.50x, unified-mamba clear-keeps-mamba 1.06x to 1.37x,
-# multi-ended lazy-no-dedup 0.78x to 1.04x, mamba free-keeps-view 0.67x to
-# 0.80x, swa end-resolves-swa 0.88x to 1.03x (2026-12-07).
-_TOUR_PARTS = (_STARTS, None, _BEGIN, _FREES, _WRITES, _END)
+#   that, the first free of _FREES before the begin            pooled 0.455 (12)
+#   that, the first free of _FREES right after the starts      pooled 0.479 (13)
+#   starts, begin, _FREES, overwrite, end, the rest            pooled 0.488 (20)
+#   one group, no steering to a begin while the tour holds it
+#                         0.444 0.456 0.434 0.420, pooled 0.433 (0.734, 0.310; 13)
+#   that, no steering at all while the tour runs               pooled 0.466 (17)
+#   that, no steering to any rule the tour still holds         pooled 0.441 (15)
+#   two groups, ``free`` alone in the first (steering to begin as ever)
+#                         0.466 0.434 0.435 0.443, pooled 0.444 (0.818, 0.302; 12)
+#   two groups, the first's free drawn among _FREES, no steering to a begin
+#                         0.451 0.453 0.422 0.437, pooled 0.435 (0.741, 0.310; 13)
+#   this order (two groups, ``free`` first, no steering to a begin)
+#                         0.425 0.428 0.407 0.415, pooled 0.415 (0.718, 0.293; 9)
+# From one group (e2a3fd3) to this order, pooled: a steered begin before
+# the tour's own took a step from the starts and the rules on a live
+# request, and held back to its end the frees the tour ran in it
+# (page-interleave base-not-written 0.67x the baseline's steps to 0.33x,
+# token alloc-off-by-one 1.00x to 0.50x, paged extend-floor 0.77x to 0.46x,
+# npu decode-one-past 0.47x to 0.33x, swa swa-keeps-mapping 1.50x to
+# 1.00x); the first group's plain free queues a row's view, overwritten
+# before its end (npu alias 0.35x to 0.18x, paged alias 0.25x to 0.15x,
+# swa alias-full 0.41x to 0.24x).  A bug that needs another kind of free
+# soon after its alloc waits for the second group, and a bug that needs a
+# full pool for the frees that fill it: dsv4-hisparse free-keeps-device
+# 1.79x to 2.43x (2 steps known), pure-swa segment-frees-twice 1.22x to
+# 1.65x, page-interleave rotation-from-extend 1.50x to 1.75x, OffsetThree
+# 0.96x to 1.25x, ExactlyFull 0.22x to 0.36x, BigFree 0.18x to 0.33x;
+# page-interleave free-wrong-class 2.00x to 1.67x, unified-mamba
+# clear-keeps-mamba 1.37x to 1.28x (2026-12-07).
+_FREE = frozenset({"free"})
+_TOUR_PARTS = (_STARTS, None, _BEGIN, _FREE, _WRITES, _END, _BEGIN, _FREES - _FREE, _WRITES, _END)
+# The rules some part names; the rest (None) holds every other.
+_TOUR_NAMED = frozenset().union(*(part for part in _TOUR_PARTS if part is not None))
 
 # Examples the walk runs on, at least, after its first failure, for others.
 MORE_AFTER_FAILURE = 20
@@ -624,7 +645,8 @@ def walk(
                 at_edge = _at_edge(edge, machine)
                 chosen = (at_edge or _by_chance(clear, machine, rng, 0 if "clear" in off or not touched else CLEAR)
                           or _populating(starts, machine, rng, 0 if "populate" in off else POPULATE)
-                          or _steered(rules, machine, rng, steer.wanted(in_group, in_alloc), 0 if "steer" in off else STEER)
+                          or _steered(rules, machine, rng, steer.wanted(in_group, in_alloc, all(r.name not in _BEGIN for r in tour)),
+                                      0 if "steer" in off else STEER)
                           or (tour and _touring(tour, machine))
                           or _applicable(rules, machine, rng, below))
                 if chosen is None:  # no step applies (a pool too small for any request to prefill): the example ends
@@ -663,15 +685,17 @@ class _Steer:
     def __init__(self) -> None:
         self.freed = self.written = self.queued = self.closed = False
 
-    def wanted(self, in_group: bool, in_alloc: bool = False) -> frozenset:
+    def wanted(self, in_group: bool, in_alloc: bool = False, begin: bool = True) -> frozenset:
         """The rule names that take the next step of an order from here,
         with a free group open iff ``in_group`` and an allocation group iff
         ``in_alloc``: the free group's next rule and the allocation group's
-        (a machine without one has none of its rules)."""
+        (a machine without one has none of its rules).  Without ``begin``,
+        a free group's begin is not among them (the first example's tour
+        still holds it: ``_TOUR_PARTS``)."""
         if in_group:
             free = _FREES if not self.freed else _WRITES if not self.written else _END
         else:
-            free = _END if self.queued else _BEGIN
+            free = _END if self.queued else _BEGIN if begin else frozenset()
         return _WANTS[free, _ALLOC_END if in_alloc or self.closed else _ALLOC_BEGIN]
 
     def saw(self, name: str, in_group: bool, in_alloc: bool = False) -> None:
@@ -729,21 +753,20 @@ def _longer(index: int, step: int, steps: int, off: frozenset) -> bool:
 
 
 def _tour(rules: list, rng: random.Random, on: bool) -> list:
-    """The rules in an order shuffled for the example, all left to run in
-    its tour (``TOUR``): part by part (``_TOUR_PARTS``: a request's life),
-    each part in the shuffle's order; none with the tour off,
-    the shuffle taken all the same (``walk(off=)``: the draws stay the
-    walk's with it on)."""
+    """The rules left to run in the example's tour (``TOUR``), in an
+    order shuffled for it: part by part (``_TOUR_PARTS``: a request's
+    life), each part in the shuffle's order, a rule once for each part
+    that holds it (``_in_part``); none with the tour off, the shuffle taken
+    all the same (``walk(off=)``: the draws stay the walk's with it on)."""
     order = list(rules)
     rng.shuffle(order)
-    return sorted(order, key=_tour_part) if on else []
+    return [rule for part in _TOUR_PARTS for rule in order if _in_part(rule, part)] if on else []
 
 
-def _tour_part(rule: MachineRule) -> int:
-    """Where ``rule`` runs in a tour: the index of the first of
-    ``_TOUR_PARTS`` that names it, else of the rest's (None)."""
-    return next((i for i, part in enumerate(_TOUR_PARTS) if part is not None and rule.name in part),
-                _TOUR_PARTS.index(None))
+def _in_part(rule: MachineRule, part: frozenset | None) -> bool:
+    """Whether tour part ``part`` of ``_TOUR_PARTS`` holds ``rule``: it
+    names it, or it is the rest (None) and no part names it."""
+    return rule.name in part if part is not None else rule.name not in _TOUR_NAMED
 
 
 def _touring(left: list, machine):

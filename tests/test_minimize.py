@@ -14,7 +14,7 @@ from bench.targets import unavailable
 from state_machines.config import Config
 from state_machines.harness import Step
 from state_machines.runs import minimize as minimize_module
-from state_machines.runs.minimize import _scaled, minimize, shrink_configs
+from state_machines.runs.minimize import _merged, _scaled, minimize, shrink_configs
 from state_machines.runs.runner import replay
 from state_machines.runs.trace import Trace
 
@@ -141,6 +141,28 @@ def test_minimize_merges_two_requests_into_one():
         Step("end", {}),
     )
     _shrinks_to(config, eight, "free_sets_agree", 4)
+
+
+def test_a_request_merges_into_one_a_finish_segments_ended_before_it():
+    """``_merged``: TenthAlloc needs ten calls that allocate, and
+    req_to_token's 4 rows hold 4 requests.  The bench's shrink seed 1 met it
+    with five requests, req_0 ended by a ``finish_segments`` so that the
+    fifth had a row, and stopped there at 11 steps (known 10: only a
+    ``finish`` went with a merge).  Made part of req_0, the fifth needs no
+    row, and that ``finish_segments`` goes as a ``finish`` does: 10 steps
+    that fail the same way."""
+    def decode(req: str) -> Step:
+        return Step("decode", {"reqs": [req]})
+
+    head = (Step("alloc", {"n": 1}, "req_0"), decode("req_0"), decode("req_0"), Step("alloc", {"n": 1}, "req_1"),
+            Step("alloc", {"n": 1}, "req_2"), Step("alloc", {"n": 1}, "req_3"), decode("req_1"), decode("req_1"))
+    eleven = (*head, Step("finish_segments", {"req": "req_0", "cut": 0}), Step("alloc", {"n": 1}, "req_4"), decode("req_4"))
+    merged = _merged(eleven, "req_0", "req_4")
+    assert merged == (*head, Step("alloc", {"n": 1, "req": "req_0"}), decode("req_0"))
+    config = Config(target="bench.bugs:TenthAlloc")
+    assert replay(Trace(config, eleven)).invariant == "free_sets_agree"
+    failure = replay(Trace(config, merged))
+    assert (failure.invariant, len(failure.steps)) == ("free_sets_agree", 10)
 
 
 def test_minimize_moves_to_a_smaller_pool_where_a_step_fewer_fails():

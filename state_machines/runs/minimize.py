@@ -616,8 +616,8 @@ def _merged(steps: tuple[Step, ...], first: str, second: str) -> tuple[Step, ...
     """``steps`` with request ``second`` made part of ``first``, made
     earlier: ``second``'s plain ``admit`` goes, its plain ``alloc`` grows
     ``first`` instead where it stood (``alloc(n, req=first)``), every later
-    step names ``first``, and each ``finish`` of ``first`` before
-    ``second``'s last step goes (the one request lives on).  None where the
+    step names ``first``, and each ``finish`` or ``finish_segments`` of
+    ``first`` before ``second``'s last step goes (the one request lives on).  None where the
     two cannot merge: a step names both in one batch, or ``second`` was
     made another way."""
     uses = [i for i, step in enumerate(steps) if second in (step.returns, *step.args.values())
@@ -633,7 +633,7 @@ def _merged(steps: tuple[Step, ...], first: str, second: str) -> tuple[Step, ...
                 return None
             out.append(Step("alloc", {"n": step.args["n"], "req": first}))
             continue
-        if step.rule == "finish" and step.args.get("req") == first and i < uses[-1]:
+        if step.rule in ("finish", "finish_segments") and step.args.get("req") == first and i < uses[-1]:
             continue
         out.append(_renamed(step, second, first))
     return None if None in out else tuple(out)

@@ -366,7 +366,7 @@ TOUR = True
 # alone, the second with every other rule that frees, finishes, rematches
 # or evicts (``_FREES``).  And while the tour still holds a begin, the
 # steering wants none (``_Steer.wanted``'s ``begin``), so the example's
-# first group is the tour's.  As a preference it reads as a request's life
+# first groups are the tour's.  As a preference it reads as a request's life
 # in the order sglang's scheduler gives it, and as the aliasing bug's story
 # (PR 34067): a request started, worked on, freed in a group, its row
 # rewritten, the group ended.  It is only a preference: a rule runs in its
@@ -414,8 +414,8 @@ TOUR = True
 # 1.00x); the first group's plain free queues a row's view, overwritten
 # before its end (npu alias 0.35x to 0.18x, paged alias 0.25x to 0.15x,
 # swa alias-full 0.41x to 0.24x).  A bug that needs another kind of free
-# soon after its alloc waits for the second group, and a bug that needs a
-# full pool for the frees that fill it: dsv4-hisparse free-keeps-device
+# soon after its alloc waits for the second group, and so do some that need
+# the pool full: dsv4-hisparse free-keeps-device
 # 1.79x to 2.43x (2 steps known), pure-swa segment-frees-twice 1.22x to
 # 1.65x, page-interleave rotation-from-extend 1.50x to 1.75x, OffsetThree
 # 0.96x to 1.25x, ExactlyFull 0.22x to 0.36x, BigFree 0.18x to 0.33x;

@@ -872,8 +872,10 @@ def _lever_acts(monkeypatch, seen: SimpleNamespace) -> dict[str, list[int]]:
     """Spy on the walk's levers: for each (``LEVERS``), the draws the walk's
     rng (``seen.rng``, a ``_Logged``) had taken before each call of the
     lever's helper where it acted: where the edge, the steering, the
-    populating, the clear or the tour chose the step (or the tour kept the
-    steering from a begin), each step the first
+    populating, the clear or the tour chose the step (and, for the tour,
+    each step where it took a begin out of the steering's want, whether or
+    not the steering then drew: the earliest the tour can part the
+    draws), each step the first
     example runs past ``steps`` (``_longer``), each fill (``_filling`` runs
     only with the fill on, and takes a draw whatever it returns) and each
     pool shape drawn after the first example (with the lever off, the same
@@ -955,7 +957,7 @@ def test_a_lever_switched_off_leaves_the_draws_as_they_were_up_to_its_first_chan
     assert acted, f"{lever} acted on no step of any target"
 
 
-def test_the_first_examples_tour_takes_each_rule_as_often_as_it_holds_it_and_no_later_example_tours(monkeypatch):
+def test_the_first_examples_tour_takes_each_rule_at_most_as_often_as_it_holds_it_and_no_later_example_tours(monkeypatch):
     """``walk.TOUR``: the rules the tour chooses (``_touring``) are each
     chosen at most as often as the tour holds them (``_tour``: begin, the
     overwrite and end once for each of its two groups, every other rule

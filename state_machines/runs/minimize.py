@@ -617,9 +617,9 @@ def _merged(steps: tuple[Step, ...], first: str, second: str) -> tuple[Step, ...
     earlier: ``second``'s plain ``admit`` goes, its plain ``alloc`` grows
     ``first`` instead where it stood (``alloc(n, req=first)``), every later
     step names ``first``, and each ``finish`` or ``finish_segments`` of
-    ``first`` before ``second``'s last step goes (the one request lives on).  None where the
-    two cannot merge: a step names both in one batch, or ``second`` was
-    made another way."""
+    ``first`` before ``second``'s last step goes (the one request lives
+    on).  None where the two cannot merge: a step names both in one batch,
+    or ``second`` was made another way."""
     uses = [i for i, step in enumerate(steps) if second in (step.returns, *step.args.values())
             or any(isinstance(v, list) and second in v for v in step.args.values())]
     if first == second or not uses:

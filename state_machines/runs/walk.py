@@ -409,6 +409,7 @@ TOUR = True
 #                         0.425 0.428 0.407 0.415, pooled 0.415 (0.718, 0.293; 9)
 #   that, ``finish`` first instead                             pooled 0.415 (12)
 #   that, ``free`` and ``finish`` both in the first group      pooled 0.421 (11)
+#   that, ``finish`` first in the second group                 pooled 0.422 (11)
 #   that, an end out of a group taking no end from the tour
 #                         0.427 0.428 0.410 0.420, pooled 0.418 (0.719, 0.296; 9)
 # (A second end the steering takes after a group that queued frees, out of

@@ -415,7 +415,8 @@ TOUR = True
 # (A second end the steering takes after a group that queued frees, out of
 # any group, leaves the tour's earliest end, the second group's: in about a
 # third of first examples on paged, token and swa that group then closes as
-# the steering or a uniform draw closes it.  Kept as it is: the last row.)
+# the steering or a uniform draw closes it.  Keeping that end for the
+# second group, the last row, gained nothing, so it goes as it does.)
 # From one group (e2a3fd3) to this order, pooled: a steered begin before
 # the tour's own took a step from the starts and the rules on a live
 # request, and held back to its end the frees the tour ran in it

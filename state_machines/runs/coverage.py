@@ -66,6 +66,8 @@ def _applies(interleaving: Interleaving, config: Config, state) -> bool:
 # The steps that free a request's slots, a row view among them (``rematch``
 # only where it frees a duplicated span): the first step of the group orders.
 FREES_A_REQUEST = frozenset({"free", "free_segment", "finish", "finish_segments", "rematch"})
+# Those of them that end the request (its row given back).
+ENDS_A_REQUEST = frozenset({"finish", "finish_segments"})
 
 INTERLEAVINGS = (
     Interleaving("group_free_overwrite_end", "in one group: free of a row view, overwrite of that row, end", step="begin"),
@@ -216,7 +218,7 @@ class Coverage:
             if request is None:
                 return
             frees_view = name != "rematch" or call.get("dup", 0) > 0
-            if name in ("finish", "finish_segments"):
+            if name in ENDS_A_REQUEST:
                 frees_view = bool(request.own)
             if name == "free_segment" and ps > 1 and (call["start"] + call["n"]) % ps:
                 yield "segment_ends_mid_page"

@@ -17,7 +17,7 @@ from state_machines.config import Config
 from state_machines.harness import Step, build
 from state_machines.harness.family import builds_fresh
 from state_machines.harness.machines import EXTEND_TOKENS_PAGES, MAX_PAGES
-from state_machines.runs.coverage import FREES_A_REQUEST
+from state_machines.runs.coverage import ENDS_A_REQUEST, FREES_A_REQUEST
 from state_machines.runs.trace import (
     ENTRY,
     FLAG,
@@ -633,7 +633,7 @@ def _merged(steps: tuple[Step, ...], first: str, second: str) -> tuple[Step, ...
                 return None
             out.append(Step("alloc", {"n": step.args["n"], "req": first}))
             continue
-        if step.rule in ("finish", "finish_segments") and step.args.get("req") == first and i < uses[-1]:
+        if step.rule in ENDS_A_REQUEST and step.args.get("req") == first and i < uses[-1]:
             continue
         out.append(_renamed(step, second, first))
     return None if None in out else tuple(out)
@@ -841,7 +841,8 @@ def _finish_deferred(steps: tuple[Step, ...], rules: tuple[str, ...], config: Co
     with an 80-step first example: a finish in a group and an eviction after
     the group closed, where the known trace frees the request's tail in the
     group and finishes it after)."""
-    frees = tuple(r for r in rules if r in FREES_A_REQUEST and r not in ("finish", "finish_segments", "rematch"))
+    kinds = FREES_A_REQUEST - ENDS_A_REQUEST - {"rematch"}
+    frees = tuple(r for r in rules if r in kinds)
     made = {step.returns: k for k, step in enumerate(steps) if step.returns}
     for j, step in enumerate(steps):
         entry = step.args.get("entry") if step.rule == "evict" else None

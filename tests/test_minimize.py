@@ -198,6 +198,30 @@ def test_minimize_halves_the_pool_below_the_smallest_an_example_draws():
     assert (shortest.invariant, shortest.config.size, len(shortest.steps)) == ("allocator_raised", 8, 3)
 
 
+def test_minimize_moves_a_trace_onto_the_pool_midway_between_two_halves_at_its_length():
+    """page-interleave merge-on-total as the bench's shrink seed 0 met it,
+    on the default 10 pages a class: six steps of two requests and a
+    load-back.  Scaled onto 4 pages a class (16 slots, the smallest drawn)
+    they no longer apply, and onto 2 (8, its half) they pass; rounded down
+    onto 3 (12, midway) they fail as long, and from there the minimiser
+    reaches the known 3 steps on 8."""
+    run = Config(target="builtin:page-interleave", mutant="merge-on-total", page_size=4, need_sort=True)
+    six = (
+        Step("alloc", {"n": 12}, "req_0"),
+        Step("alloc", {"n": 8}, "req_1"),
+        Step("extend", {"reqs": ["req_0", "req_1"], "tokens": [1, 16]}),
+        Step("load_back", {"n": 16, "start": 0}, "req_2"),
+        Step("free", {"req": "req_0", "n": 4}),
+        Step("extend", {"reqs": ["req_2", "req_1", "req_0"], "tokens": [9, 13, 13]}),
+    )
+    assert replay(Trace(run, six)).invariant == "allocator_raised"
+    trace = Trace(run, six, "allocator_raised")
+    configs = shrink_configs(trace, run, (None, 16, 96, 256))
+    assert [c.size for c in configs if c.size] == [8, 12, 16]
+    shortest = minimize(trace, configs=configs)
+    assert (shortest.invariant, shortest.config.size, len(shortest.steps)) == ("allocator_raised", 8, 3)
+
+
 class RefusesSmallPools(TokenAllocator):
     """A token allocator that will not be built with fewer than 8 slots."""
 
@@ -208,11 +232,12 @@ class RefusesSmallPools(TokenAllocator):
 
 
 def test_shrinking_offers_no_halved_pool_the_target_refuses():
-    """Halving 16 slots offers 8, not 4 or 2, to a target that refuses fewer than 8 (a refusal is not the bug)."""
+    """Halving 16 slots offers 8 and 12 midway, not 6, 4, 3 or 2, to a
+    target that refuses fewer than 8 (a refusal is not the bug)."""
     config = Config(target="tests.test_minimize:RefusesSmallPools", size=64)
     trace = Trace(config, (Step("alloc", {"n": 1}, "req_0"),), "free_sets_agree")
     sizes = {c.size for c in shrink_configs(trace, config, (None, 16, 256))}
-    assert sizes == {64, 16, 8}
+    assert sizes == {64, 16, 12, 8}
 
 
 def test_shrinking_a_trace_on_a_pool_larger_than_the_runs_offers_the_drawn_sizes_between():

@@ -48,8 +48,9 @@ def shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> 
     """The configurations ``minimize`` tries ``trace`` on, simplest first:
     in the run's own pool shape (size, need_sort, rows of ``run``), then at
     each smaller size, smallest first: those an example could draw, and the
-    halves of the smallest pool, down to ``MIN_SHRINK_PAGES`` pages (each
-    half only where it builds and checks out fresh); then keeping the trace's own
+    halves of the smallest pool, down to ``MIN_SHRINK_PAGES`` pages, with
+    the size midway between each half and the pool it halved (each only
+    where it builds and checks out fresh); then keeping the trace's own
     need_sort and rows, at the run's size and the smaller ones; then, where
     the trace's pool is larger than the run's, each size an example draws
     between the two, smallest first, in the run's shape and then the
@@ -61,12 +62,15 @@ def shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> 
     drawn = attrs.evolve(trace.config, size=run.size)
     smaller = {s for s in sizes if s is not None and s < own.pool_size}
     half, ps = min(smaller | {own.pool_size, trace.config.pool_size}), own.page_size
-    while smaller and (half := half // 2 // ps * ps) >= MIN_SHRINK_PAGES * ps:
+    while smaller and (half := (top := half) // 2 // ps * ps) >= MIN_SHRINK_PAGES * ps:
         # A pool the target refuses, or whose fresh census already disagrees,
         # would pass a failure of building off as the bug's (drawn sizes are
-        # probed the same way).
-        if builds_fresh(attrs.evolve(own, size=half)):
-            smaller.add(half)
+        # probed the same way).  Midway too: page-interleave merge-on-total's
+        # failure met on 10 pages a class scales onto 3 (size 12) at its
+        # length, not onto 4 or 2, and shrinks from 6 steps to the known 3.
+        for size in {half, (half + top) // 2 // ps * ps} - {top}:
+            if builds_fresh(attrs.evolve(own, size=size)):
+                smaller.add(size)
     smaller = sorted(smaller)
     # Where the trace's pool is larger than the run's, the sizes an example
     # draws between the two, smallest first: a failure that needs a bigger
@@ -917,8 +921,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     To a fixed point, cheap passes first: move the trace onto the first of
     ``configs`` (the run's own pool, then smaller ones) before its own that
     it still fails on, if any, or onto a smaller one with the amounts
-    scaled to it (``_scaled``: rounded down, strictly shorter; rounded up
-    or to the nearest, no longer); delete a request or entry with every step
+    scaled to it (``_scaled``: rounded down, up or to the nearest; no
+    longer); delete a request or entry with every step
     that names it (``_without``); delete runs of 8, 4, 2 and 1 steps
     (strictly shorter: a replay's teardown may close a group with an
     ``end`` of its own, which would give back the step deleted); delete a
@@ -1013,12 +1017,14 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                 changed = True
                 break
         for config in configs:
-            # A smaller pool with the amounts scaled down to it: strictly
-            # shorter; rounded up or to the nearest, as long (two requests
-            # that filled the pool fill the smaller one, and may merge there).
+            # A smaller pool with the amounts scaled down to it, no longer:
+            # rounded down, or up or to the nearest (two requests that
+            # filled the pool fill the smaller one, and may merge there).
+            # A smaller pool is simpler, so as long is progress; ``been``
+            # keeps a move from coming back.
             if config.pool_size < best.config.pool_size and any(
                     attempt(attrs.evolve(best, config=config, steps=_scaled(best.steps, best.config, config, rounding)),
-                            shorter=rounding == "down") for rounding in ("down", "up", "near")):
+                            shorter=False) for rounding in ("down", "up", "near")):
                 changed = True
                 break
         for name in [step.returns for step in best.steps if step.returns]:

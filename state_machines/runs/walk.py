@@ -412,6 +412,19 @@ TOUR = True
 #   that, ``finish`` first in the second group                 pooled 0.422 (11)
 #   that, an end out of a group taking no end from the tour
 #                         0.427 0.428 0.410 0.420, pooled 0.418 (0.719, 0.296; 9)
+#   that, a plain ``free`` before the first begin too
+#                         0.438 0.441 0.432 0.431, pooled 0.429 (0.679, 0.320; 10)
+#   that, the second group's frees also run once out of any group before it
+#                         0.417 0.431 0.414 0.410, pooled 0.414 (0.707, 0.295; 10)
+#   that, the first group right after the starts
+#                         0.428 0.421 0.424 0.422, pooled 0.424 (0.759, 0.293; 14)
+#   that, half the rest (the shuffle's first half) after the first group
+#                         0.430 0.440 0.426 0.425, pooled 0.433 (0.775, 0.299; 14)
+# (The last four, 2026-12-07, none kept: a plain free first gains on the
+# bugs the baseline meets within 20 steps what it loses on the others; the
+# frees once out of a group make the tour longer for a figure within the
+# seeds' noise, with a bug more above 1; the rest moved after the first
+# group costs the bugs met early.)
 # (A second end the steering takes after a group that queued frees, out of
 # any group, leaves the tour's earliest end, the second group's: in about a
 # third of first examples on paged, token and swa that group then closes as

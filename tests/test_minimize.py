@@ -198,13 +198,13 @@ def test_minimize_halves_the_pool_below_the_smallest_an_example_draws():
     assert (shortest.invariant, shortest.config.size, len(shortest.steps)) == ("allocator_raised", 8, 3)
 
 
-def test_minimize_moves_a_trace_onto_the_pool_midway_between_two_halves_at_its_length():
+def test_minimize_moves_a_trace_at_its_length_onto_the_pool_midway_between_a_half_and_the_pool_it_halved():
     """page-interleave merge-on-total as the bench's shrink seed 0 met it,
     on the default 10 pages a class: six steps of two requests and a
     load-back.  Scaled onto 4 pages a class (16 slots, the smallest drawn)
-    they no longer apply, and onto 2 (8, its half) they pass; rounded down
-    onto 3 (12, midway) they fail as long, and from there the minimiser
-    reaches the known 3 steps on 8."""
+    they no longer apply, and onto 2 (8, its half) they no longer apply or
+    pass; rounded down onto 3 (12, midway) they fail as long, and from
+    there the minimiser reaches the known 3 steps on 8."""
     run = Config(target="builtin:page-interleave", mutant="merge-on-total", page_size=4, need_sort=True)
     six = (
         Step("alloc", {"n": 12}, "req_0"),

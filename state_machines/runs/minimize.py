@@ -68,7 +68,7 @@ def shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> 
         # probed the same way).  Midway too: page-interleave merge-on-total's
         # failure met on 10 pages a class scales onto 3 (size 12) at its
         # length, not onto 4 or 2, and shrinks from 6 steps to the known 3.
-        for size in {half, (half + top) // 2 // ps * ps} - {top}:
+        for size in {half, (half + top) // 2 // ps * ps}:
             if builds_fresh(attrs.evolve(own, size=size)):
                 smaller.add(size)
     smaller = sorted(smaller)
@@ -1020,8 +1020,9 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             # A smaller pool with the amounts scaled down to it, no longer:
             # rounded down, or up or to the nearest (two requests that
             # filled the pool fill the smaller one, and may merge there).
-            # A smaller pool is simpler, so as long is progress; ``been``
-            # keeps a move from coming back.
+            # A move at the same length may later be undone by the run's
+            # own pool (the first loop); ``been`` keeps a trace from
+            # coming back, so neither repeats.
             if config.pool_size < best.config.pool_size and any(
                     attempt(attrs.evolve(best, config=config, steps=_scaled(best.steps, best.config, config, rounding)),
                             shorter=False) for rounding in ("down", "up", "near")):

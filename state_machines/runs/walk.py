@@ -421,7 +421,7 @@ TOUR = True
 #   that, half the rest (the shuffle's first half) after the first group
 #                         0.430 0.440 0.426 0.425, pooled 0.433 (0.775, 0.299; 14)
 # (The last four, 2026-12-07, none kept: a plain free first gains on the
-# bugs the baseline meets within 20 steps what it loses on the others; the
+# bugs the baseline meets within 20 steps and loses more on the others; the
 # frees once out of a group make the tour longer for a figure within the
 # seeds' noise, with a bug more above 1; the rest moved after the first
 # group costs the bugs met early.)

@@ -432,7 +432,8 @@ TOUR = True
 # any group, leaves the tour's earliest end, the second group's: in about a
 # third of first examples on paged, token and swa that group then closes as
 # the steering or a uniform draw closes it.  Keeping that end for the
-# second group, the last row, gained nothing, so it goes as it does.)
+# second group, the row "an end out of a group taking no end from the
+# tour", gained nothing, so it goes as it does.)
 # From one group (e2a3fd3) to this order, pooled: a steered begin before
 # the tour's own took a step from the starts and the rules on a live
 # request, and held back to its end the frees the tour ran in it

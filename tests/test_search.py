@@ -1001,15 +1001,18 @@ def test_a_tour_runs_a_requests_life_in_order(config):
     """``walk._tour``: part by part (``_TOUR_PARTS``: the rules that start
     a request, the rest, then two free groups, each its begin, its frees,
     the row's overwrite and its end, the first freeing with ``free`` alone
-    and the second with the other rules that free or end a request), each
-    part in the order the shuffle drew, a rule once for each part that
-    names it; with the tour off none, after the same draw.  Every built-in
-    family has rules that start a request and ``free``."""
+    and the second with the other rules that free or end a request; the
+    HiSparse families' device buffer between the groups, their abort
+    after), each part in the order the shuffle drew, a rule once for each
+    part that names it; with the tour off none, after the same draw.  Every
+    built-in family has rules that start a request and ``free``."""
     rules = machine_rules(machine_for(config))
     names = {r.name for r in rules}
     starts, frees = names & walk_module._STARTS, names & walk_module._FREES
+    handover, abort = names & {"device_buffer", "device_buffer_pages"}, names & {"free_hisparse"}
     assert starts and "free" in frees, sorted(names)
-    rest = names - starts - frees - {"begin", "overwrite_row", "end"}
+    assert bool(handover) == bool(abort) == config.target.endswith("hisparse"), sorted(names)
+    rest = names - starts - frees - handover - abort - {"begin", "overwrite_row", "end"}
 
     def group(freeing: list[str]) -> list[str]:
         return [n for n in ("begin", *freeing, "overwrite_row", "end") if n in names]
@@ -1019,8 +1022,9 @@ def test_a_tour_runs_a_requests_life_in_order(config):
         random.Random(seed).shuffle(shuffled)
         tour = [r.name for r in walk_module._tour(rules, rng, True)]
         ordered = {part: [r.name for r in shuffled if r.name in names_] for part, names_ in
-                   (("starts", starts), ("rest", rest), ("frees", frees - {"free"}))}
-        life = ordered["starts"] + ordered["rest"] + group(["free"]) + group(ordered["frees"])
+                   (("starts", starts), ("rest", rest), ("frees", frees - {"free"}), ("handover", handover))}
+        life = (ordered["starts"] + ordered["rest"] + group(["free"]) + ordered["handover"] + group(ordered["frees"])
+                + sorted(abort))
         assert tour == life, tour
         assert walk_module._tour(rules, rng_off, False) == [] and rng_off.random() == rng.random()
 

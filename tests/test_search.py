@@ -1005,7 +1005,8 @@ def test_a_tour_runs_a_requests_life_in_order(config):
     HiSparse families' device buffer between the groups, their abort
     after), each part in the order the shuffle drew, a rule once for each
     part that names it; with the tour off none, after the same draw.  Every
-    built-in family has rules that start a request and ``free``."""
+    built-in family has rules that start a request and ``free``, and only
+    the HiSparse families a device buffer and an abort."""
     rules = machine_rules(machine_for(config))
     names = {r.name for r in rules}
     starts, frees = names & walk_module._STARTS, names & walk_module._FREES

@@ -365,13 +365,14 @@ TOUR = True
 # decode, a slide, a remap, a resize, a family's own allocs and frees, a
 # clear, an allocation group); then two free groups, each its begin, its
 # frees, the row's overwrite and its end: the first frees with ``free``
-# alone, the second with every other rule that frees, finishes, rematches
-# or evicts (``_FREES``).  The HiSparse families' device buffer
-# (``_HANDOVER``) runs between the groups, and their abort
-# (``free_hisparse``, ``_ABORT``) after the second: each leaves a request
-# nothing on the device for a later free to free, so a free that keeps its
-# device pages (dsv4-hisparse free-keeps-device) showed only on a request
-# neither had reached.  And while the tour still holds a begin, the
+# alone, the second with every other rule that frees, finishes, rematches or
+# evicts (``_FREES``).  The HiSparse families' device buffer (``_HANDOVER``)
+# runs between the groups, and their abort (``free_hisparse``, ``_ABORT``)
+# after the second: each leaves a request nothing on the device for a later
+# free to free, so among the rest a free that keeps its device pages
+# (dsv4-hisparse free-keeps-device) showed only on a request neither had
+# reached (and a HiSparse decode, which needs a buffer, now comes in the
+# tour after the first group).  And while the tour still holds a begin, the
 # steering wants none (``_Steer.wanted``'s ``begin``), so the example's
 # first groups are the tour's.  As a preference it reads as a request's life
 # in the order sglang's scheduler gives it, and as the aliasing bug's story
@@ -410,7 +411,7 @@ TOUR = True
 #                         0.466 0.434 0.435 0.443, pooled 0.444 (0.818, 0.302; 12)
 #   two groups, the first's free drawn among _FREES, no steering to a begin
 #                         0.451 0.453 0.422 0.437, pooled 0.435 (0.741, 0.310; 13)
-#   two groups, ``free`` first, no steering to a begin (70867f5)
+#   two groups, ``free`` first, no steering to a begin (0c28471)
 #                         0.425 0.428 0.407 0.415, pooled 0.415 (0.718, 0.293; 9)
 #   that, ``finish`` first instead                             pooled 0.415 (12)
 #   that, ``free`` and ``finish`` both in the first group      pooled 0.421 (11)
@@ -425,49 +426,53 @@ TOUR = True
 #                         0.428 0.421 0.424 0.422, pooled 0.424 (0.759, 0.293; 14)
 #   that, half the rest (the shuffle's first half) after the first group
 #                         0.430 0.440 0.426 0.425, pooled 0.433 (0.775, 0.299; 14)
-#   70867f5's, the HiSparse device buffer between the groups, the abort
+#   that, the HiSparse device buffer between the groups and the abort
 #   after them (this order)
 #                         0.416 0.420 0.405 0.410, pooled 0.409 (0.703, 0.290; 9)
-# (The four before the last, 2026-12-07, none kept: a plain free first gains on the
-# bugs the baseline meets within 20 steps and loses more on the others; the
-# frees once out of a group make the tour longer for a figure within the
-# seeds' noise, with a bug more above 1; the rest moved after the first
-# group costs the bugs met early.)  A second tour in the second example
-# (70867f5's order 0.418, 10 above 1; the two groups swapped 0.422, 11; the
-# starts then every free but ``free`` 0.418, 10) gains nothing: the bugs
-# that order loses on are lost in the first example.
+# (The four before the last, 2026-12-07, none kept: a plain free first gains
+# on the bugs the baseline meets within 20 steps and loses more on the
+# others; the frees once out of a group make the tour longer for a figure
+# within the seeds' noise, with a bug more above 1; the rest moved after the
+# first group costs the bugs met early.)  A second tour in the second
+# example (0c28471's order 0.418, 10 above 1; the two groups swapped 0.422,
+# 11; the starts then every free but ``free`` 0.418, 10) gains nothing: the
+# bugs that order loses on are lost in the first example.
 # The last row moves only the HiSparse families' rules, so it changes only
 # their 9 bugs (the others' walks are the same, draw for draw).  Their
-# geometric mean, the same job: 70867f5's order 0.579; the abort after the
-# groups 0.546, between them 0.530, in no part (a uniform draw's alone)
-# 0.532; the buffer and the abort both after the groups 0.575, both
-# between 0.570; the buffer between and the abort among the rest 0.642;
-# 70867f5's order or the buffer and the abort both after the groups, by a
-# draw per example, 0.612; this order 0.517.  70867f5's order ran the
-# buffer and the abort among the rest, on the requests the groups then
-# freed: dsv4-hisparse free-keeps-device was 2.43x the baseline's steps
-# (0.93x now), and moving the abort alone cost
-# hisparse mapping-cleared-first (1.00x to 2.0-2.4x), which a free shows
-# only on a request with no buffer; with the buffer after both groups,
-# hisparse buffer-keeps-mapping (2 steps known: an alloc, a buffer) went
-# from 0.29x to 1.43x (0.60x between them).  hisparse buffer-drops-surplus
-# stays at 1.28x, dsv4-hisparse surplus-frees-shared goes from 0.90x to
-# 1.02x.  Measured that day over all 68 bugs and not kept: on 70867f5's
-# order (0.415), the rest and the groups riffled (each tour step from
-# either, by what each has left) 0.442 (15 above 1), three requests kept
-# live while POPULATE draws, not two, 0.423 (11); on this order (0.409), a
-# tour rule whose body made no call (an extend that admitted none) kept in
-# the tour 0.412 (10), the SWA window's rules
-# (``slide``, ``evict_swa``, ``remap``) between the groups with the buffer
-# 0.434 (13); ``offload``, or the Mamba family's ``mamba_free`` and
-# multi-ended's ``free_physical``, there 0.409 each, as this order.
+# geometric mean, the same job: 0c28471's order 0.579; with the buffer among
+# the rest, the abort after the groups 0.546, between them 0.530, in no part
+# (a uniform draw's alone) 0.532; the buffer and the abort both after the
+# groups 0.575, both between 0.570; the buffer between and the abort among
+# the rest 0.642; 0c28471's order or the buffer and the abort both after the
+# groups, by a draw per example, 0.612; this order 0.517.  0c28471's order
+# ran the buffer and the abort among the rest, on the requests the groups
+# then freed: dsv4-hisparse free-keeps-device was 2.43x the baseline's steps
+# (0.93x now), and moving the abort alone cost hisparse
+# mapping-cleared-first (1.00x to 2.0-2.4x), which a free shows only on a
+# request with no buffer; with the buffer after both groups, hisparse
+# buffer-keeps-mapping (2 steps known: an alloc, a buffer) went from 0.29x
+# to 1.43x (0.60x between them).  hisparse buffer-drops-surplus stays at
+# 1.28x, dsv4-hisparse surplus-frees-shared goes from 0.90x to 1.02x.
+# Measured that day over the 67 bugs and not kept: on 0c28471's order
+# (0.415), the rest and the groups riffled (each tour step from either, by
+# what each has left) 0.442 (15 above 1), three requests kept live while
+# POPULATE draws, not two, 0.423 (11); on this order (0.409), a tour rule
+# whose body made no call (an extend that admitted none) kept in the tour
+# 0.412 (10), the SWA window's rules (``slide``, ``evict_swa``, ``remap``)
+# between the groups with the buffer 0.434 (13); ``offload``, or the Mamba
+# family's ``mamba_free`` and multi-ended's ``free_physical``, there 0.409
+# each (the same as this order); the starts always ``alloc`` first 0.414
+# (10); in the second group, the frees that end a request (``finish``,
+# ``finish_segments``) after the others 0.409 (9, the same as this order;
+# pure-swa segment-frees-twice stays at 1.65x: its ``free_segment`` in a
+# group seldom shows it).
 # (A second end the steering takes after a group that queued frees, out of
 # any group, leaves the tour's earliest end, the second group's: in about a
 # third of first examples on paged, token and swa that group then closes as
 # the steering or a uniform draw closes it.  Keeping that end for the
 # second group, the row "an end out of a group taking no end from the
 # tour", gained nothing, so it goes as it does.)
-# From one group (e2a3fd3) to 70867f5's order, pooled: a steered begin before
+# From one group (e2a3fd3) to 0c28471's order, pooled: a steered begin before
 # the tour's own took a step from the starts and the rules on a live
 # request, and held back to its end the frees the tour ran in it
 # (page-interleave base-not-written 0.67x the baseline's steps to 0.33x,

@@ -462,7 +462,13 @@ TOUR = True
 # between the groups with the buffer 0.434 (13); ``offload``, or the Mamba
 # family's ``mamba_free`` and multi-ended's ``free_physical``, there 0.409
 # each (the same as this order); the starts always ``alloc`` first 0.414
-# (10); in the second group, the frees that end a request (``finish``,
+# (10); a ``free_segment`` out of any group between the groups too, with
+# the buffer, 0.415 (9; pure-swa segment-frees-twice 1.65x to 1.04x,
+# OffsetThree 1.25x to 0.75x, hisparse buffer-keeps-mapping 0.60x to
+# 1.37x, unified-mamba clear-keeps-mamba 1.28x to 1.50x), after the buffer
+# 0.410 (8; 0.680 and 0.297: the same gains and clear-keeps-mamba's loss,
+# buffer-keeps-mapping as in this order, page-interleave
+# rotation-from-extend 1.75x to 1.83x); in the second group, the frees that end a request (``finish``,
 # ``finish_segments``) after the others 0.409 (9, the same as this order;
 # pure-swa segment-frees-twice stays at 1.65x: its ``free_segment`` in a
 # group seldom shows it).

@@ -500,8 +500,6 @@ _FREE = frozenset({"free"})
 _HANDOVER = frozenset({"device_buffer", "device_buffer_pages"})
 _ABORT = frozenset({"free_hisparse"})
 _TOUR_PARTS = (_STARTS, None, _BEGIN, _FREE, _WRITES, _END, _HANDOVER, _BEGIN, _FREES - _FREE, _WRITES, _END, _ABORT)
-# The rules some part names; the rest (None) holds every other.
-_TOUR_NAMED = frozenset().union(*(part for part in _TOUR_PARTS if part is not None))
 
 # Examples the walk runs on, at least, after its first failure, for others.
 MORE_AFTER_FAILURE = 20
@@ -839,13 +837,16 @@ def _tour(rules: list, rng: random.Random, on: bool) -> list:
     all the same (``walk(off=)``: the draws stay the walk's with it on)."""
     order = list(rules)
     rng.shuffle(order)
-    return [rule for part in _TOUR_PARTS for rule in order if _in_part(rule, part)] if on else []
+    # The rules some part names; the rest (None) holds every other.
+    named = frozenset().union(*(part for part in _TOUR_PARTS if part is not None))
+    return [rule for part in _TOUR_PARTS for rule in order if _in_part(rule, part, named)] if on else []
 
 
-def _in_part(rule: MachineRule, part: frozenset | None) -> bool:
+def _in_part(rule: MachineRule, part: frozenset | None, named: frozenset) -> bool:
     """Whether tour part ``part`` of ``_TOUR_PARTS`` holds ``rule``: it
-    names it, or it is the rest (None) and no part names it."""
-    return rule.name in part if part is not None else rule.name not in _TOUR_NAMED
+    names it, or it is the rest (None) and ``named`` (the rules some part
+    names) lacks it."""
+    return rule.name in part if part is not None else rule.name not in named
 
 
 def _touring(left: list, machine):

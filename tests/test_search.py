@@ -525,8 +525,8 @@ def test_a_saved_walk_failure_that_still_fails_leaves_hypothesiss_saved_failure_
 
 
 def test_a_new_walk_failure_leaves_hypothesiss_saved_failure_reported_too(monkeypatch):
-    """A database holding a Hypothesis failure of one invariant, and a walk that meets another (seed 12 meets only
-    no_page_freed_twice, in its first example of 80 steps; of seeds 0-15 the others meet both): one run reports both (it reported only the walk's, since the walk's failure
+    """A database holding a Hypothesis failure of one invariant, and a walk that meets another (seed 21 meets only
+    no_page_freed_twice, in its first example of 80 steps; of seeds 0-39 only 38 does too, the others meet both): one run reports both (it reported only the walk's, since the walk's failure
     ended the run before Hypothesis's reuse phase)."""
     from hypothesis.database import InMemoryExampleDatabase
 
@@ -537,10 +537,10 @@ def test_a_new_walk_failure_leaves_hypothesiss_saved_failure_reported_too(monkey
         m.setattr(runner, "walked_examples", lambda n: 0)  # Hypothesis's run alone, so it finds and saves the failure
         hypothesis_found = fuzz(TOKEN_ALIAS, max_examples=40, seed=0, database=db, shrink=False)
     assert [t.invariant for t in hypothesis_found.failures] == ["free_sets_agree"]
-    walk_found = fuzz(TOKEN_ALIAS, max_examples=8, seed=12, database=None, shrink=False)
+    walk_found = fuzz(TOKEN_ALIAS, max_examples=8, seed=21, database=None, shrink=False)
     assert [t.invariant for t in walk_found.failures] == ["no_page_freed_twice"]
     assert walk_found.record.examples_to_failure == 1
-    again = fuzz(TOKEN_ALIAS, max_examples=8, seed=12, database=db, shrink=False)
+    again = fuzz(TOKEN_ALIAS, max_examples=8, seed=21, database=db, shrink=False)
     assert [t.invariant for t in again.failures] == ["no_page_freed_twice", "free_sets_agree"]
 
 
@@ -960,11 +960,12 @@ def test_a_lever_switched_off_leaves_the_draws_as_they_were_up_to_its_first_chan
 def test_the_first_examples_tour_takes_each_rule_at_most_as_often_as_it_holds_it_and_no_later_example_tours(monkeypatch):
     """``walk.TOUR``: the rules the tour chooses (``_touring``) are each
     chosen at most as often as the tour holds them (``_tour``: begin, the
-    overwrite and end once for each of its two groups, every other rule
-    once), all in the run's first example, and the first is the first rule
+    overwrite and end once for each of its two groups, the free_segment
+    once out of any group and once in the second, every other rule once),
+    all in the run's first example, and the first is the first rule
     of the tour's order (the example's shuffle, the walk's first draw, by
-    part) whose guard holds on the fresh pool, a rule that starts a
-    request; with every other lever off, so that the tour chooses every
+    part) whose guard holds on the fresh pool, the alloc; with every
+    other lever off, so that the tour chooses every
     step it can.  With the tour off too, it chooses none."""
     picks: list[tuple[int, str]] = []
     real = walk_module._touring
@@ -990,7 +991,7 @@ def test_the_first_examples_tour_takes_each_rule_at_most_as_often_as_it_holds_it
         assert len(names) >= 3 and not Counter(names) - held, (names, held)
         assert {example - before for example, _ in picks} == {1}, (before, picks)
         assert names[0] == next(r.name for r in order if r.applies(_fresh(config))), (names, [r.name for r in order])
-        assert names[0] in walk_module._STARTS, names
+        assert names[0] == "alloc", names
         picks.clear()
         walk(machine_class, random.Random(seed), 3, steps=40, off=frozenset(walk_module.LEVERS))
         assert picks == []
@@ -998,22 +999,24 @@ def test_the_first_examples_tour_takes_each_rule_at_most_as_often_as_it_holds_it
 
 @pytest.mark.parametrize("config", list(clean_configs()), ids=lambda c: c.label())
 def test_a_tour_runs_a_requests_life_in_order(config):
-    """``walk._tour``: part by part (``_TOUR_PARTS``: the rules that start
-    a request, the rest, then two free groups, each its begin, its frees,
-    the row's overwrite and its end, the first freeing with ``free`` alone
-    and the second with the other rules that free or end a request; the
-    HiSparse families' device buffer between the groups, their abort
-    after), each part in the order the shuffle drew, a rule once for each
-    part that names it; with the tour off none, after the same draw.  Every
-    built-in family has rules that start a request and ``free``, and only
-    the HiSparse families a device buffer and an abort."""
+    """``walk._tour``: part by part (``_TOUR_PARTS``: the alloc, a
+    ``free_segment``, the HiSparse families' device buffer, the rest, the
+    extend, then two free groups, each its begin, its frees, the row's
+    overwrite and its end, the first freeing with ``free`` alone and the
+    second with the other rules that free or end a request, the free_segment
+    again among them; the HiSparse families' abort after), each part in the
+    order the shuffle drew, a rule once for each part that names it; with
+    the tour off none, after the same draw.  Every built-in family has an
+    alloc and ``free``, and only the HiSparse families a device buffer and
+    an abort."""
     rules = machine_rules(machine_for(config))
     names = {r.name for r in rules}
-    starts, frees = names & walk_module._STARTS, names & walk_module._FREES
+    frees = names & walk_module._FREES
     handover, abort = names & {"device_buffer", "device_buffer_pages"}, names & {"free_hisparse"}
-    assert starts and "free" in frees, sorted(names)
+    assert "alloc" in names and "free" in frees, sorted(names)
     assert bool(handover) == bool(abort) == config.target.endswith("hisparse"), sorted(names)
-    rest = names - starts - frees - handover - abort - {"begin", "overwrite_row", "end"}
+    singles = names & {"alloc", "free_segment", "extend"}
+    rest = names - singles - frees - handover - abort - {"begin", "overwrite_row", "end"}
 
     def group(freeing: list[str]) -> list[str]:
         return [n for n in ("begin", *freeing, "overwrite_row", "end") if n in names]
@@ -1023,9 +1026,9 @@ def test_a_tour_runs_a_requests_life_in_order(config):
         random.Random(seed).shuffle(shuffled)
         tour = [r.name for r in walk_module._tour(rules, rng, True)]
         ordered = {part: [r.name for r in shuffled if r.name in names_] for part, names_ in
-                   (("starts", starts), ("rest", rest), ("frees", frees - {"free"}), ("handover", handover))}
-        life = (ordered["starts"] + ordered["rest"] + group(["free"]) + ordered["handover"] + group(ordered["frees"])
-                + sorted(abort))
+                   (("rest", rest), ("frees", frees - {"free"}), ("handover", handover))}
+        life = (["alloc"] + sorted(names & {"free_segment"}) + ordered["handover"] + ordered["rest"]
+                + sorted(names & {"extend"}) + group(["free"]) + group(ordered["frees"]) + sorted(abort))
         assert tour == life, tour
         assert walk_module._tour(rules, rng_off, False) == [] and rng_off.random() == rng.random()
 

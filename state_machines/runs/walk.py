@@ -360,24 +360,32 @@ _STARTS = frozenset({"alloc", "extend"})
 # against itself on its other 5 seeds came to 1.06 and 1.13.
 TOUR = True
 # The tour's order, part by part (``_tour``; each part in the shuffle's
-# order, a rule once for each part that names it): the rules that start a
-# request (``_STARTS``: alloc, extend); every rule no part names (None: a
-# decode, a slide, a remap, a resize, a family's own allocs and frees, a
-# clear, an allocation group); then two free groups, each its begin, its
-# frees, the row's overwrite and its end: the first frees with ``free``
-# alone, the second with every other rule that frees, finishes, rematches or
-# evicts (``_FREES``).  The HiSparse families' device buffer (``_HANDOVER``)
-# runs between the groups, and their abort (``free_hisparse``, ``_ABORT``)
-# after the second: each leaves a request nothing on the device for a later
-# free to free, so among the rest a free that keeps its device pages
-# (dsv4-hisparse free-keeps-device) showed only on a request neither had
-# reached (and a HiSparse decode, which needs a buffer, now comes in the
-# tour after the first group).  And while the tour still holds a begin, the
-# steering wants none (``_Steer.wanted``'s ``begin``), so the example's
-# first groups are the tour's.  As a preference it reads as a request's life
-# in the order sglang's scheduler gives it, and as the aliasing bug's story
-# (PR 34067): a request started, worked on, freed in a group, its row
-# rewritten, the group ended.  It is only a preference: a rule runs in its
+# order, a rule once for each part that names it): the alloc
+# (``_ALLOC``); a ``free_segment`` out of any group (``_SEGMENT``); the
+# HiSparse families' device buffer (``_HANDOVER``); every rule no part
+# names (None: a decode, a slide, a remap, a resize, a family's own allocs
+# and frees, a clear, an allocation group); the extend (``_EXTEND``); then
+# two free groups, each its begin, its frees, the row's overwrite and its
+# end: the first frees with ``free`` alone, the second with every other
+# rule that frees, finishes, rematches or evicts (``_FREES``, the
+# free_segment again among them); then the HiSparse families' abort
+# (``free_hisparse``, ``_ABORT``).  A segment freed in a group shows few
+# of the bugs a segment shows (a double free, a page filed in the wrong
+# class, a segment's tail dropped): out of any group, right after the
+# alloc, it meets them in two steps.  The buffer runs right after it, while
+# the request holds its pages (between the groups, where the first group
+# had freed most, hisparse buffer-keeps-mapping took 1.83x the baseline's
+# steps, below).  The extend runs after the rest, where a request holds
+# pages to grow: drawn with the alloc, it came first in about half the
+# examples, on a fresh pool, with no chain to grow (page-interleave
+# rotation-from-extend).  The abort runs last: it leaves a request nothing
+# on the device for a later free to free (and a HiSparse decode, which
+# needs a buffer, comes in the tour after the buffer).  And while the tour
+# still holds a begin, the steering wants none (``_Steer.wanted``'s
+# ``begin``), so the example's first groups are the tour's.  As a
+# preference it reads as a request's life (PR 34067's aliasing bug in its
+# groups: a request started, worked on, freed in a group, its row
+# rewritten, the group ended).  It is only a preference: a rule runs in its
 # turn only where its guard holds (else a later one does, and it waits),
 # and the levers above choose first.
 # Measured by the bench's ablation job (the walk alone; each bug's median
@@ -427,9 +435,52 @@ TOUR = True
 #   that, half the rest (the shuffle's first half) after the first group
 #                         0.430 0.440 0.426 0.425, pooled 0.433 (0.775, 0.299; 14)
 #   that, the HiSparse device buffer between the groups and the abort
-#   after them (this order)
+#   after them (28591cd)
 #                         0.416 0.420 0.405 0.410, pooled 0.409 (0.703, 0.290; 9)
-# (The four before the last, 2026-12-07, none kept: a plain free first gains
+#   the alloc, a free_segment out of any group, the buffer, the rest, the
+#   extend, the groups, the abort (this order)
+#                         0.368 0.364 0.373 0.374, pooled 0.365 (0.461, 0.315; 4)
+# From 28591cd to this order (2026-12-07; the same job, pooled, bugs above
+# 1, each row a part placed anew in 28591cd's order unless it says):
+#   a second alloc right after the starts 0.433; among the rest 0.417 (10)
+#   a plain ``free`` out of any group right after the starts 0.420 (13)
+#   a free_segment out of any group right after the starts, the buffer
+#   between the groups       0.404 (0.578, 0.322; 9)
+#   that, the buffer right after the free_segment   0.399 (0.561, 0.322; 7)
+#   that, the buffer before the free_segment        0.406 (8)
+#   that, with no free_segment in the second group  0.417 (0.561, 0.346; 9)
+#   the free_segment among the rest 0.420 (8); after it, with the buffer,
+#   0.427 (8)
+#   the alloc first, then the extend, the free_segment, the buffer, the
+#   rest             0.397 (7)
+#   the alloc, the free_segment, the buffer, the extend, the rest
+#                    0.377 (0.485, 0.322; 7)
+#   that, a second alloc after the extend 0.380 (10); two allocs first 0.392
+#   (11); a plain free after the extend 0.409 (9)
+#   the extend both before the free_segment and after the rest 0.395 (7)
+#   this order with a second alloc beside the extend after the rest
+#                    0.363 (0.446, 0.318; 7)
+#   this order with a plain free after the extend 0.386 (6)
+# This order gains most on the bugs a segment freed out of a group, or a
+# free soon after an alloc, shows (each bug's median steps over the
+# baseline's, 28591cd's order to this one): pure-swa segment-frees-twice
+# 1.65x to 0.17x, page-interleave free-wrong-class 1.67x to 0.33x and
+# rotation-from-extend 1.75x to 0.58x, OffsetThree 1.25x to 0.72x, paged
+# segment-drops-tail 1.00x to 0.11x, dsv4-hisparse free-keeps-device 0.93x
+# to 0.14x, hisparse mapping-cleared-first 1.00x to 0.40x, swa
+# unmap-per-token and swa-tail-stale 0.86x to 0.19x, token
+# merge-drops-release 1.06x to 0.56x.  It costs the bugs an extend right
+# after an admit shows (paged extend-floor and npu extend-wrong-end 0.46x
+# to 0.92x), unified-swa slide-keeps-binding 0.38x to 0.62x and
+# tombstone-read-wraps 0.21x to 0.31x, hisparse queues-anyway 0.56x to
+# 0.78x, and unified-mamba clear-keeps-mamba 1.28x to 1.53x (met in the
+# first example on 39 walk seeds of 240, 57 before: a clear waits for an
+# idle pool).  Above 1 now: clear-keeps-mamba 1.53x, paged extend-early
+# 1.27x (1.11x; met after the first example, whose draws every order moves:
+# 0.82x to 1.52x over the four sets of 60 seeds before), hisparse
+# buffer-drops-surplus 1.26x (1.28x), multi-ended lazy-no-dedup 1.04x
+# (0.87x).
+# (The four before 28591cd's row, 2026-12-07, none kept: a plain free first gains
 # on the bugs the baseline meets within 20 steps and loses more on the
 # others; the frees once out of a group make the tour longer for a figure
 # within the seeds' noise, with a bug more above 1; the rest moved after the
@@ -437,17 +488,17 @@ TOUR = True
 # example (0c28471's order 0.418, 10 above 1; the two groups swapped 0.422,
 # 11; the starts then every free but ``free`` 0.418, 10) gains nothing: the
 # bugs that order loses on are lost in the first example.
-# The last row moves only the HiSparse families' rules, so it changes only
+# 28591cd's row moves only the HiSparse families' rules, so it changes only
 # their 9 bugs (the others' walks are the same, draw for draw).  Their
 # geometric mean, the same job: 0c28471's order 0.579; with the buffer among
 # the rest, the abort after the groups 0.546, between them 0.530, in no part
 # (a uniform draw's alone) 0.532; the buffer and the abort both after the
 # groups 0.575, both between 0.570; the buffer between and the abort among
 # the rest 0.642; 0c28471's order or the buffer and the abort both after the
-# groups, by a draw per example, 0.612; this order 0.517.  0c28471's order
+# groups, by a draw per example, 0.612; 28591cd's order 0.517.  0c28471's order
 # ran the buffer and the abort among the rest, on the requests the groups
 # then freed: dsv4-hisparse free-keeps-device was 2.43x the baseline's steps
-# (0.93x now), and moving the abort alone cost hisparse
+# (0.93x at 28591cd, 0.14x with this order), and moving the abort alone cost hisparse
 # mapping-cleared-first (1.00x to 2.0-2.4x), which a free shows only on a
 # request with no buffer; with the buffer after both groups, hisparse
 # buffer-keeps-mapping (2 steps known: an alloc, a buffer) went from 0.29x
@@ -456,22 +507,22 @@ TOUR = True
 # Measured that day over the 67 bugs and not kept: on 0c28471's order
 # (0.415), the rest and the groups riffled (each tour step from either, by
 # what each has left) 0.442 (15 above 1), three requests kept live while
-# POPULATE draws, not two, 0.423 (11); on this order (0.409), a tour rule
+# POPULATE draws, not two, 0.423 (11); on 28591cd's order (0.409), a tour rule
 # whose body made no call (an extend that admitted none) kept in the tour
 # 0.412 (10), the SWA window's rules (``slide``, ``evict_swa``, ``remap``)
 # between the groups with the buffer 0.434 (13); ``offload``, or the Mamba
 # family's ``mamba_free`` and multi-ended's ``free_physical``, there 0.409
-# each (the same as this order); the starts always ``alloc`` first 0.414
+# each (the same as that order); the starts always ``alloc`` first 0.414
 # (10); a ``free_segment`` out of any group between the groups too, with
 # the buffer, 0.415 (9; pure-swa segment-frees-twice 1.65x to 1.04x,
 # OffsetThree 1.25x to 0.75x, hisparse buffer-keeps-mapping 0.60x to
 # 1.37x, unified-mamba clear-keeps-mamba 1.28x to 1.50x), after the buffer
 # 0.410 (8; 0.680 and 0.297: the same gains and clear-keeps-mamba's loss,
-# buffer-keeps-mapping as in this order, page-interleave
+# buffer-keeps-mapping as in that order, page-interleave
 # rotation-from-extend 1.75x to 1.83x); the tour's ``clear`` last, after
 # the abort, 0.409 (9; no bug moved by 0.1x: a clear waits for an idle
 # pool, which the tour's requests seldom leave); in the second group, the frees that end a request (``finish``,
-# ``finish_segments``) after the others 0.409 (9, the same as this order;
+# ``finish_segments``) after the others 0.409 (9, the same as that order;
 # pure-swa segment-frees-twice stays at 1.65x: its ``free_segment`` in a
 # group seldom shows it).
 # (A second end the steering takes after a group that queued frees, out of
@@ -496,10 +547,14 @@ TOUR = True
 # 0.96x to 1.25x, ExactlyFull 0.22x to 0.36x, BigFree 0.18x to 0.33x;
 # page-interleave free-wrong-class 2.00x to 1.67x, unified-mamba
 # clear-keeps-mamba 1.37x to 1.28x (2026-12-07).
+_ALLOC = frozenset({"alloc"})
+_SEGMENT = frozenset({"free_segment"})
+_EXTEND = frozenset({"extend"})
 _FREE = frozenset({"free"})
 _HANDOVER = frozenset({"device_buffer", "device_buffer_pages"})
 _ABORT = frozenset({"free_hisparse"})
-_TOUR_PARTS = (_STARTS, None, _BEGIN, _FREE, _WRITES, _END, _HANDOVER, _BEGIN, _FREES - _FREE, _WRITES, _END, _ABORT)
+_TOUR_PARTS = (_ALLOC, _SEGMENT, _HANDOVER, None, _EXTEND,
+               _BEGIN, _FREE, _WRITES, _END, _BEGIN, _FREES - _FREE, _WRITES, _END, _ABORT)
 
 # Examples the walk runs on, at least, after its first failure, for others.
 MORE_AFTER_FAILURE = 20

@@ -433,6 +433,28 @@ def test_minimize_defers_a_finish_to_where_its_cached_prefix_was_evicted(monkeyp
     _shrinks_to(config, seven, "free_sets_agree", 7)
 
 
+def test_minimize_defers_a_finish_that_frees_nothing_the_entry_did_not_hold():
+    """ThirdGroup as the walk's seed 1 met it (2026-12-07, the tour with a
+    free_segment after the alloc): the second group frees a slot, caches
+    the request's last one by a rematch and finishes it, and the third
+    evicts the entry.  The finish frees nothing the entry did not hold, so
+    no free can take its place: ``_finish_deferred`` tries it deleted
+    first, the eviction made the finish and the rematch gone (twelve steps
+    to the known ten)."""
+    twelve = (
+        *(Step("begin", {}), Step("alloc", {"n": 3}, "req_0"), Step("free", {"req": "req_0", "n": 1}), Step("end", {})),
+        *(Step("begin", {}), Step("free", {"req": "req_0", "n": 1}), Step("rematch", {"req": "req_0", "dup": 0}, "cache_0"),
+          Step("finish", {"req": "req_0"}), Step("end", {})),
+        *(Step("begin", {}), Step("evict", {"entry": "cache_0"}), Step("end", {})),
+    )
+    rules = minimize_module._runnable_rules(THIRD_GROUP)
+    deferred = (*twelve[:6], twelve[8], twelve[9], Step("finish", {"req": "req_0"}), twelve[11])
+    assert next(minimize_module._finish_deferred(twelve, rules, THIRD_GROUP)) == deferred
+    assert minimize_module._fails_like(Trace(THIRD_GROUP, deferred), "free_sets_agree") is not None
+    shortest = _shrinks_to(THIRD_GROUP, twelve, "free_sets_agree", 10)
+    assert [s.rule for s in shortest.steps].count("begin") == 3
+
+
 def test_minimize_does_not_trade_a_crash_for_a_wrong_answer():
     """npu decode-one-past on a 4-page pool: an alloc of 3 pages then a
     decode crashes the allocator; with an alloc of one page the decode

@@ -970,8 +970,8 @@ def test_the_first_examples_tour_takes_each_rule_at_most_as_often_as_it_holds_it
     picks: list[tuple[int, str]] = []
     real = walk_module._touring
 
-    def spied(left, machine):
-        rule = real(left, machine)
+    def spied(left, machine, waits=None):
+        rule = real(left, machine, waits)
         if rule is not None:
             picks.append((machine.record.examples, rule.name))
         return rule
@@ -999,8 +999,8 @@ def test_the_first_examples_tour_takes_each_rule_at_most_as_often_as_it_holds_it
 
 @pytest.mark.parametrize("config", list(clean_configs()), ids=lambda c: c.label())
 def test_a_tour_runs_a_requests_life_in_order(config):
-    """``walk._tour``: part by part (``_TOUR_PARTS``: the alloc, a
-    ``free_segment``, the HiSparse families' device buffer, the rest, the
+    """``walk._tour``: part by part (``_TOUR_PARTS``: a Mamba state
+    allocated and a clear, the alloc, a ``free_segment``, the HiSparse families' device buffer, the rest, the
     extend, then two free groups, each its begin, its frees, the row's
     overwrite and its end, the first freeing with ``free`` alone and the
     second with the other rules that free or end a request, the free_segment
@@ -1015,7 +1015,7 @@ def test_a_tour_runs_a_requests_life_in_order(config):
     handover, abort = names & {"device_buffer", "device_buffer_pages"}, names & {"free_hisparse"}
     assert "alloc" in names and "free" in frees, sorted(names)
     assert bool(handover) == bool(abort) == config.target.endswith("hisparse"), sorted(names)
-    singles = names & {"alloc", "free_segment", "extend"}
+    singles = names & {"mamba_alloc", "clear", "alloc", "free_segment", "extend"}
     rest = names - singles - frees - handover - abort - {"begin", "overwrite_row", "end"}
 
     def group(freeing: list[str]) -> list[str]:
@@ -1027,10 +1027,25 @@ def test_a_tour_runs_a_requests_life_in_order(config):
         tour = [r.name for r in walk_module._tour(rules, rng, True)]
         ordered = {part: [r.name for r in shuffled if r.name in names_] for part, names_ in
                    (("rest", rest), ("frees", frees - {"free"}), ("handover", handover))}
-        life = (["alloc"] + sorted(names & {"free_segment"}) + ordered["handover"] + ordered["rest"]
+        life = (sorted(names & {"mamba_alloc"}) + sorted(names & {"clear"}) + ["alloc"] + sorted(names & {"free_segment"}) + ordered["handover"] + ordered["rest"]
                 + sorted(names & {"extend"}) + group(["free"]) + group(ordered["frees"]) + sorted(abort))
         assert tour == life, tour
         assert walk_module._tour(rules, rng_off, False) == [] and rng_off.random() == rng.random()
+
+
+def test_the_tours_clear_waits_for_a_step_that_is_not_a_clear():
+    """``walk._touring``'s ``waits``: on a fresh pool the tour's first rule
+    whose guard holds is its clear (``_TOUR_PARTS``: after a Mamba state's
+    alloc, which unified-swa lacks), which clears nothing there; the walk
+    passes it as ``waits`` until a step other than a clear has run, and the
+    tour takes its alloc."""
+    config = Config(target="builtin:unified-swa", page_size=4)
+    rules = machine_rules(machine_for(config))
+    clear = next(r for r in rules if r.name == "clear")
+    tour = walk_module._tour(rules, random.Random(0), True)
+    machine = _fresh(config)
+    assert walk_module._touring(tour, machine) is clear
+    assert walk_module._touring(tour, machine, clear).name == "alloc"
 
 
 def test_while_the_tour_holds_a_begin_the_steering_opens_no_group(monkeypatch):

@@ -833,7 +833,9 @@ def _prefix_folded(steps: tuple[Step, ...], config: Config):
 def _finish_deferred(steps: tuple[Step, ...], rules: tuple[str, ...], config: Config):
     """``steps`` where a request finishes while an entry its ``rematch``
     cached holds its prefix, and a later ``evict`` frees the entry: the
-    finish made a free of the request (each simplest form of a rule of
+    finish deleted (where the entry held all the request had left:
+    bench.bugs:ThirdGroup as walk seed 1 met it on 2026-12-07), or made a
+    free of the request (each simplest form of a rule of
     ``FREES_A_REQUEST`` that leaves the request live: not a finish, a
     ``finish_segments`` or a rematch; its amounts those of the steps that
     make or name the request), the eviction the request's finish, and the
@@ -860,8 +862,9 @@ def _finish_deferred(steps: tuple[Step, ...], rules: tuple[str, ...], config: Co
             continue
         amounts = _ints_in([s for s in steps if s.returns == req or req in _refs(s)])
         # Each free names the request, however many were made after it.
-        for free in _candidate_steps(frees, config, {REQ: [req], ENTRY: []}, amounts):
-            recast = (*steps[:finish], free, *steps[finish + 1 : j], finished, *steps[j + 1 :])
+        # No free first: where the entry held all the request had left.
+        for free in (None, *_candidate_steps(frees, config, {REQ: [req], ENTRY: []}, amounts)):
+            recast = (*steps[:finish], *(free,) * (free is not None), *steps[finish + 1 : j], finished, *steps[j + 1 :])
             if len(pruned := _pruned(recast, j, {entry})) < len(recast):
                 yield pruned
 
@@ -934,7 +937,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     by a plain alloc as big, the alloc of the entry's request perhaps as
     much smaller, or the earlier steps that make or act on the entry or
     its request deleted where no later step needs what they make
-    (``_prefix_folded``); make a request's finish a free of its tail and
+    (``_prefix_folded``); make a request's finish a free of its tail (or delete it) and
     a later eviction of the entry its rematch cached the request's finish,
     the entry's steps deleted (``_finish_deferred``); let a
     request's alloc (or admit) take what a later step grew it by, or give

@@ -360,7 +360,11 @@ _STARTS = frozenset({"alloc", "extend"})
 # against itself on its other 5 seeds came to 1.06 and 1.13.
 TOUR = True
 # The tour's order, part by part (``_tour``; each part in the shuffle's
-# order, a rule once for each part that names it): the alloc
+# order, a rule once for each part that names it): a Mamba state's alloc
+# and a clear (``_CACHED_STATE``), on the pool the example starts idle
+# (the tour's clear waits, as the ``clear`` lever's does, for a step other
+# than a clear: ``_touring``'s ``waits``; without a Mamba state's alloc it
+# waits for the pool idle again); the alloc
 # (``_ALLOC``); a ``free_segment`` out of any group (``_SEGMENT``); the
 # HiSparse families' device buffer (``_HANDOVER``); every rule no part
 # names (None: a decode, a slide, a remap, a resize, a family's own allocs
@@ -372,7 +376,10 @@ TOUR = True
 # (``free_hisparse``, ``_ABORT``).  A segment freed in a group shows few
 # of the bugs a segment shows (a double free, a page filed in the wrong
 # class, a segment's tail dropped): out of any group, right after the
-# alloc, it meets them in two steps.  The buffer runs right after it, while
+# alloc, it meets them in two steps.  A clear of a pool whose cache holds
+# a Mamba state shows unified-mamba clear-keeps-mamba, and a clear waits
+# for an idle pool, which the tour's requests seldom leave: before the
+# alloc the pool is idle.  The buffer runs right after it, while
 # the request holds its pages (between the groups, where the first group
 # had freed most, hisparse buffer-keeps-mapping took 1.83x the baseline's
 # steps, below).  The extend runs after the rest, where a request holds
@@ -438,8 +445,11 @@ TOUR = True
 #   after them (28591cd)
 #                         0.416 0.420 0.405 0.410, pooled 0.409 (0.703, 0.290; 9)
 #   the alloc, a free_segment out of any group, the buffer, the rest, the
-#   extend, the groups, the abort (this order)
+#   extend, the groups, the abort (d71be01)
 #                         0.368 0.364 0.373 0.374, pooled 0.365 (0.461, 0.315; 4)
+#   that, a Mamba state's alloc and a clear first, the clear waiting for a
+#   step that is not a clear (this order)
+#                         0.366 0.370 0.372 0.358, pooled 0.365 (0.481, 0.306; 3)
 # From 28591cd to this order (2026-12-07; the same job, pooled, bugs above
 # 1, each row a part placed anew in 28591cd's order unless it says):
 #   a second alloc right after the starts 0.433; among the rest 0.417 (10)
@@ -458,9 +468,15 @@ TOUR = True
 #   that, a second alloc after the extend 0.380 (10); two allocs first 0.392
 #   (11); a plain free after the extend 0.409 (9)
 #   the extend both before the free_segment and after the rest 0.395 (7)
-#   this order with a second alloc beside the extend after the rest
+#   d71be01's order with a second alloc beside the extend after the rest
 #                    0.363 (0.446, 0.318; 7)
-#   this order with a plain free after the extend 0.386 (6)
+#   d71be01's order with a plain free after the extend 0.386 (6)
+#   d71be01's order with a Mamba state's alloc and a clear first, the
+#   clear not waiting (on a fresh pool it clears nothing)
+#                    0.367 (0.484, 0.309; 3)
+#   on unified-mamba alone, clear-keeps-mamba: d71be01's order 1.53x, a
+#   clear last 1.48x, a Mamba state's alloc right after the alloc 1.36x,
+#   this order 0.37x
 # This order gains most on the bugs a segment freed out of a group, or a
 # free soon after an alloc, shows (each bug's median steps over the
 # baseline's, 28591cd's order to this one): pure-swa segment-frees-twice
@@ -473,10 +489,12 @@ TOUR = True
 # after an admit shows (paged extend-floor and npu extend-wrong-end 0.46x
 # to 0.92x), unified-swa slide-keeps-binding 0.38x to 0.62x and
 # tombstone-read-wraps 0.21x to 0.31x, hisparse queues-anyway 0.56x to
-# 0.78x, and unified-mamba clear-keeps-mamba 1.28x to 1.53x (met in the
-# first example on 39 walk seeds of 240, 57 before: a clear waits for an
-# idle pool).  Above 1 now: clear-keeps-mamba 1.53x, paged extend-early
-# 1.27x (1.11x; met after the first example, whose draws every order moves:
+# 0.78x, and, at d71be01, unified-mamba clear-keeps-mamba 1.28x to 1.53x
+# (met in the first example on 39 walk seeds of 240, 57 before: a clear
+# waits for an idle pool); with the Mamba state and the clear first, 0.37x,
+# at the cost of unified-mamba schedulable-overpromises (the first alloc:
+# 0.17x to 0.50x, 1 step to 3).  Above 1 now: paged extend-early 1.27x
+# (1.11x; met after the first example, whose draws every order moves:
 # 0.82x to 1.52x over the four sets of 60 seeds before), hisparse
 # buffer-drops-surplus 1.26x (1.28x), multi-ended lazy-no-dedup 1.04x
 # (0.87x).
@@ -553,7 +571,8 @@ _EXTEND = frozenset({"extend"})
 _FREE = frozenset({"free"})
 _HANDOVER = frozenset({"device_buffer", "device_buffer_pages"})
 _ABORT = frozenset({"free_hisparse"})
-_TOUR_PARTS = (_ALLOC, _SEGMENT, _HANDOVER, None, _EXTEND,
+_CACHED_STATE = (frozenset({"mamba_alloc"}), frozenset({"clear"}))
+_TOUR_PARTS = (*_CACHED_STATE, _ALLOC, _SEGMENT, _HANDOVER, None, _EXTEND,
                _BEGIN, _FREE, _WRITES, _END, _BEGIN, _FREES - _FREE, _WRITES, _END, _ABORT)
 
 # Examples the walk runs on, at least, after its first failure, for others.
@@ -779,7 +798,7 @@ def walk(
                           or _populating(starts, machine, rng, 0 if "populate" in off else POPULATE)
                           or _steered(rules, machine, rng, steer.wanted(in_group, in_alloc, all(r.name not in _BEGIN for r in tour)),
                                       0 if "steer" in off else STEER)
-                          or (tour and _touring(tour, machine))
+                          or (tour and _touring(tour, machine, None if touched else clear))
                           or _applicable(rules, machine, rng, below))
                 if chosen is None:  # no step applies (a pool too small for any request to prefill): the example ends
                     break
@@ -904,11 +923,13 @@ def _in_part(rule: MachineRule, part: frozenset | None, named: frozenset) -> boo
     return rule.name in part if part is not None else rule.name not in named
 
 
-def _touring(left: list, machine):
-    """The first rule of the tour's ``left`` whose guard holds on
-    ``machine``; None where none does (a rule whose guard fails stays for a
-    later step) or none is left.  Takes no draw."""
-    return next((r for r in left if r.applies(machine)), None)
+def _touring(left: list, machine, waits=None):
+    """The first rule of the tour's ``left`` but ``waits`` whose guard
+    holds on ``machine``; None where none does (a rule whose guard fails
+    stays for a later step, as ``waits`` does: the clear, until a step
+    other than a clear has run, before which it clears nothing) or none is
+    left.  Takes no draw."""
+    return next((r for r in left if r is not waits and r.applies(machine)), None)
 
 
 def _at_edge(decode, machine):

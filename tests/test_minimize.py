@@ -443,8 +443,8 @@ def test_minimize_defers_a_finish_that_frees_nothing_the_entry_did_not_hold():
     to the known ten)."""
     twelve = (
         *(Step("begin", {}), Step("alloc", {"n": 3}, "req_0"), Step("free", {"req": "req_0", "n": 1}), Step("end", {})),
-        *(Step("begin", {}), Step("free", {"req": "req_0", "n": 1}), Step("rematch", {"req": "req_0", "dup": 0}, "cache_0"),
-          Step("finish", {"req": "req_0"}), Step("end", {})),
+        *(Step("begin", {}), Step("free", {"req": "req_0", "n": 1}),
+          Step("rematch", {"req": "req_0", "dup": 0}, "cache_0"), Step("finish", {"req": "req_0"}), Step("end", {})),
         *(Step("begin", {}), Step("evict", {"entry": "cache_0"}), Step("end", {})),
     )
     rules = minimize_module._runnable_rules(THIRD_GROUP)

@@ -526,8 +526,9 @@ def test_a_saved_walk_failure_that_still_fails_leaves_hypothesiss_saved_failure_
 
 def test_a_new_walk_failure_leaves_hypothesiss_saved_failure_reported_too(monkeypatch):
     """A database holding a Hypothesis failure of one invariant, and a walk that meets another (seed 21 meets only
-    no_page_freed_twice, in its first example of 80 steps; of seeds 0-39 only 38 does too, the others meet both): one run reports both (it reported only the walk's, since the walk's failure
-    ended the run before Hypothesis's reuse phase)."""
+    no_page_freed_twice, in its first example of 80 steps; of seeds 0-39 only 38 does too, the others meet both):
+    one run reports both (it reported only the walk's, since the walk's failure ended the run before Hypothesis's
+    reuse phase)."""
     from hypothesis.database import InMemoryExampleDatabase
 
     from state_machines.runs import runner
@@ -1000,9 +1001,9 @@ def test_the_first_examples_tour_takes_each_rule_at_most_as_often_as_it_holds_it
 @pytest.mark.parametrize("config", list(clean_configs()), ids=lambda c: c.label())
 def test_a_tour_runs_a_requests_life_in_order(config):
     """``walk._tour``: part by part (``_TOUR_PARTS``: a Mamba state
-    allocated and a clear, the alloc, a ``free_segment``, the HiSparse families' device buffer, the rest, the
-    extend, then two free groups, each its begin, its frees, the row's
-    overwrite and its end, the first freeing with ``free`` alone and the
+    allocated and a clear, the alloc, a ``free_segment``, the HiSparse
+    families' device buffer, the rest, the extend, then two free groups,
+    each its begin, its frees, the row's overwrite and its end, the first freeing with ``free`` alone and the
     second with the other rules that free or end a request, the free_segment
     again among them; the HiSparse families' abort after), each part in the
     order the shuffle drew, a rule once for each part that names it; with
@@ -1027,25 +1028,43 @@ def test_a_tour_runs_a_requests_life_in_order(config):
         tour = [r.name for r in walk_module._tour(rules, rng, True)]
         ordered = {part: [r.name for r in shuffled if r.name in names_] for part, names_ in
                    (("rest", rest), ("frees", frees - {"free"}), ("handover", handover))}
-        life = (sorted(names & {"mamba_alloc"}) + sorted(names & {"clear"}) + ["alloc"] + sorted(names & {"free_segment"}) + ordered["handover"] + ordered["rest"]
-                + sorted(names & {"extend"}) + group(["free"]) + group(ordered["frees"]) + sorted(abort))
+        life = (sorted(names & {"mamba_alloc"}) + sorted(names & {"clear"}) + ["alloc"] + sorted(names & {"free_segment"})
+                + ordered["handover"] + ordered["rest"] + sorted(names & {"extend"})
+                + group(["free"]) + group(ordered["frees"]) + sorted(abort))
         assert tour == life, tour
         assert walk_module._tour(rules, rng_off, False) == [] and rng_off.random() == rng.random()
 
 
-def test_the_tours_clear_waits_for_a_step_that_is_not_a_clear():
+def test_the_tours_clear_waits_for_a_step_that_is_not_a_clear(monkeypatch):
     """``walk._touring``'s ``waits``: on a fresh pool the tour's first rule
     whose guard holds is its clear (``_TOUR_PARTS``: after a Mamba state's
     alloc, which unified-swa lacks), which clears nothing there; the walk
-    passes it as ``waits`` until a step other than a clear has run, and the
-    tour takes its alloc."""
+    passes it as ``waits`` until a step other than a clear has run, so the
+    tour takes its alloc first, and its clear, if at all, after some other
+    step (every lever but the tour off, so that the tour chooses every step
+    it can)."""
     config = Config(target="builtin:unified-swa", page_size=4)
-    rules = machine_rules(machine_for(config))
+    machine_class = machine_for(config)
+    rules = machine_rules(machine_class)
     clear = next(r for r in rules if r.name == "clear")
     tour = walk_module._tour(rules, random.Random(0), True)
     machine = _fresh(config)
     assert walk_module._touring(tour, machine) is clear
     assert walk_module._touring(tour, machine, clear).name == "alloc"
+    picks: list[str] = []
+    real = walk_module._touring
+
+    def spied(left, machine, waits=None):
+        rule = real(left, machine, waits)
+        if rule is not None:
+            picks.append(rule.name)
+        return rule
+
+    monkeypatch.setattr(walk_module, "_touring", spied)
+    for seed in range(5):
+        picks.clear()
+        walk(machine_class, random.Random(seed), 1, steps=40, off=frozenset(walk_module.LEVERS) - {"tour"})
+        assert picks[0] == "alloc", picks
 
 
 def test_while_the_tour_holds_a_begin_the_steering_opens_no_group(monkeypatch):

@@ -864,7 +864,8 @@ def _finish_deferred(steps: tuple[Step, ...], rules: tuple[str, ...], config: Co
         # Each free names the request, however many were made after it.
         # No free first: where the entry held all the request had left.
         for free in (None, *_candidate_steps(frees, config, {REQ: [req], ENTRY: []}, amounts)):
-            recast = (*steps[:finish], *(free,) * (free is not None), *steps[finish + 1 : j], finished, *steps[j + 1 :])
+            kept = (free,) if free is not None else ()
+            recast = (*steps[:finish], *kept, *steps[finish + 1 : j], finished, *steps[j + 1 :])
             if len(pruned := _pruned(recast, j, {entry})) < len(recast):
                 yield pruned
 
@@ -937,8 +938,9 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     by a plain alloc as big, the alloc of the entry's request perhaps as
     much smaller, or the earlier steps that make or act on the entry or
     its request deleted where no later step needs what they make
-    (``_prefix_folded``); make a request's finish a free of its tail (or delete it) and
-    a later eviction of the entry its rematch cached the request's finish,
+    (``_prefix_folded``); make a request's finish a free of its tail (or
+    delete it) and a later eviction of the entry its rematch cached the
+    request's finish,
     the entry's steps deleted (``_finish_deferred``); let a
     request's alloc (or admit) take what a later step grew it by, or give
     up what a later free of its tail gave back (``_growth_hoisted``); make each argument

@@ -317,7 +317,9 @@ _STARTS = frozenset({"alloc", "extend"})
 # whose guard holds.  A rule that runs, whatever chose it, leaves its
 # earliest place in the tour.  Where no
 # rule left holds, the step is drawn uniformly as ever; a rule whose guard
-# failed stays in the tour, taken once its guard holds.  Once the tour is
+# failed stays in the tour, taken once its guard holds (and the clear,
+# until a step other than a clear has run: ``_touring``'s ``waits``).
+# Once the tour is
 # empty, the example goes on uniform.  Most bugs a first example shows need a
 # rule or two after an alloc (bench/known_shortest.py: 1-5 steps); a uniform
 # draw among k rules meets a given one in about k steps, a shuffled tour in
@@ -361,14 +363,14 @@ _STARTS = frozenset({"alloc", "extend"})
 TOUR = True
 # The tour's order, part by part (``_tour``; each part in the shuffle's
 # order, a rule once for each part that names it): a Mamba state's alloc
-# and a clear (``_CACHED_STATE``), on the pool the example starts idle
-# (the tour's clear waits, as the ``clear`` lever's does, for a step other
-# than a clear: ``_touring``'s ``waits``; without a Mamba state's alloc it
-# waits for the pool idle again); the alloc
+# and a clear (``_MAMBA_ALLOC``, ``_CLEAR``), while the pool is still idle,
+# as each example starts (the tour's clear waits, as the ``clear`` lever's
+# does, for a step other than a clear: ``_touring``'s ``waits``; without a
+# Mamba state's alloc it waits for the pool idle again); the alloc
 # (``_ALLOC``); a ``free_segment`` out of any group (``_SEGMENT``); the
 # HiSparse families' device buffer (``_HANDOVER``); every rule no part
 # names (None: a decode, a slide, a remap, a resize, a family's own allocs
-# and frees, a clear, an allocation group); the extend (``_EXTEND``); then
+# and frees, an allocation group); the extend (``_EXTEND``); then
 # two free groups, each its begin, its frees, the row's overwrite and its
 # end: the first frees with ``free`` alone, the second with every other
 # rule that frees, finishes, rematches or evicts (``_FREES``, the
@@ -379,11 +381,11 @@ TOUR = True
 # alloc, it meets them in two steps.  A clear of a pool whose cache holds
 # a Mamba state shows unified-mamba clear-keeps-mamba, and a clear waits
 # for an idle pool, which the tour's requests seldom leave: before the
-# alloc the pool is idle.  The buffer runs right after it, while
-# the request holds its pages (between the groups, where the first group
-# had freed most, hisparse buffer-keeps-mapping took 1.83x the baseline's
-# steps, below).  The extend runs after the rest, where a request holds
-# pages to grow: drawn with the alloc, it came first in about half the
+# alloc the pool is idle.  The buffer runs right after the free_segment,
+# while the request holds its pages (between the groups, where the first
+# group had freed most, hisparse buffer-keeps-mapping took 1.83x the
+# baseline's steps, below).  The extend runs after the rest, where a request
+# holds pages to grow: drawn with the alloc, it came first in about half the
 # examples, on a fresh pool, with no chain to grow (page-interleave
 # rotation-from-extend).  The abort runs last: it leaves a request nothing
 # on the device for a later free to free (and a HiSparse decode, which
@@ -498,8 +500,8 @@ TOUR = True
 # 0.82x to 1.52x over the four sets of 60 seeds before), hisparse
 # buffer-drops-surplus 1.26x (1.28x), multi-ended lazy-no-dedup 1.04x
 # (0.87x).
-# (The four before 28591cd's row, 2026-12-07, none kept: a plain free first gains
-# on the bugs the baseline meets within 20 steps and loses more on the
+# (The four before 28591cd's row, 2026-12-07, none kept: a plain free first
+# gains on the bugs the baseline meets within 20 steps and loses more on the
 # others; the frees once out of a group make the tour longer for a figure
 # within the seeds' noise, with a bug more above 1; the rest moved after the
 # first group costs the bugs met early.)  A second tour in the second
@@ -516,12 +518,13 @@ TOUR = True
 # groups, by a draw per example, 0.612; 28591cd's order 0.517.  0c28471's order
 # ran the buffer and the abort among the rest, on the requests the groups
 # then freed: dsv4-hisparse free-keeps-device was 2.43x the baseline's steps
-# (0.93x at 28591cd, 0.14x with this order), and moving the abort alone cost hisparse
-# mapping-cleared-first (1.00x to 2.0-2.4x), which a free shows only on a
-# request with no buffer; with the buffer after both groups, hisparse
-# buffer-keeps-mapping (2 steps known: an alloc, a buffer) went from 0.29x
-# to 1.43x (0.60x between them).  hisparse buffer-drops-surplus stays at
-# 1.28x, dsv4-hisparse surplus-frees-shared goes from 0.90x to 1.02x.
+# (0.93x at 28591cd, 0.14x with this order), and moving the abort alone cost
+# hisparse mapping-cleared-first (1.00x to 2.0-2.4x), which a free shows
+# only on a request with no buffer; with the buffer after both groups,
+# hisparse buffer-keeps-mapping (2 steps known: an alloc, a buffer) went
+# from 0.29x to 1.43x (0.60x between them).  hisparse buffer-drops-surplus
+# stays at 1.28x, dsv4-hisparse surplus-frees-shared goes from 0.90x to
+# 1.02x.
 # Measured that day over the 67 bugs and not kept: on 0c28471's order
 # (0.415), the rest and the groups riffled (each tour step from either, by
 # what each has left) 0.442 (15 above 1), three requests kept live while
@@ -539,10 +542,10 @@ TOUR = True
 # buffer-keeps-mapping as in that order, page-interleave
 # rotation-from-extend 1.75x to 1.83x); the tour's ``clear`` last, after
 # the abort, 0.409 (9; no bug moved by 0.1x: a clear waits for an idle
-# pool, which the tour's requests seldom leave); in the second group, the frees that end a request (``finish``,
-# ``finish_segments``) after the others 0.409 (9, the same as that order;
-# pure-swa segment-frees-twice stays at 1.65x: its ``free_segment`` in a
-# group seldom shows it).
+# pool, which the tour's requests seldom leave); in the second group, the
+# frees that end a request (``finish``, ``finish_segments``) after the
+# others 0.409 (9, the same as that order; pure-swa segment-frees-twice
+# stays at 1.65x: its ``free_segment`` in a group seldom shows it).
 # (A second end the steering takes after a group that queued frees, out of
 # any group, leaves the tour's earliest end, the second group's: in about a
 # third of first examples on paged, token and swa that group then closes as
@@ -571,8 +574,9 @@ _EXTEND = frozenset({"extend"})
 _FREE = frozenset({"free"})
 _HANDOVER = frozenset({"device_buffer", "device_buffer_pages"})
 _ABORT = frozenset({"free_hisparse"})
-_CACHED_STATE = (frozenset({"mamba_alloc"}), frozenset({"clear"}))
-_TOUR_PARTS = (*_CACHED_STATE, _ALLOC, _SEGMENT, _HANDOVER, None, _EXTEND,
+_MAMBA_ALLOC = frozenset({"mamba_alloc"})
+_CLEAR = frozenset({"clear"})
+_TOUR_PARTS = (_MAMBA_ALLOC, _CLEAR, _ALLOC, _SEGMENT, _HANDOVER, None, _EXTEND,
                _BEGIN, _FREE, _WRITES, _END, _BEGIN, _FREES - _FREE, _WRITES, _END, _ABORT)
 
 # Examples the walk runs on, at least, after its first failure, for others.
@@ -905,8 +909,7 @@ def _longer(index: int, step: int, steps: int, off: frozenset) -> bool:
 
 def _tour(rules: list, rng: random.Random, on: bool) -> list:
     """The rules left to run in the example's tour (``TOUR``), in an
-    order shuffled for it: part by part (``_TOUR_PARTS``: a request's
-    life), each part in the shuffle's order, a rule once for each part
+    order shuffled for it: part by part (``_TOUR_PARTS``), each part in the shuffle's order, a rule once for each part
     that holds it (``_in_part``); none with the tour off, the shuffle taken
     all the same (``walk(off=)``: the draws stay the walk's with it on)."""
     order = list(rules)

@@ -908,10 +908,11 @@ def _longer(index: int, step: int, steps: int, off: frozenset) -> bool:
 
 
 def _tour(rules: list, rng: random.Random, on: bool) -> list:
-    """The rules left to run in the example's tour (``TOUR``), in an
-    order shuffled for it: part by part (``_TOUR_PARTS``), each part in the shuffle's order, a rule once for each part
-    that holds it (``_in_part``); none with the tour off, the shuffle taken
-    all the same (``walk(off=)``: the draws stay the walk's with it on)."""
+    """The rules left to run in the example's tour (``TOUR``), in an order
+    shuffled for it: part by part (``_TOUR_PARTS``), each part in the
+    shuffle's order, a rule once for each part that holds it (``_in_part``);
+    none with the tour off, the shuffle taken all the same (``walk(off=)``:
+    the draws stay the walk's with it on)."""
     order = list(rules)
     rng.shuffle(order)
     # The rules some part names; the rest (None) holds every other.

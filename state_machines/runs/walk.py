@@ -370,8 +370,9 @@ TOUR = True
 # (``_ALLOC``); a ``free_segment`` out of any group (``_SEGMENT``); the
 # HiSparse families' device buffer (``_HANDOVER``); every rule no part
 # names (None: a decode, a slide, a remap, a resize, a family's own allocs
-# and frees, an allocation group); the extend (``_EXTEND``); then
-# two free groups, each its begin, its frees, the row's overwrite and its
+# and frees, an allocation group); the buffer again; the extend
+# (``_EXTEND``); then two free groups, the buffer a third time between
+# them, each its begin, its frees, the row's overwrite and its
 # end: the first frees with ``free`` alone, the second with every other
 # rule that frees, finishes, rematches or evicts (``_FREES``, the
 # free_segment again among them); then the HiSparse families' abort
@@ -382,9 +383,13 @@ TOUR = True
 # a Mamba state shows unified-mamba clear-keeps-mamba, and a clear waits
 # for an idle pool, which the tour's requests seldom leave: before the
 # alloc the pool is idle.  The buffer runs right after the free_segment,
-# while the request holds its pages (between the groups, where the first
-# group had freed most, hisparse buffer-keeps-mapping took 1.83x the
-# baseline's steps, below).  The extend runs after the rest, where a request
+# while the request holds its pages (between the groups alone, where the
+# first group had freed most, hisparse buffer-keeps-mapping took 1.83x the
+# baseline's steps, below), and again after the rest and between the
+# groups, each time on the requests as they then stand (a buffer smaller
+# than the device pages a request holds shows hisparse
+# buffer-drops-surplus: 1.26x with the buffer right after the free_segment
+# alone, 0.76x at the three points).  The extend runs after the rest, where a request
 # holds pages to grow: drawn with the alloc, it came first in about half the
 # examples, on a fresh pool, with no chain to grow (page-interleave
 # rotation-from-extend).  The abort runs last: it leaves a request nothing
@@ -450,8 +455,10 @@ TOUR = True
 #   extend, the groups, the abort (d71be01)
 #                         0.368 0.364 0.373 0.374, pooled 0.365 (0.461, 0.315; 4)
 #   that, a Mamba state's alloc and a clear first, the clear waiting for a
-#   step that is not a clear (this order)
+#   step that is not a clear (ebcc3cb)
 #                         0.366 0.370 0.372 0.358, pooled 0.365 (0.481, 0.306; 3)
+#   that, the device buffer after the rest and between the groups too
+#   (this order)          0.356 0.365 0.367 0.351, pooled 0.358 (0.470, 0.302; 2)
 # From 28591cd to this order (2026-12-07; the same job, pooled, bugs above
 # 1, each row a part placed anew in 28591cd's order unless it says):
 #   a second alloc right after the starts 0.433; among the rest 0.417 (10)
@@ -479,6 +486,14 @@ TOUR = True
 #   on unified-mamba alone, clear-keeps-mamba: d71be01's order 1.53x, a
 #   clear last 1.48x, a Mamba state's alloc right after the alloc 1.36x,
 #   this order 0.37x
+#   on the 9 HiSparse bugs alone (the buffer moves only their walks),
+#   geometric mean: ebcc3cb 0.422 (buffer-drops-surplus 1.26x); the buffer
+#   also right before the free_segment 0.576 (mapping-cleared-first 0.40x
+#   to 3.80x, free-keeps-device 0.14x to 2.14x); also after the rest 0.398;
+#   also after the extend 0.392; also between the groups 0.415; after the
+#   rest and between the groups (this order) 0.369 (buffer-drops-surplus
+#   0.76x, buffer-keeps-mapping 0.71x to 0.34x, queues-anyway 0.78x to
+#   0.89x)
 # This order gains most on the bugs a segment freed out of a group, or a
 # free soon after an alloc, shows (each bug's median steps over the
 # baseline's, 28591cd's order to this one): pure-swa segment-frees-twice
@@ -497,9 +512,9 @@ TOUR = True
 # at the cost of unified-mamba schedulable-overpromises (the first alloc:
 # 0.17x to 0.50x, 1 step to 3).  Above 1 now: paged extend-early 1.27x
 # (1.11x; met after the first example, whose draws every order moves:
-# 0.82x to 1.52x over the four sets of 60 seeds before), hisparse
-# buffer-drops-surplus 1.26x (1.28x), multi-ended lazy-no-dedup 1.04x
-# (0.87x).
+# 0.82x to 1.52x over the four sets of 60 seeds before), multi-ended
+# lazy-no-dedup 1.04x (0.87x); hisparse buffer-drops-surplus (1.28x) is at
+# 0.76x.
 # (The four before 28591cd's row, 2026-12-07, none kept: a plain free first
 # gains on the bugs the baseline meets within 20 steps and loses more on the
 # others; the frees once out of a group make the tour longer for a figure
@@ -576,8 +591,8 @@ _HANDOVER = frozenset({"device_buffer", "device_buffer_pages"})
 _ABORT = frozenset({"free_hisparse"})
 _MAMBA_ALLOC = frozenset({"mamba_alloc"})
 _CLEAR = frozenset({"clear"})
-_TOUR_PARTS = (_MAMBA_ALLOC, _CLEAR, _ALLOC, _SEGMENT, _HANDOVER, None, _EXTEND,
-               _BEGIN, _FREE, _WRITES, _END, _BEGIN, _FREES - _FREE, _WRITES, _END, _ABORT)
+_TOUR_PARTS = (_MAMBA_ALLOC, _CLEAR, _ALLOC, _SEGMENT, _HANDOVER, None, _HANDOVER, _EXTEND,
+               _BEGIN, _FREE, _WRITES, _END, _HANDOVER, _BEGIN, _FREES - _FREE, _WRITES, _END, _ABORT)
 
 # Examples the walk runs on, at least, after its first failure, for others.
 MORE_AFTER_FAILURE = 20

@@ -389,12 +389,12 @@ TOUR = True
 # groups, each time on the requests as they then stand (a buffer smaller
 # than the device pages a request holds shows hisparse
 # buffer-drops-surplus: 1.26x with the buffer right after the free_segment
-# alone, 0.76x at the three points).  The extend runs after the rest, where a request
-# holds pages to grow: drawn with the alloc, it came first in about half the
-# examples, on a fresh pool, with no chain to grow (page-interleave
-# rotation-from-extend).  The abort runs last: it leaves a request nothing
-# on the device for a later free to free (and a HiSparse decode, which
-# needs a buffer, comes in the tour after the buffer).  And while the tour
+# alone, 0.76x at the three points).  The extend runs after the rest,
+# where a request holds pages to grow: drawn with the alloc, it came first
+# in about half the examples, on a fresh pool, with no chain to grow
+# (page-interleave rotation-from-extend).  The abort runs last: it leaves a
+# request nothing on the device for a later free to free (and a HiSparse
+# decode, which needs a buffer, comes in the tour after the buffer).  And while the tour
 # still holds a begin, the steering wants none (``_Steer.wanted``'s
 # ``begin``), so the example's first groups are the tour's.  As a
 # preference it reads as a request's life (PR 34067's aliasing bug in its

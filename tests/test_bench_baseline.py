@@ -191,8 +191,9 @@ def test_with_a_mamba_state_and_a_clear_first_a_clear_that_keeps_the_state_takes
     clear (``walk._MAMBA_ALLOC``, ``walk._CLEAR``), while the pool is
     still idle: unified-mamba clear-keeps-mamba needs a clear while the
     cache holds a Mamba state, and a clear waits for an idle pool, which
-    the tour's requests seldom leave.  Over seeds 0-19 a median of 37 steps a seed,
-    against 195.5 without those two parts (sums 1,572 and 6,139)."""
+    the tour's requests seldom leave.  Over seeds 0-19 a median of 37
+    steps a seed, against 195.5 without those two parts (sums 1,572 and
+    6,139)."""
     from state_machines.runs import walk as walk_module
 
     config = Config(target="builtin:unified-mamba", mutant="clear-keeps-mamba", page_size=4)
@@ -224,10 +225,9 @@ def test_with_the_extend_after_the_rest_an_extend_of_a_held_chain_takes_fewer_st
     page-interleave rotation-from-extend needs a chain that holds a page
     when an extend grows it, and an extend drawn with the alloc, before the
     free_segment, came first in about half the examples, on a fresh pool,
-    where it has no chain to grow.  Over seeds
-    0-19 a median of 7 steps a seed, against 22.5 with an alloc or an
-    extend first, as the tour's starts were drawn before (sums 294 and
-    496)."""
+    where it has no chain to grow.  Over seeds 0-19 a median of 7 steps a
+    seed, against 22.5 with an alloc or an extend first, as the tour's
+    starts were drawn before (sums 294 and 496)."""
     from state_machines.runs import walk as walk_module
 
     config = Config(target="builtin:page-interleave", mutant="rotation-from-extend", page_size=4)

@@ -1004,9 +1004,9 @@ def test_a_tour_runs_a_requests_life_in_order(config):
     allocated and a clear, the alloc, a ``free_segment``, the HiSparse
     families' device buffer, the rest, the buffer again, the extend, then
     two free groups, the buffer a third time between them, each group its
-    begin, its frees, the row's overwrite and its end, the first freeing with ``free`` alone and the
-    second with the other rules that free or end a request, the free_segment
-    again among them; the HiSparse families' abort after), each part in the
+    begin, its frees, the row's overwrite and its end, the first freeing
+    with ``free`` alone and the second with the other rules that free or
+    end a request, the free_segment again among them; the HiSparse families' abort after), each part in the
     order the shuffle drew, a rule once for each part that names it; with
     the tour off none, after the same draw.  Every built-in family has an
     alloc and ``free``, and only the HiSparse families a device buffer and
@@ -1029,8 +1029,8 @@ def test_a_tour_runs_a_requests_life_in_order(config):
         tour = [r.name for r in walk_module._tour(rules, rng, True)]
         ordered = {part: [r.name for r in shuffled if r.name in names_] for part, names_ in
                    (("rest", rest), ("frees", frees - {"free"}), ("handover", handover))}
-        life = (sorted(names & {"mamba_alloc"}) + sorted(names & {"clear"}) + ["alloc"] + sorted(names & {"free_segment"})
-                + ordered["handover"] + ordered["rest"] + ordered["handover"] + sorted(names & {"extend"})
+        life = (sorted(names & {"mamba_alloc"}) + sorted(names & {"clear"}) + ["alloc"]
+                + sorted(names & {"free_segment"}) + ordered["handover"] + ordered["rest"] + ordered["handover"] + sorted(names & {"extend"})
                 + group(["free"]) + ordered["handover"] + group(ordered["frees"]) + sorted(abort))
         assert tour == life, tour
         assert walk_module._tour(rules, rng_off, False) == [] and rng_off.random() == rng.random()

@@ -455,6 +455,31 @@ def test_minimize_defers_a_finish_that_frees_nothing_the_entry_did_not_hold():
     assert [s.rule for s in shortest.steps].count("begin") == 3
 
 
+def test_minimize_recasts_a_rematch_as_a_segment_free_and_an_overwrite():
+    """multi-ended segment-view as bench shrink seed 0 met it (2026-12-07):
+    two requests of a page each rematch onto one entry in a group, and the
+    group's end frees the entry's page twice (eight steps).  The known
+    trace frees a segment over two pages of one request and overwrites its
+    row (five).  No rematch frees more than the 1-page span it duplicates:
+    ``_rematches_recast`` makes the second rematch a ``free_segment`` and
+    an ``overwrite_row`` of the request grown by a page, and deletions
+    then reach the known five."""
+    config = Config(target="builtin:multi-ended", mutant="segment-view", page_size=4, size=16, row_dtype="int64")
+    eight = (
+        Step("alloc", {"n": 4}, "req_0"), Step("rematch", {"req": "req_0", "dup": 0}, "cache_0"),
+        Step("alloc", {"n": 4}, "req_1"), Step("begin", {}),
+        Step("rematch", {"req": "req_1", "dup": 1, "entry": "cache_0"}), Step("alloc", {"n": 4}, "req_2"),
+        Step("rematch", {"req": "req_2", "dup": 1, "entry": "cache_0"}), Step("end", {}),
+    )
+    recast = list(minimize_module._rematches_recast(eight, config))
+    grown = (*eight[:5], Step("alloc", {"n": 8}, "req_2"), Step("free_segment", {"req": "req_2", "start": 0, "n": 8}),
+             Step("overwrite_row", {"row": 2}), eight[7])
+    assert grown in recast
+    assert minimize_module._fails_like(Trace(config, grown), "no_page_freed_twice") is not None
+    shortest = _shrinks_to(config, eight, "no_page_freed_twice", 5)
+    assert [s.rule for s in shortest.steps] == ["alloc", "begin", "free_segment", "overwrite_row", "end"]
+
+
 def test_minimize_does_not_trade_a_crash_for_a_wrong_answer():
     """npu decode-one-past on a 4-page pool: an alloc of 3 pages then a
     decode crashes the allocator; with an alloc of one page the decode

@@ -564,6 +564,40 @@ def _evictions_recast(steps: tuple[Step, ...], rules: tuple[str, ...], config: C
                 yield from _raised((*steps[:i], free, *steps[i + 1 :]), config, None, before=i)
 
 
+def _rematches_recast(steps: tuple[Step, ...], config: Config):
+    """``steps`` with one ``rematch`` that freed a duplicate span made the
+    two things it does, by the steps that do them alone: a
+    ``free_segment`` of the request's whole row and an ``overwrite_row``
+    (each row in turn), the request's alloc grown by a page, or to one
+    draw's most.  A rematch frees whole pages of a 1-page request, where a
+    segment bug may need a segment over two pages (multi-ended
+    segment-view as bench shrink seed 0 met it: two requests rematched
+    onto one entry in a group free its page twice, where the known trace
+    frees a 2-page segment and overwrites the row).  As long as the trace
+    and more, so kept only where deletions then end shorter; only a
+    rematch whose entry no later step names, of a request a plain alloc
+    made and nothing else grew (``_size_before``)."""
+    ps = config.page_size
+    lo, hi, multiple = int_bounds(SLOTS, config)
+    for i, step in enumerate(steps):
+        if step.rule != "rematch" or not step.args.get("dup") or _named_later(steps, i):
+            continue
+        req = step.args["req"]
+        made = next((k for k, s in enumerate(steps[:i]) if s.returns == req), None)
+        held = _size_before(steps, req, i)
+        if made is None or steps[made].rule != "alloc" or set(steps[made].args) != {"n"} or held is None:
+            continue
+        n = steps[made].args["n"]
+        for grown in sorted({n + ps, min(hi, MAX_PAGES * ps) // multiple * multiple}):
+            if not n < grown <= hi:
+                continue
+            alloc = attrs.evolve(steps[made], args={"n": grown})
+            segment = Step("free_segment", {"req": req, "start": 0, "n": held + grown - n})
+            for row in range(config.rows):
+                yield (*steps[:made], alloc, *steps[made + 1 : i], segment, Step("overwrite_row", {"row": row}),
+                       *steps[i + 1 :])
+
+
 def _raised(out: tuple[Step, ...], config: Config, held: int | None, before: int | None = None):
     """``out`` with one argument changed, each in turn (``_compensated``'s
     changes; ``held``, where known, the slots the deleted request held),
@@ -960,8 +994,9 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     also those of the steps naming the request (``_other_frees``: a
     rematch's segment free made a ``free_segment``); swap two adjacent steps where
     ``descend`` then ends shorter; make an eviction a free of a request made
-    before it, an amount before it raised (``_evictions_recast``), kept
-    likewise; put one simple step of another rule in
+    before it, an amount before it raised (``_evictions_recast``), or a
+    rematch a ``free_segment`` and an ``overwrite_row``, its request grown
+    (``_rematches_recast``), kept likewise; put one simple step of another rule in
     place of two adjacent ones; delete two steps apart; put any other
     simple step in place of one it is simpler than (``_simplicity``), which can
     let the cheap passes cut again; last, delete one step and change an
@@ -1139,10 +1174,13 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         # many candidates on a long trace, so last.
         others += [(best.config, c, True) for c in _deleted_raised(steps, best.config)]
         # An eviction made a free of a request, an amount before it raised
-        # (``_evictions_recast``): as long as the trace, so kept only where
-        # deletions then end shorter, as a swap is; few candidates, so
-        # before the others, which can spend the budget first.
+        # (``_evictions_recast``), or a rematch the segment free and the
+        # overwrite it does (``_rematches_recast``): as long as the trace or
+        # longer, so kept only where deletions then end shorter, as a swap
+        # is; few candidates, so before the others, which can spend the
+        # budget first.
         recast = [(None, c, None) for c in _evictions_recast(steps, allowed, best.config)]
+        recast += [(None, c, None) for c in _rematches_recast(steps, best.config)]
         for config, candidate, shorter in (*candidates, *merges, *near, *((None, s, None) for s in swaps), *recast,
                                            *others):
             if spent[2] > DEAR_STEPS:

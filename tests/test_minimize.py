@@ -480,6 +480,30 @@ def test_minimize_recasts_a_rematch_as_a_segment_free_and_an_overwrite():
     assert [s.rule for s in shortest.steps] == ["alloc", "begin", "free_segment", "overwrite_row", "end"]
 
 
+def test_minimize_merges_two_requests_where_the_first_ones_finish_becomes_a_free():
+    """ThirdGroup as shrink seed 4 met it (2026-12-07): a request and an
+    admitted one, grown by one extend, the first's tail freed in the first
+    group, the first finished in the second and the second in the third
+    (twelve steps on a 4-slot pool).  The known trace has one request
+    freeing in each group (ten).  A plain merge drops the first's finish,
+    and with it the second group's free; ``_merged(freeing=True)`` makes
+    that finish a free of what the first held there, and the cheap passes
+    reach the known ten."""
+    config = attrs.evolve(THIRD_GROUP, size=4)
+    twelve = (
+        Step("alloc", {"n": 1}, "req_0"), Step("admit", {}, "req_1"),
+        Step("extend", {"reqs": ["req_0", "req_1"], "tokens": [1, 1]}),
+        *_groups([Step("free", {"req": "req_0", "n": 1})], [Step("finish", {"req": "req_0"})],
+                 [Step("finish", {"req": "req_1"})]),
+    )
+    merged = minimize_module._merged(twelve, "req_0", "req_1", freeing=True)
+    assert merged[1] == Step("extend", {"reqs": ["req_0"], "tokens": [2]})
+    assert merged[6] == Step("free", {"req": "req_0", "n": 1})
+    assert minimize_module._merged(twelve, "req_0", "req_1")[6] == Step("end", {})
+    shortest = _shrinks_to(config, twelve, "free_sets_agree", 10)
+    assert [s.rule for s in shortest.steps].count("begin") == 3
+
+
 def test_minimize_does_not_trade_a_crash_for_a_wrong_answer():
     """npu decode-one-past on a 4-page pool: an alloc of 3 pages then a
     decode crashes the allocator; with an alloc of one page the decode

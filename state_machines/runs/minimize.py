@@ -650,19 +650,24 @@ def _renamed(step: Step, old: str, new: str) -> Step | None:
     return attrs.evolve(step, args=args) if args != step.args else step
 
 
-def _merged(steps: tuple[Step, ...], first: str, second: str) -> tuple[Step, ...] | None:
+def _merged(steps: tuple[Step, ...], first: str, second: str, freeing: bool = False) -> tuple[Step, ...] | None:
     """``steps`` with request ``second`` made part of ``first``, made
     earlier: ``second``'s plain ``admit`` goes, its plain ``alloc`` grows
     ``first`` instead where it stood (``alloc(n, req=first)``), every later
     step names ``first``, and each ``finish`` or ``finish_segments`` of
     ``first`` before ``second``'s last step goes (the one request lives
-    on).  None where the two cannot merge: a step names both in one batch,
-    or ``second`` was made another way."""
+    on), or, with ``freeing``, is made a ``free`` of the slots ``first``
+    held there (``_size_before``; the group it stood in still frees
+    them: bench.bugs:ThirdGroup as shrink seed 4 met it, two requests
+    where the known trace has one, whose free in the second of three
+    groups was the first's finish).  None where the two cannot merge: a
+    step names both in one batch, or ``second`` was made another way, or
+    with ``freeing`` where no finish went or what it freed is unknown."""
     uses = [i for i, step in enumerate(steps) if second in (step.returns, *step.args.values())
             or any(isinstance(v, list) and second in v for v in step.args.values())]
     if first == second or not uses:
         return None
-    out = []
+    out, freed = [], False
     for i, step in enumerate(steps):
         if step.returns == second:
             if step.rule == "admit" and not step.args:
@@ -672,9 +677,16 @@ def _merged(steps: tuple[Step, ...], first: str, second: str) -> tuple[Step, ...
             out.append(Step("alloc", {"n": step.args["n"], "req": first}))
             continue
         if step.rule in ENDS_A_REQUEST and step.args.get("req") == first and i < uses[-1]:
+            if freeing and not freed:
+                # The first such finish only: the trace then differs from the plain merge's.
+                held = _size_before(steps, first, i)
+                if not held:
+                    return None
+                out.append(Step("free", {"req": first, "n": held}))
+                freed = True
             continue
         out.append(_renamed(step, second, first))
-    return None if None in out else tuple(out)
+    return None if None in out or freeing and not freed else tuple(out)
 
 
 def _size_before(steps: tuple[Step, ...], name: str, i: int) -> int | None:
@@ -965,8 +977,9 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     (strictly shorter: a replay's teardown may close a group with an
     ``end`` of its own, which would give back the step deleted); delete a
     request and let other allocs carry its slots (``_carried``); merge two
-    requests into one, where the second was made (``_merged``) or from the
-    first's alloc on (``_hoisted``; the second's segment offsets as they
+    requests into one, where the second was made (``_merged``: the first's
+    finish before the second's last step dropped, or made a free) or from
+    the first's alloc on (``_hoisted``; the second's segment offsets as they
     were, or moved past the first's slots), an extend of both growing the one by
     both's tokens (``_renamed``); make a request on a cached prefix
     by a plain alloc as big, the alloc of the entry's request perhaps as
@@ -1106,6 +1119,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             if first in names and second in names:
                 changed |= any(attempt(attrs.evolve(best, steps=merged), shorter=True)
                                for merged in (_merged(best.steps, first, second),
+                                              _merged(best.steps, first, second, freeing=True),
                                               _hoisted(best.steps, first, second, best.config),
                                               _hoisted(best.steps, first, second, best.config, shifted=True))
                                if merged is not None)

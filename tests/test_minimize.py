@@ -500,6 +500,10 @@ def test_minimize_merges_two_requests_where_the_first_ones_finish_becomes_a_free
     assert merged[1] == Step("extend", {"reqs": ["req_0"], "tokens": [2]})
     assert merged[6] == Step("free", {"req": "req_0", "n": 1})
     assert minimize_module._merged(twelve, "req_0", "req_1")[6] == Step("end", {})
+    # A second request made by an alloc keeps it (as the first's): no shorter, not offered.
+    allocated = (twelve[0], Step("alloc", {"n": 1}, "req_1"), *twelve[2:])
+    assert minimize_module._merged(allocated, "req_0", "req_1") is not None
+    assert minimize_module._merged(allocated, "req_0", "req_1", freeing=True) is None
     shortest = _shrinks_to(config, twelve, "free_sets_agree", 10)
     assert [s.rule for s in shortest.steps].count("begin") == 3
 

@@ -565,31 +565,32 @@ def _evictions_recast(steps: tuple[Step, ...], rules: tuple[str, ...], config: C
 
 
 def _rematches_recast(steps: tuple[Step, ...], config: Config):
-    """``steps`` with one ``rematch`` that freed a duplicate span made the
-    two things it does, by the steps that do them alone: a
-    ``free_segment`` of the request's whole row and an ``overwrite_row``
-    (each row in turn), the request's alloc grown by a page, or to one
-    draw's most.  A rematch frees whole pages of a 1-page request, where a
+    """``steps`` with one ``rematch`` that freed a duplicate span made a
+    ``free_segment`` of the request's slots from 0 to its end and an
+    ``overwrite_row`` (each row in turn), one step longer, the request's
+    alloc grown by a page, or to one draw's most (``_one_draw``; never as
+    it was: the rematch freed those pages already).  A rematch frees only
+    the whole pages it duplicates (a 1-page request's one page), where a
     segment bug may need a segment over two pages (multi-ended
-    segment-view as bench shrink seed 0 met it: two requests rematched
-    onto one entry in a group free its page twice, where the known trace
-    frees a 2-page segment and overwrites the row).  As long as the trace
-    and more, so kept only where deletions then end shorter; only a
-    rematch whose entry no later step names, of a request a plain alloc
-    made and nothing else grew (``_size_before``)."""
-    ps = config.page_size
-    lo, hi, multiple = int_bounds(SLOTS, config)
+    segment-view as bench shrink seed 0 met it: two 1-page requests
+    rematched onto one entry in a group free its page twice, where the
+    known trace frees a 2-page segment and overwrites the row).  Kept only
+    where deletions then end shorter.  Only a rematch whose new entry (its
+    return) no later step names, of a request a plain ``alloc`` made and
+    only ``alloc``, ``free``, ``extend`` or ``decode`` named before it
+    (``_size_before``): so it has no prefix, and its slots start at 0."""
+    ps, most = config.page_size, _one_draw("alloc", "n", config)
     for i, step in enumerate(steps):
         if step.rule != "rematch" or not step.args.get("dup") or _named_later(steps, i):
             continue
         req = step.args["req"]
         made = next((k for k, s in enumerate(steps[:i]) if s.returns == req), None)
-        held = _size_before(steps, req, i)
-        if made is None or steps[made].rule != "alloc" or set(steps[made].args) != {"n"} or held is None:
+        held = _size_before(steps, req, i)  # None unless a plain alloc made it
+        if made is None or held is None:
             continue
         n = steps[made].args["n"]
-        for grown in sorted({n + ps, min(hi, MAX_PAGES * ps) // multiple * multiple}):
-            if not n < grown <= hi:
+        for grown in sorted({n + ps, most}):
+            if not n < grown <= most:
                 continue
             alloc = attrs.evolve(steps[made], args={"n": grown})
             segment = Step("free_segment", {"req": req, "start": 0, "n": held + grown - n})
@@ -656,13 +657,15 @@ def _merged(steps: tuple[Step, ...], first: str, second: str, freeing: bool = Fa
     ``first`` instead where it stood (``alloc(n, req=first)``), every later
     step names ``first``, and each ``finish`` or ``finish_segments`` of
     ``first`` before ``second``'s last step goes (the one request lives
-    on), or, with ``freeing``, is made a ``free`` of the slots ``first``
-    held there (``_size_before``; the group it stood in still frees
-    them: bench.bugs:ThirdGroup as shrink seed 4 met it, two requests
-    where the known trace has one, whose free in the second of three
-    groups was the first's finish).  None where the two cannot merge: a
-    step names both in one batch, or ``second`` was made another way, or
-    with ``freeing`` where no finish went or what it freed is unknown."""
+    on), or, with ``freeing``, is made a ``free`` of as many slots as
+    ``first`` held there (``_size_before``), so the group it stood in
+    still frees (bench.bugs:ThirdGroup as shrink seed 4 met it: two
+    requests where the known trace has one, whose free in the second of
+    three groups was the first's finish).  None where the two cannot
+    merge: a step names both in one batch, or ``second`` was made another
+    way; and with ``freeing``, where ``second`` was not admitted (its
+    alloc stays, so the merge is no shorter), no finish went, or what
+    ``first`` held there is unknown."""
     uses = [i for i, step in enumerate(steps) if second in (step.returns, *step.args.values())
             or any(isinstance(v, list) and second in v for v in step.args.values())]
     if first == second or not uses:
@@ -672,13 +675,14 @@ def _merged(steps: tuple[Step, ...], first: str, second: str, freeing: bool = Fa
         if step.returns == second:
             if step.rule == "admit" and not step.args:
                 continue
-            if step.rule != "alloc" or set(step.args) != {"n"}:
+            if freeing or step.rule != "alloc" or set(step.args) != {"n"}:
                 return None
             out.append(Step("alloc", {"n": step.args["n"], "req": first}))
             continue
         if step.rule in ENDS_A_REQUEST and step.args.get("req") == first and i < uses[-1]:
             if freeing and not freed:
-                # The first such finish only: the trace then differs from the plain merge's.
+                # ``first`` ends once; ``freed`` says it did, so a merge no
+                # different from the plain one is not offered (below).
                 held = _size_before(steps, first, i)
                 if not held:
                     return None
@@ -686,7 +690,7 @@ def _merged(steps: tuple[Step, ...], first: str, second: str, freeing: bool = Fa
                 freed = True
             continue
         out.append(_renamed(step, second, first))
-    return None if None in out or freeing and not freed else tuple(out)
+    return None if None in out or (freeing and not freed) else tuple(out)
 
 
 def _size_before(steps: tuple[Step, ...], name: str, i: int) -> int | None:

@@ -487,8 +487,8 @@ def test_minimize_merges_two_requests_where_the_first_ones_finish_becomes_a_free
     (twelve steps on a 4-slot pool).  The known trace has one request
     freeing in each group (ten).  A plain merge drops the first's finish,
     and with it the second group's free; ``_merged(freeing=True)`` makes
-    that finish a free of what the first held there, and the cheap passes
-    reach the known ten."""
+    that finish a free of what the first held there, and the minimiser
+    reaches the known ten (among its dearer moves)."""
     config = attrs.evolve(THIRD_GROUP, size=4)
     twelve = (
         Step("alloc", {"n": 1}, "req_0"), Step("admit", {}, "req_1"),

@@ -106,12 +106,17 @@ def _shrink(config: Config, job: dict) -> dict:
     """Hypothesis with shrinking, as `kv-lockstep fuzz` runs it."""
     settings.load_profile("bench-shrink")
     outcome = fuzz(config, max_examples=job["max_examples"], seed=job["seed"])
+    ended = time.monotonic()
     r = outcome.record
     return {
         "found": not outcome.ok,
         "seconds": r.first_failure_s,
         "elapsed_s": outcome.elapsed_s,
-        "shrink_s": outcome.elapsed_s - r.first_failure_s if r.first_failure_s is not None else None,
+        # From the failure to the run's end, both on the record's clock:
+        # ``elapsed_s`` starts after the run's first build, which the
+        # record's clock covers (an sglang release's import, about 11 s,
+        # made this negative).
+        "shrink_s": ended - (r.started + r.first_failure_s) if r.first_failure_s is not None else None,
         "failures": [{"invariant": t.invariant, "length": len(t.steps), "program": t.program()} for t in outcome.failures],
     }
 

@@ -83,6 +83,27 @@ def test_both_clocks_cover_making_the_machine(monkeypatch, side):
     assert record.first_failure_s is not None and record.first_failure_s >= 0.2
 
 
+def test_a_shrink_is_timed_from_the_failure_however_long_the_first_build_took(monkeypatch):
+    """``jobs._shrink``'s shrink time runs from the first failure to the
+    run's end: a first build that takes long (an sglang release's import)
+    counts in the time to the failure, not against the shrink (it made
+    the sglang bugs' shrink times about -11 s)."""
+    import time
+
+    from bench import jobs
+    from state_machines.runs import runner
+
+    def slow(*args, **kwargs):
+        time.sleep(0.5)
+        return machine_for(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "machine_for", slow)
+    result = jobs.run({"kind": "shrink", "config": Config(mutant="alias").to_dict(), "seed": 0, "max_examples": 20})
+    assert result["found"] and result["seconds"] >= 0.5
+    # The time to the failure and the shrink together make the whole job (its set-up aside).
+    assert 0 < result["shrink_s"] and abs(result["seconds"] + result["shrink_s"] - result["job_s"]) < 0.25
+
+
 @pytest.mark.parametrize("side", ["harness", "baseline"])
 def test_each_timed_run_probes_its_pool_shapes_as_a_fresh_process_would(monkeypatch, side):
     """A timed job after another of the same bug (a shrink, an earlier seed) still pays machine_for's shape probe."""

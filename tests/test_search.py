@@ -958,16 +958,9 @@ def test_a_lever_switched_off_leaves_the_draws_as_they_were_up_to_its_first_chan
     assert acted, f"{lever} acted on no step of any target"
 
 
-def test_the_first_examples_tour_takes_each_rule_at_most_as_often_as_it_holds_it_and_no_later_example_tours(monkeypatch):
-    """``walk.TOUR``: the rules the tour chooses (``_touring``) are each
-    chosen at most as often as the tour holds them (``_tour``: begin, the
-    overwrite and end once for each of its two groups, the free_segment
-    once out of any group and once in the second, every other rule once),
-    all in the run's first example, and the first is the first rule
-    of the tour's order (the example's shuffle, the walk's first draw, by
-    part) whose guard holds on the fresh pool, the alloc; with every
-    other lever off, so that the tour chooses every
-    step it can.  With the tour off too, it chooses none."""
+def _touring_picks(monkeypatch) -> list[tuple[int, str]]:
+    """Each rule the tour chooses (``walk._touring``) from now on, as (the
+    example it ran in, by the record's count; its name)."""
     picks: list[tuple[int, str]] = []
     real = walk_module._touring
 
@@ -978,6 +971,20 @@ def test_the_first_examples_tour_takes_each_rule_at_most_as_often_as_it_holds_it
         return rule
 
     monkeypatch.setattr(walk_module, "_touring", spied)
+    return picks
+
+
+def test_the_first_examples_tour_takes_each_rule_at_most_as_often_as_it_holds_it_and_no_later_example_tours(monkeypatch):
+    """``walk.TOUR``: the rules the tour chooses (``_touring``) are each
+    chosen at most as often as the tour holds them (``_tour``: begin, the
+    overwrite and end once for each of its two groups, the free_segment
+    once out of any group and once in the second, every other rule once),
+    all in the run's first example, and the first is the first rule
+    of the tour's order (the example's shuffle, the walk's first draw, by
+    part) whose guard holds on the fresh pool, the alloc; with every
+    other lever off, so that the tour chooses every
+    step it can.  With the tour off too, it chooses none."""
+    picks = _touring_picks(monkeypatch)
     config = Config(target="builtin:paged", page_size=4)
     machine_class = machine_for(config)
     rules = machine_rules(machine_class)
@@ -1052,20 +1059,11 @@ def test_the_tours_clear_waits_for_a_step_that_is_not_a_clear(monkeypatch):
     machine = _fresh(config)
     assert walk_module._touring(tour, machine) is clear
     assert walk_module._touring(tour, machine, clear).name == "alloc"
-    picks: list[str] = []
-    real = walk_module._touring
-
-    def spied(left, machine, waits=None):
-        rule = real(left, machine, waits)
-        if rule is not None:
-            picks.append(rule.name)
-        return rule
-
-    monkeypatch.setattr(walk_module, "_touring", spied)
+    picks = _touring_picks(monkeypatch)
     for seed in range(5):
         picks.clear()
         walk(machine_class, random.Random(seed), 1, steps=40, off=frozenset(walk_module.LEVERS) - {"tour"})
-        assert picks[0] == "alloc", picks
+        assert picks[0][1] == "alloc", picks
 
 
 def test_while_the_tour_holds_a_begin_the_steering_opens_no_group(monkeypatch):

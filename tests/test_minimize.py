@@ -13,6 +13,7 @@ from allocators.token import TokenAllocator
 from bench.targets import unavailable
 from state_machines.config import Config
 from state_machines.harness import Step
+from state_machines.harness.family import machine_for
 from state_machines.runs import minimize as minimize_module
 from state_machines.runs.minimize import _merged, _scaled, minimize, shrink_configs
 from state_machines.runs.runner import replay
@@ -249,6 +250,29 @@ def test_shrinking_a_trace_on_a_pool_larger_than_the_runs_offers_the_drawn_sizes
     trace = Trace(attrs.evolve(run, size=64, rows=1), ALIAS, "free_sets_agree")
     configs = shrink_configs(trace, run, (None, 4, 24, 64))
     assert [(c.size, c.rows) for c in configs if c.size and c.size > 10] == [(24, run.rows), (24, 1), (64, run.rows)]
+
+
+def test_minimize_moves_a_trace_at_its_length_only_onto_a_simpler_pool_shape():
+    """Token alias as ``kv-lockstep fuzz --target builtin:token --mutant
+    alias --seed 4`` meets it, on 4 slots and one row: a segment freed in a group, the row zeroed, the request
+    finished.  Its five shrunk steps fail on every shape, and now end on
+    the smallest pool in the run's own shape, 2 slots of 4 rows.  When
+    moves at one length pointed opposite ways (onto the run's own pool,
+    and onto a smaller one), the trace walked through the shapes it had
+    not been on and ended on the last: 4 slots, one row."""
+    run = Config(target="builtin:token", mutant="alias")
+    seven = (
+        Step("begin", {}),
+        Step("admit", {}, "req_0"),
+        Step("extend", {"reqs": ["req_0"], "tokens": [2]}),
+        Step("free_segment", {"req": "req_0", "start": 1, "n": 1}),
+        Step("overwrite_row", {"row": 0}),
+        Step("finish", {"req": "req_0"}),
+        Step("end", {}),
+    )
+    trace = Trace(attrs.evolve(run, size=4, rows=1), seven, "free_sets_agree")
+    shortest = minimize(trace, configs=shrink_configs(trace, run, machine_for(run).shapes().sizes))
+    assert (shortest.config, shortest.steps) == (attrs.evolve(run, size=2), ALIAS)
 
 
 def test_shrinking_keeps_a_pinned_pool():

@@ -45,7 +45,8 @@ MIN_SHRINK_PAGES = 2
 
 
 def shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> tuple[Config, ...]:
-    """The configurations ``minimize`` tries ``trace`` on, simplest first:
+    """The configurations ``minimize`` tries ``trace`` on, which it ranks
+    by pool size (the smaller the simpler) and then by this order:
     in the run's own pool shape (size, need_sort, rows of ``run``), then at
     each smaller size, smallest first: those an example could draw, and the
     halves of the smallest pool, down to ``MIN_SHRINK_PAGES`` pages, with
@@ -972,9 +973,10 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     fails on the same invariant: deterministic, replaying each candidate
     through the step seam.
 
-    To a fixed point, cheap passes first: move the trace onto the first of
-    ``configs`` (the run's own pool, then smaller ones) before its own that
-    it still fails on, if any, or onto a smaller one with the amounts
+    To a fixed point, cheap passes first: move the trace onto the simplest
+    of ``configs`` simpler than its own that it still fails on, if any (the
+    smaller pool the simpler, and of one size the earlier in ``configs``,
+    so that moves at one length never undo each other), or onto a smaller one with the amounts
     scaled to it (``_scaled``: rounded down, up or to the nearest; no
     longer); delete a request or entry with every step
     that names it (``_without``); delete runs of 8, 4, 2 and 1 steps
@@ -1080,7 +1082,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             # filled the pool fill the smaller one, and may merge there).
             # A move at the same length may later be undone by the run's
             # own pool (the first loop); ``been`` keeps a trace from
-            # coming back, so neither repeats.
+            # coming back, so neither repeats, and ``settled`` ends it on
+            # the simplest shape it fails on.
             if config.pool_size < best.config.pool_size and any(
                     attempt(attrs.evolve(best, config=config, steps=_scaled(best.steps, best.config, config, rounding)),
                             shorter=False) for rounding in ("down", "up", "near")):
@@ -1477,6 +1480,32 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         return False
 
     best = trace
+    def settled() -> Trace:
+        """``best`` on the simplest shape of ``configs`` it fails on as
+        long, as it is or with its amounts scaled (``_scaled``): the
+        smaller pool the simpler, and of one size the earlier in
+        ``configs``.  The passes move a trace between shapes at one
+        length both ways (onto the run's own pool, and onto a smaller
+        one), which lets them shrink it where one shape stalls; ``been``
+        keeps them from coming back, so a trace could end on whichever
+        shape it reached last (token alias on 4 slots, one row, where 2
+        slots fail as long)."""
+        order = {config: i for i, config in enumerate(configs)}
+
+        def rank(config: Config) -> tuple[int, int]:
+            return config.pool_size, order.get(config, len(order))
+
+        for config in sorted(configs, key=rank):
+            if rank(config) >= rank(best.config):
+                break
+            scaled = [_scaled(best.steps, best.config, config, rounding) for rounding in ("down", "up", "near")
+                      if config.pool_size < best.config.pool_size]
+            for steps in (best.steps, *scaled):
+                again = check(attrs.evolve(best, config=config, steps=steps))
+                if again is not None and len(again.steps) <= len(best.steps):
+                    return again
+        return best
+
     rules: dict[Config, tuple[str, ...]] = {}
     # Each candidate replayed once (its outcome kept), and the steps replayed so far.
     tried: dict[tuple, Trace | None] = {}
@@ -1488,4 +1517,4 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     been = {_key(trace.config, trace.steps)}
     while cheap() or dear() or split() or paired() or lowered():
         pass
-    return best
+    return settled()

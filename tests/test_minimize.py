@@ -252,14 +252,15 @@ def test_shrinking_a_trace_on_a_pool_larger_than_the_runs_offers_the_drawn_sizes
     assert [(c.size, c.rows) for c in configs if c.size and c.size > 10] == [(24, run.rows), (24, 1), (64, run.rows)]
 
 
-def test_minimize_moves_a_trace_at_its_length_only_onto_a_simpler_pool_shape():
+def test_minimize_ends_a_trace_on_the_smallest_pool_it_fails_on_as_long():
     """Token alias as ``kv-lockstep fuzz --target builtin:token --mutant
     alias --seed 4`` meets it, on 4 slots and one row: a segment freed in a group, the row zeroed, the request
-    finished.  Its five shrunk steps fail on every shape, and now end on
-    the smallest pool in the run's own shape, 2 slots of 4 rows.  When
-    moves at one length pointed opposite ways (onto the run's own pool,
-    and onto a smaller one), the trace walked through the shapes it had
-    not been on and ended on the last: 4 slots, one row."""
+    finished.  Its five shrunk steps fail on every shape, and end on the
+    smallest pool in the run's own shape, 2 slots of 4 rows
+    (``settled``).  The passes move a trace between shapes at one length
+    both ways (onto the run's own pool, and onto a smaller one), never
+    back onto one it left; without ``settled`` this one ends where that
+    walk stopped, on 4 slots and one row."""
     run = Config(target="builtin:token", mutant="alias")
     seven = (
         Step("begin", {}),

@@ -45,8 +45,8 @@ MIN_SHRINK_PAGES = 2
 
 
 def shrink_configs(trace: Trace, run: Config, sizes: tuple[int | None, ...]) -> tuple[Config, ...]:
-    """The configurations ``minimize`` tries ``trace`` on, which it ranks
-    by pool size (the smaller the simpler) and then by this order:
+    """The configurations ``minimize`` tries ``trace`` on, simplest first
+    (but a smaller pool is simpler still, where ``minimize`` settles):
     in the run's own pool shape (size, need_sort, rows of ``run``), then at
     each smaller size, smallest first: those an example could draw, and the
     halves of the smallest pool, down to ``MIN_SHRINK_PAGES`` pages, with
@@ -151,6 +151,15 @@ def _smaller_prompts(value: int, lo: int) -> list[int]:
             if "1" <= lower < d:
                 out.add(int(digits[:j] + lower + digits[j + 1 :]))
     return sorted(v for v in out if lo <= v < value)
+
+
+def _scalings(steps: tuple[Step, ...], config: Config, other: Config):
+    """``steps`` scaled (``_scaled``) onto ``other``'s pool rounded down,
+    up and to the nearest, in turn, where it is smaller than ``config``'s;
+    else none."""
+    if other.pool_size < config.pool_size:
+        for rounding in ("down", "up", "near"):
+            yield _scaled(steps, config, other, rounding)
 
 
 def _smaller_values(value: int, kind: str, config: Config) -> list[int]:
@@ -973,10 +982,9 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     fails on the same invariant: deterministic, replaying each candidate
     through the step seam.
 
-    To a fixed point, cheap passes first: move the trace onto the simplest
-    of ``configs`` simpler than its own that it still fails on, if any (the
-    smaller pool the simpler, and of one size the earlier in ``configs``,
-    so that moves at one length never undo each other), or onto a smaller one with the amounts
+    To a fixed point, cheap passes first: move the trace onto the first of
+    ``configs`` (the run's own pool, then smaller ones) before its own that
+    it still fails on, if any, or onto a smaller one with the amounts
     scaled to it (``_scaled``: rounded down, up or to the nearest; no
     longer); delete a request or entry with every step
     that names it (``_without``); delete runs of 8, 4, 2 and 1 steps
@@ -1033,7 +1041,11 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     any rule (its own budget,
     ``PAIR_STEPS``); after it, two integer arguments lowered at once
     (``_two_lowered``; ``LOWER_STEPS``).  Only a
-    failure on the same invariant counts (``_fails_like``).  Each kept candidate is re-recorded,
+    failure on the same invariant counts (``_fails_like``).  At the fixed
+    point, ``settled``: the trace onto the smallest pool of ``configs`` it
+    fails on as long, with its amounts scaled or not (the passes move a
+    trace between pools both ways, so it could end on any); where that
+    replay fails sooner, the passes again from there.  Each kept candidate is re-recorded,
     so names run ``req_0``, ``req_1``, ... again.  ``stop()``, when given,
     is asked before each replay; true raises ``KeyboardInterrupt``.
     """
@@ -1072,7 +1084,7 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         changed = False
         for config in configs:
             if config == best.config:
-                break  # those after it are no simpler than the trace's own
+                break  # those after it come later in ``configs``'s order (a smaller pool: below, and ``settled``)
             if attempt(attrs.evolve(best, config=config), shorter=False):
                 changed = True
                 break
@@ -1084,9 +1096,8 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
             # own pool (the first loop); ``been`` keeps a trace from
             # coming back, so neither repeats, and ``settled`` ends it on
             # the simplest shape it fails on.
-            if config.pool_size < best.config.pool_size and any(
-                    attempt(attrs.evolve(best, config=config, steps=_scaled(best.steps, best.config, config, rounding)),
-                            shorter=False) for rounding in ("down", "up", "near")):
+            if any(attempt(attrs.evolve(best, config=config, steps=steps), shorter=False)
+                   for steps in _scalings(best.steps, best.config, config)):
                 changed = True
                 break
         for name in [step.returns for step in best.steps if step.returns]:
@@ -1479,17 +1490,17 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
                     return True
         return False
 
-    best = trace
     def settled() -> Trace:
         """``best`` on the simplest shape of ``configs`` it fails on as
-        long, as it is or with its amounts scaled (``_scaled``): the
+        long, as it is or with its amounts scaled (``_scalings``): the
         smaller pool the simpler, and of one size the earlier in
         ``configs``.  The passes move a trace between shapes at one
         length both ways (onto the run's own pool, and onto a smaller
         one), which lets them shrink it where one shape stalls; ``been``
         keeps them from coming back, so a trace could end on whichever
         shape it reached last (token alias on 4 slots, one row, where 2
-        slots fail as long)."""
+        slots fail as long).  The replay may fail sooner on the new
+        shape: that shorter trace, re-recorded."""
         order = {config: i for i, config in enumerate(configs)}
 
         def rank(config: Config) -> tuple[int, int]:
@@ -1498,14 +1509,13 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
         for config in sorted(configs, key=rank):
             if rank(config) >= rank(best.config):
                 break
-            scaled = [_scaled(best.steps, best.config, config, rounding) for rounding in ("down", "up", "near")
-                      if config.pool_size < best.config.pool_size]
-            for steps in (best.steps, *scaled):
+            for steps in (best.steps, *_scalings(best.steps, best.config, config)):
                 again = check(attrs.evolve(best, config=config, steps=steps))
                 if again is not None and len(again.steps) <= len(best.steps):
                     return again
         return best
 
+    best = trace
     rules: dict[Config, tuple[str, ...]] = {}
     # Each candidate replayed once (its outcome kept), and the steps replayed so far.
     tried: dict[tuple, Trace | None] = {}
@@ -1515,6 +1525,12 @@ def minimize(trace: Trace, stop=None, configs: tuple[Config, ...] = ()) -> Trace
     valid: dict[tuple, bool] = {}
     broken: dict[tuple, int | None] = {}
     been = {_key(trace.config, trace.steps)}
-    while cheap() or dear() or split() or paired() or lowered():
-        pass
-    return settled()
+    while True:
+        while cheap() or dear() or split() or paired() or lowered():
+            pass
+        final = settled()
+        if len(final.steps) == len(best.steps):
+            return final
+        # Shorter on a simpler shape: the passes again, from there.
+        best = final
+        been.add(_key(best.config, best.steps))

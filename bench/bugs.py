@@ -47,7 +47,8 @@ class ThirdGroup(TokenAllocator):
 
 class BigFree(TokenAllocator):
     """A free of 9 slots or more at once drops the last one.  Needs: one
-    request grown to 9 pages by several allocs, then freed whole."""
+    request of 9 slots or more, freed whole: grown by several steps (a
+    step draws at most 4), or taken at once where the walk's fill asks."""
 
     def _release_pages(self, pages: torch.Tensor) -> None:
         super()._release_pages(pages[:-1] if len(pages) >= 9 else pages)

@@ -1,7 +1,8 @@
 """The shortest trace known to trigger each bug, written by hand once.
 
 Each is a program of ``Lockstep`` steps the machine's own rules can produce
-(an alloc takes at most ``MAX_PAGES`` pages), with the invariant it breaks
+(an alloc takes at most a row's slots; the walk draws ``MAX_PAGES`` pages
+a step, and its fill asks for more), with the invariant it breaks
 and why nothing shorter can.  The bench sets Hypothesis's shrunk length
 beside it; ``tests/test_known_shortest.py`` replays each one.
 """
@@ -543,9 +544,9 @@ KNOWN: tuple[KnownShortest, ...] = (
     _hard(
         "BigFree",
         _TOKEN,
-        [_s("alloc", "req_0", n=2), _extend(["req_0"], [4]), _extend(["req_0"], [3]), _s("finish", req="req_0")],
+        [_s("alloc", "req_0", n=9), _s("finish", req="req_0")],
         "free_sets_agree",
-        "one free of 9 slots: a step grows a request by at most 4 slots, so three steps and the free",
+        "one free of 9 slots: an alloc of 9 and its finish (the walk's fill asks for as many)",
     ),
     _hard(
         "BigPool",

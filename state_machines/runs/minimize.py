@@ -826,13 +826,17 @@ def _growth_hoisted(steps: tuple[Step, ...], config: Config):
     """``steps`` with one step that grows a single request made by a plain
     ``alloc`` or ``admit`` (``alloc(n, req=...)``, a one-request ``extend``
     or ``decode``) deleted and its slots taken by that step, an ``alloc``
-    (an admit is an alloc of nothing), each in turn, where they fit one
-    draw of the rule (in pages); or one ``free`` of the request's last
-    slots deleted and that alloc made as much smaller, where a page is
-    left."""
+    (an admit is an alloc of nothing), each in turn, where they fit an
+    alloc's bound in a trace (``int_bounds``: a row's slots), which may be
+    more than one of the walk's draws takes (``_one_draw``: BigFree's alloc
+    of 9, where the walk grew the request a draw at a time); or one
+    ``free`` of the request's last slots deleted and that alloc made as
+    much smaller, where a page is left.  The merges (``_merged``,
+    ``_hoisted``) and carries (``_carried``) still stop at one draw (not
+    measured without that cap)."""
     made = {step.returns: i for i, step in enumerate(steps)
             if (step.rule, set(step.args)) in (("alloc", {"n"}), ("admit", set()))}
-    cap = _one_draw("alloc", "n", config)
+    cap = int_bounds(arg_kinds("alloc")["n"], config)[1]
     for i, step in enumerate(steps):
         if step.rule == "alloc" and set(step.args) == {"n", "req"}:
             name, more = step.args["req"], step.args["n"]

@@ -448,11 +448,15 @@ def _without(steps: tuple[Step, ...], name: str) -> tuple[Step, ...]:
 _CARRIED = {("alloc", "n"): MAX_PAGES, ("extend", "tokens"): EXTEND_TOKENS_PAGES}
 
 
+def _arg_bounds(rule: str, key: str, config: Config) -> tuple[int, int, int]:
+    """``int_bounds`` of ``rule``'s integer argument ``key`` (each item's, for a list)."""
+    return int_bounds(arg_kinds(rule)[key].removeprefix(LIST), config)
+
+
 def _one_draw(rule: str, key: str, config: Config) -> int:
     """The most slots one draw of ``rule``'s ``key`` (one of ``_CARRIED``)
     takes: its bound, and no more than ``_CARRIED``'s pages."""
-    hi = int_bounds(arg_kinds(rule)[key].removeprefix(LIST), config)[1]
-    return min(hi, _CARRIED[rule, key] * config.page_size)
+    return min(_arg_bounds(rule, key, config)[1], _CARRIED[rule, key] * config.page_size)
 
 
 def _carried(steps: tuple[Step, ...], name: str, config: Config, backward: bool = False) -> tuple[Step, ...]:
@@ -492,7 +496,7 @@ def _spread(steps: tuple[Step, ...], moved: dict[tuple[str, str], int], config: 
             left = moved.get((step.rule, key), 0)
             if not left:
                 continue
-            multiple = int_bounds(arg_kinds(step.rule)[key].removeprefix(LIST), config)[2]
+            multiple = _arg_bounds(step.rule, key, config)[2]
             cap = _one_draw(step.rule, key, config)
             values = value if isinstance(value, list) else [value]
             grown = []
@@ -827,7 +831,7 @@ def _growth_hoisted(steps: tuple[Step, ...], config: Config):
     ``alloc`` or ``admit`` (``alloc(n, req=...)``, a one-request ``extend``
     or ``decode``) deleted and its slots taken by that step, an ``alloc``
     (an admit is an alloc of nothing), each in turn, where they fit an
-    alloc's bound in a trace (``int_bounds``: a row's slots), which may be
+    alloc's bound in a trace (``_arg_bounds``: a row's slots), which may be
     more than one of the walk's draws takes (``_one_draw``: BigFree's alloc
     of 9, where the walk grew the request a draw at a time); or one
     ``free`` of the request's last slots deleted and that alloc made as
@@ -836,7 +840,7 @@ def _growth_hoisted(steps: tuple[Step, ...], config: Config):
     measured without that cap)."""
     made = {step.returns: i for i, step in enumerate(steps)
             if (step.rule, set(step.args)) in (("alloc", {"n"}), ("admit", set()))}
-    cap = int_bounds(arg_kinds("alloc")["n"], config)[1]
+    cap = _arg_bounds("alloc", "n", config)[1]
     for i, step in enumerate(steps):
         if step.rule == "alloc" and set(step.args) == {"n", "req"}:
             name, more = step.args["req"], step.args["n"]

@@ -1131,3 +1131,34 @@ def test_a_segment_lowered_is_not_refitted_back_above_where_it_was():
     assert shortest.invariant == invariant
     assert [(s.rule, s.args) for s in shortest.steps] == [
         ("alloc", {"n": 32}), ("free_segment", {"req": "req_0", "start": 0, "n": 17})]
+
+
+def test_minimize_runs_its_passes_again_from_where_a_simpler_pool_fails_sooner(monkeypatch):
+    """``settled``'s other ending.  A trace stuck at four steps on 4 slots
+    fails on 2 slots, replayed as it is, after its second step.  No pass
+    tries it there unscaled (their moves onto a smaller pool scale the
+    amounts, and the dearer move deletes a step as it moves), ``settled``
+    does, and takes the shorter failure; the passes then run again from
+    there and delete its first step.  A fake replay (which traces fail,
+    and how soon) stands in for an allocator's, so the ending is reached
+    on purpose: no shrink of the bench's bugs reaches it.  Returning
+    ``settled``'s answer without the passes again ends at two steps;
+    without ``settled``, at four on 4 slots."""
+    big, small = (Config(target="builtin:token", size=size) for size in (4, 2))
+
+    def allocs(*amounts):
+        return tuple(Step("alloc", {"n": n}, f"req_{i}") for i, n in enumerate(amounts))
+
+    # (pool size, amounts) -> the amounts of the steps its replay fails after.
+    fails_after = {(4, (1, 2, 3, 4)): (1, 2, 3, 4), (2, (1, 2, 3, 4)): (1, 2), (2, (1, 2)): (1, 2), (2, (2,)): (2,)}
+
+    def fails_like(candidate, invariant):
+        amounts = tuple(step.args.get("n") for step in candidate.steps)
+        if any(step.rule != "alloc" for step in candidate.steps) or (candidate.config.size, amounts) not in fails_after:
+            return None
+        return attrs.evolve(candidate, steps=allocs(*fails_after[candidate.config.size, amounts]))
+
+    monkeypatch.setattr(minimize_module, "_fails_like", fails_like)
+    monkeypatch.setattr(minimize_module, "replay", lambda trace: None)
+    shortest = minimize(Trace(big, allocs(1, 2, 3, 4), "free_sets_agree"), configs=(big, small))
+    assert (shortest.config, shortest.steps) == (small, allocs(2))

@@ -1136,29 +1136,47 @@ def test_a_segment_lowered_is_not_refitted_back_above_where_it_was():
 def test_minimize_runs_its_passes_again_from_where_a_simpler_pool_fails_sooner(monkeypatch):
     """``settled``'s other ending.  A trace stuck at four steps on 4 slots
     fails on 2 slots, replayed as it is, after its second step.  No pass
-    tries it there unscaled (their moves onto a smaller pool scale the
-    amounts, and the dearer move deletes a step as it moves), ``settled``
-    does, and takes the shorter failure; the passes then run again from
-    there and delete its first step.  A fake replay (which traces fail,
-    and how soon) stands in for an allocator's, so the ending is reached
-    on purpose: no shrink of the bench's bugs reaches it.  Returning
-    ``settled``'s answer without the passes again ends at two steps;
-    without ``settled``, at four on 4 slots."""
+    tries it there: ``cheap`` moves a trace unscaled only onto a shape
+    listed before its own in ``configs`` (none here: 4 slots comes first),
+    its other moves onto a smaller pool scale the amounts, and ``dear``'s
+    deletes a step as it moves.  ``settled`` does, and takes the shorter
+    failure; the passes then run again from there and delete its first
+    step.  A fake ``_fails_like`` (which traces fail, and how soon) stands
+    in for an allocator's replay, so the ending is reached on purpose: no
+    shrink of the bench's bugs reaches it.  The test asserts that the
+    passes had worked on 4 slots, and no candidate had failed, before the
+    4-step trace was tried on 2 slots, so a pass that came to find the
+    shorter failure itself would not leave it passing on another path.
+    Returning ``settled``'s answer without
+    the passes again ends at two steps; without ``settled``, at four on 4
+    slots."""
     big, small = (Config(target="builtin:token", size=size) for size in (4, 2))
 
     def allocs(*amounts):
         return tuple(Step("alloc", {"n": n}, f"req_{i}") for i, n in enumerate(amounts))
 
-    # (pool size, amounts) -> the amounts of the steps its replay fails after.
+    # (pool size, amounts) -> the amounts of the steps its replay fails
+    # after.  ``settled`` asks the second, the rerun's deletion the last;
+    # the first and third keep the fake true to a replay (the trace given
+    # fails; a failure returned fails again, the same).
     fails_after = {(4, (1, 2, 3, 4)): (1, 2, 3, 4), (2, (1, 2, 3, 4)): (1, 2), (2, (1, 2)): (1, 2), (2, (2,)): (2,)}
+    asked = []
 
     def fails_like(candidate, invariant):
         amounts = tuple(step.args.get("n") for step in candidate.steps)
+        asked.append((candidate.config.size, amounts))
         if any(step.rule != "alloc" for step in candidate.steps) or (candidate.config.size, amounts) not in fails_after:
             return None
         return attrs.evolve(candidate, steps=allocs(*fails_after[candidate.config.size, amounts]))
 
     monkeypatch.setattr(minimize_module, "_fails_like", fails_like)
+    # The passes that replay a candidate only to see that it runs (``split``,
+    # ``paired``) see every one run and pass: no allocator is driven.
     monkeypatch.setattr(minimize_module, "replay", lambda trace: None)
     shortest = minimize(Trace(big, allocs(1, 2, 3, 4), "free_sets_agree"), configs=(big, small))
     assert (shortest.config, shortest.steps) == (small, allocs(2))
+    # The passes worked on 4 slots (a deletion) and met no failure before
+    # the 4-step trace was tried on 2 slots, as ``settled`` tries it.
+    settling = asked.index((2, (1, 2, 3, 4)))
+    assert (4, (1, 2, 3)) in asked[:settling]
+    assert {query for query in asked[:settling] if query in fails_after} <= {(4, (1, 2, 3, 4))}

@@ -1143,11 +1143,10 @@ def test_minimize_runs_its_passes_again_from_where_a_simpler_pool_fails_sooner(m
     failure; the passes then run again from there and delete its first
     step.  A fake ``_fails_like`` (which traces fail, and how soon) stands
     in for an allocator's replay, so the ending is reached on purpose: no
-    shrink of the bench's bugs reaches it.  The test asserts that the
-    passes had worked on 4 slots, and no candidate had failed, before the
-    4-step trace was tried on 2 slots, so a pass that came to find the
-    shorter failure itself would not leave it passing on another path.
-    Returning ``settled``'s answer without
+    shrink of the bench's bugs reaches it.  The assertions pin the order
+    of the replays: the passes had worked on 4 slots (a deletion), and no
+    candidate but the trace itself had failed, before the 4-step trace was
+    tried on 2 slots.  Returning ``settled``'s answer without
     the passes again ends at two steps; without ``settled``, at four on 4
     slots."""
     big, small = (Config(target="builtin:token", size=size) for size in (4, 2))
@@ -1175,8 +1174,9 @@ def test_minimize_runs_its_passes_again_from_where_a_simpler_pool_fails_sooner(m
     monkeypatch.setattr(minimize_module, "replay", lambda trace: None)
     shortest = minimize(Trace(big, allocs(1, 2, 3, 4), "free_sets_agree"), configs=(big, small))
     assert (shortest.config, shortest.steps) == (small, allocs(2))
-    # The passes worked on 4 slots (a deletion) and met no failure before
-    # the 4-step trace was tried on 2 slots, as ``settled`` tries it.
+    # The passes worked on 4 slots (a deletion) and met no failure but the
+    # trace's own before the 4-step trace was tried on 2 slots, as
+    # ``settled`` tries it once they are stuck.
     settling = asked.index((2, (1, 2, 3, 4)))
     assert (4, (1, 2, 3)) in asked[:settling]
     assert {query for query in asked[:settling] if query in fails_after} <= {(4, (1, 2, 3, 4))}
